@@ -1,0 +1,7 @@
+"""``python -m receiver`` is ``nopoll``."""
+
+import sys
+
+from receiver.cli import main
+
+sys.exit(main())

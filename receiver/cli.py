@@ -1,0 +1,190 @@
+"""The ``nopoll`` command line.
+
+``nopoll serve|api|worker``, ``nopoll dlq list|replay``, ``nopoll config check`` and
+``nopoll demo``. Config problems print one clear message and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from receiver.config import Settings, load_settings
+from receiver.exceptions import ConfigError, NopollError
+
+__all__ = ["main"]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    path = args.config or os.environ.get("NOPOLL_CONFIG") or None
+    return load_settings(path)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from receiver.runtime import run
+
+    settings = _settings(args)
+    _setup_logging(settings.log_level)
+    api = args.command in ("serve", "api")
+    worker = args.command in ("serve", "worker")
+    run(
+        settings,
+        api=api,
+        worker=worker,
+        host=getattr(args, "host", "127.0.0.1"),
+        port=getattr(args, "port", 8000),
+    )
+    return 0
+
+
+async def _dlq(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from receiver.deadletter import DeadLetters
+    from receiver.queue import arq_pool
+
+    pool = arq_pool(url)
+    try:
+        letters = DeadLetters(pool)
+        found = await letters.list(sink=args.sink, key=getattr(args, "key", None))
+        if args.dlq_command == "list":
+            if not found:
+                print("no dead letters")
+                return 0
+            print(f"{'id':32}  {'sink':12} {'provider':12} {'tries':>5}  keys / last error")
+            for d in found:
+                keys = ", ".join(d.keys[:3]) + (
+                    f" (+{len(d.keys) - 3} more)" if len(d.keys) > 3 else ""
+                )
+                print(f"{d.id:32}  {d.sink:12} {d.provider:12} {d.attempts:>5}  {keys}")
+                print(f"{'':32}  {d.error}")
+            print(f"{len(found)} dead letter(s)")
+            return 0
+        count = await letters.replay(found)
+        print(f"{count} dead letter(s) queued again; a running worker delivers them")
+        return 0
+    finally:
+        await pool.aclose()
+
+
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    from receiver.runtime import redis_url_for
+
+    settings = _settings(args)
+    with redis_url_for(settings) as url:
+        return asyncio.run(_dlq(args, settings, url))
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    print("config OK")
+    print(
+        "  redis: "
+        + (f"embedded (under {settings.data_dir})" if settings.embedded_redis else "external")
+    )
+    for name, p in settings.providers.items():
+        print(
+            f"  provider {name}: dialect {p.dialect}, {p.base_url}, "
+            f"{len(p.webhook_secrets)} webhook secret(s), tolerance {p.tolerance_s}s"
+        )
+    for name, s in settings.sinks.items():
+        print(f"  sink {name}: {s.type}")
+    if settings.routes:
+        for i, r in enumerate(settings.routes):
+            print(f"  route {i}: {r.match.model_dump(exclude_none=True)} -> {', '.join(r.sinks)}")
+    else:
+        print("  routes: none (every result goes to every sink)")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from receiver.demo import run_demo
+
+    return run_demo(n=args.n, data_dir=args.data_dir, keep=args.keep)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nopoll",
+        description="Webhook receiver and result sink for asynchronous LLM inference.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--config", help="YAML config file (default: $NOPOLL_CONFIG, else built-in defaults)"
+        )
+
+    for name, help_ in (
+        ("serve", "run the API and the worker in one process"),
+        ("api", "run the API only"),
+    ):
+        p = sub.add_parser(name, help=help_)
+        with_config(p)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=8000)
+        p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("worker", help="run the worker only")
+    with_config(p)
+    p.set_defaults(func=_cmd_run)
+
+    dlq = sub.add_parser("dlq", help="list or replay dead letters")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    p = dlq_sub.add_parser("list", help="show dead letters")
+    with_config(p)
+    p.add_argument("--sink", help="only this sink's ('fetch' for failed fetches)")
+    p.set_defaults(func=_cmd_dlq)
+    p = dlq_sub.add_parser(
+        "replay", help="queue dead letters again (all of them without a selector)"
+    )
+    with_config(p)
+    p.add_argument("--sink", help="only this sink's ('fetch' for failed fetches)")
+    p.add_argument("--key", help="only dead letters that hold this result key")
+    p.set_defaults(func=_cmd_dlq)
+
+    cfg = sub.add_parser("config", help="configuration tools")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    p = cfg_sub.add_parser("check", help="validate a config file and print what it configures")
+    with_config(p)
+    p.set_defaults(func=_cmd_config_check)
+
+    p = sub.add_parser("demo", help="run nopoll end to end against a built-in provider simulator")
+    p.add_argument(
+        "--n", type=int, default=200, help="background responses to complete (default 200)"
+    )
+    p.add_argument(
+        "--data-dir", default=None, help="where to keep results (default: a temporary folder)"
+    )
+    p.add_argument("--keep", action="store_true", help="keep the data folder afterwards")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``nopoll`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"nopoll: {exc}", file=sys.stderr)
+        return 2
+    except NopollError as exc:
+        print(f"nopoll: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The nopoll configuration: one YAML file, ``${VAR}`` interpolation, validated once at start-up.
+
+``load_settings(path)`` returns a :class:`Settings`; every problem raises
+:class:`~receiver.exceptions.ConfigError` naming the exact key (``providers.x.base_url``)
+and what is wrong, never the offending value (it may be a secret).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from receiver.exceptions import ConfigError
+
+__all__ = [
+    "HttpConfig",
+    "ProviderConfig",
+    "RetryConfig",
+    "RouteConfig",
+    "Settings",
+    "WorkerConfig",
+    "decode_webhook_secret",
+    "load_settings",
+]
+
+DIALECTS = ("openai", "sference", "sail", "valar")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def decode_webhook_secret(secret: str) -> bytes:
+    """The HMAC key of a webhook secret.
+
+    ``whsec_<base64>`` is base64-decoded (the Standard Webhooks rule); any other string is
+    used as its UTF-8 bytes (the OpenAI SDK's rule for raw secrets).
+    """
+    if secret.startswith("whsec_"):
+        raw = secret[len("whsec_") :]
+        try:
+            key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("a 'whsec_' secret must be base64 after the prefix") from None
+    else:
+        key = secret.encode()
+    if not key:
+        raise ValueError("webhook secret is empty")
+    return key
+
+
+class ProviderConfig(_Model):
+    """One inference provider: where to fetch results and how its callbacks are signed."""
+
+    dialect: Literal["openai", "sference", "sail", "valar"]
+    base_url: str
+    api_key: SecretStr | None = None
+    webhook_secrets: list[SecretStr] = Field(min_length=1)
+    tolerance_s: int = Field(default=300, ge=1, le=86_400)
+    max_concurrency: int = Field(default=32, ge=1, le=1024)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for secret in value:
+            decode_webhook_secret(secret.get_secret_value())
+        return value
+
+    def secret_keys(self) -> list[bytes]:
+        """The HMAC keys of every accepted webhook secret (several while rotating)."""
+        return [decode_webhook_secret(s.get_secret_value()) for s in self.webhook_secrets]
+
+
+class RetryConfig(_Model):
+    """Exponential backoff: ``base_delay_s * 2**(try-1)``, capped, for ``max_tries`` tries."""
+
+    max_tries: int = Field(default=8, ge=1, le=100)
+    base_delay_s: float = Field(default=1.0, ge=0.0)
+    max_delay_s: float = Field(default=300.0, ge=0.0)
+
+    def delay(self, job_try: int, retry_after_s: float | None = None) -> float:
+        """Seconds to wait before try ``job_try + 1``; a provider's Retry-After wins if longer."""
+        backoff = min(self.max_delay_s, self.base_delay_s * 2 ** max(0, job_try - 1))
+        if retry_after_s is not None:
+            backoff = max(backoff, min(retry_after_s, self.max_delay_s))
+        return backoff
+
+
+class HttpConfig(_Model):
+    """The pooled httpx client used for provider requests."""
+
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    read_timeout_s: float = Field(default=30.0, gt=0)
+    max_connections: int = Field(default=100, ge=1)
+    attempts: int = Field(default=3, ge=1, le=10)
+    """Tries within one job before the job itself is retried later with backoff."""
+    max_retry_after_s: float = Field(default=10.0, ge=0)
+    """The longest in-job wait for a Retry-After; a longer one defers the whole job."""
+
+
+class WorkerConfig(_Model):
+    """arq worker settings that matter for latency, locking and shutdown."""
+
+    poll_delay_s: float = Field(default=0.02, gt=0, le=5)
+    max_jobs: int = Field(default=64, ge=1)
+    response_job_timeout_s: float = Field(default=120.0, gt=1)
+    health_check_interval_s: float = Field(default=10.0, gt=0)
+    shutdown_wait_s: float = Field(default=20.0, ge=0)
+
+
+class RouteMatch(_Model):
+    """What a result must have for a route to take it; every given field must match."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    provider: str | list[str] | None = None
+    kind: str | list[str] | None = None
+    status: str | list[str] | None = None
+    model: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _metadata_keys(self) -> RouteMatch:
+        for key in self.model_extra or {}:
+            if not key.startswith("metadata."):
+                raise ValueError(
+                    f"unknown match key {key!r}: "
+                    "use provider, kind, status, model or metadata.<key>"
+                )
+        return self
+
+
+class RouteConfig(_Model):
+    """Send results that match to the named sinks."""
+
+    match: RouteMatch = Field(default_factory=RouteMatch)
+    sinks: list[str] = Field(min_length=1)
+
+
+class Settings(_Model):
+    """The whole validated configuration, built once at start-up and passed down."""
+
+    redis_url: SecretStr = SecretStr("")
+    data_dir: Path = Path("./nopoll-data")
+    max_body_bytes: int = Field(default=262_144, ge=1024, le=64 * 1024 * 1024)
+    dedupe_ttl_s: int = Field(default=7 * 86_400, ge=60)
+    """How long a webhook-id is remembered; providers retry for up to 72 hours."""
+    job_expiry_s: int = Field(default=7 * 86_400, ge=3600)
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    sinks: dict[str, Any] = Field(default_factory=dict)
+    routes: list[RouteConfig] = Field(default_factory=list)
+    fetch_retry: RetryConfig = Field(default_factory=RetryConfig)
+    sink_retry: RetryConfig = Field(
+        default_factory=lambda: RetryConfig(max_tries=12, base_delay_s=2.0, max_delay_s=600.0)
+    )
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("providers", "sinks")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"name {name!r} must match [A-Za-z0-9_-]{{1,64}}")
+        return value
+
+    @model_validator(mode="after")
+    def _sinks_and_routes(self) -> Settings:
+        from sinks.registry import validate_sink_config
+
+        if not self.sinks:
+            object.__setattr__(self, "sinks", _default_sinks(self.data_dir))
+        validated = {}
+        for name, raw in self.sinks.items():
+            try:
+                validated[name] = validate_sink_config(name, raw)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        object.__setattr__(self, "sinks", validated)
+        for i, route in enumerate(self.routes):
+            for sink in route.sinks:
+                if sink not in self.sinks:
+                    raise ValueError(
+                        f"routes.{i}.sinks: unknown sink {sink!r} (configured: "
+                        f"{', '.join(sorted(self.sinks)) or 'none'})"
+                    )
+        return self
+
+    @property
+    def embedded_redis(self) -> bool:
+        """True when no redis_url is set: nopoll starts its own Redis-compatible server."""
+        return not self.redis_url.get_secret_value()
+
+
+def _default_sinks(data_dir: Path) -> dict[str, Any]:
+    return {
+        "db": {"type": "sql", "url": f"sqlite+aiosqlite:///{data_dir / 'results.db'}"},
+        "files": {"type": "jsonl", "dir": str(data_dir / "results")},
+    }
+
+
+def _interpolate(value: Any, env: Mapping[str, str], path: str) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, env, f"{path}.{i}") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def replace(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{path}: environment variable {name} is not set "
+            f"(write ${{{name}:-default}} to give a default)"
+        )
+
+    return _VAR.sub(replace, value)
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Read, interpolate and validate the config file (``None``: the embedded defaults)."""
+    env = os.environ if env is None else env
+    source = str(path) if path is not None else "the built-in defaults"
+    raw: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path}: the top level must be a mapping")
+    raw = _interpolate(raw, env, "")
+    if overrides:
+        raw = {**raw, **overrides}
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None

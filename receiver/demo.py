@@ -1,0 +1,213 @@
+"""``nopoll demo``: the whole product on one machine, no config, no environment.
+
+Starts the provider simulator, runs ``nopoll serve`` (embedded Redis, SQLite and JSONL
+sinks) as a child process, completes N background responses whose callbacks arrive
+signed (a few of them twice, as providers do on retries), waits for every row to land
+in SQLite, and prints rows landed, duplicates, provider requests per result and the
+callback-to-row latency. Exits non-zero when any result is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from receiver.simulator import ProviderSimulator, send_callback
+
+__all__ = ["run_demo"]
+
+_DUPLICATE_EVERY = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _landed(db: Path) -> dict[str, float]:
+    """Keys visible in SQLite now, with the time they were first seen."""
+    if not db.exists():
+        return {}
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            rows = conn.execute("SELECT key FROM nopoll_results WHERE provider = 'sim'").fetchall()
+    except sqlite3.Error:
+        return {}
+    now = time.monotonic()
+    return {r[0]: now for r in rows}
+
+
+async def _drive(
+    n: int, url: str, secret: str, sim: ProviderSimulator, db: Path, console: Console
+) -> int:
+    ids = [f"resp_demo_{i:06d}" for i in range(n)]
+    for i, rid in enumerate(ids):
+        if i % 17 == 5:
+            sim.add_response(
+                rid, status="incomplete", incomplete_reason="max_output_tokens", text="positiv"
+            )
+        else:
+            sim.add_response(rid, text="positive" if i % 2 else "negative")
+    sent_at: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    statuses: dict[int, int] = {}
+    duplicates = 0
+    sem = asyncio.Semaphore(32)
+
+    async with httpx.AsyncClient(timeout=10) as client:
+
+        async def one(i: int, rid: str) -> None:
+            nonlocal duplicates
+            async with sem:
+                msg_id = f"msg_demo_{i:06d}"
+                sent_at[rid] = time.monotonic()
+                r = await send_callback(client, url, secret, rid, msg_id=msg_id)
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if i % _DUPLICATE_EVERY == 0:  # the provider retries: same webhook-id again
+                    again = await send_callback(client, url, secret, rid, msg_id=msg_id)
+                    duplicates += again.status_code == 200
+
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            sending = progress.add_task("callbacks sent", total=n)
+            landing = progress.add_task("rows landed  ", total=n)
+            tasks = [asyncio.create_task(one(i, rid)) for i, rid in enumerate(ids)]
+            deadline = time.monotonic() + 60 + n / 20
+            while time.monotonic() < deadline:
+                progress.update(sending, completed=sum(1 for t in tasks if t.done()))
+                for key, t in (await asyncio.to_thread(_landed, db)).items():
+                    seen.setdefault(key, t)
+                progress.update(landing, completed=len(seen))
+                if len(seen) >= n and all(t.done() for t in tasks):
+                    break
+                await asyncio.sleep(0.02)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    latencies = [(seen[k] - sent_at[k]) * 1000 for k in ids if k in seen and k in sent_at]
+    missing = [k for k in ids if k not in seen]
+    provider_requests = sim.request_count("/v1/responses/")
+    console.print()
+    console.print(f"[bold]rows landed[/]        {len(seen)}/{n} in SQLite ({db})")
+    console.print(f"[bold]callback answers[/]   {dict(sorted(statuses.items()))}")
+    console.print(
+        f"[bold]duplicates[/]         {duplicates} re-sent callbacks answered 200, "
+        "none fetched again"
+    )
+    console.print(
+        f"[bold]provider requests[/]  {provider_requests / max(1, len(seen)):.2f} per result"
+    )
+    console.print(
+        f"[bold]callback → row[/]     p50 {_percentile(latencies, 0.5):.0f} ms, "
+        f"p99 {_percentile(latencies, 0.99):.0f} ms (as polled every 20 ms)"
+    )
+    if missing:
+        console.print(f"[red]missing {len(missing)} results, e.g. {missing[:5]}[/]")
+        return 1
+    console.print("[green]every result landed exactly once[/]")
+    return 0
+
+
+def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> int:
+    """Run the demo; returns the process exit code."""
+    console = Console()
+    if n < 1:
+        console.print("[red]--n must be at least 1[/]")
+        return 2
+    root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="nopoll-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    port = _free_port()
+    process: subprocess.Popen[bytes] | None = None
+    with ProviderSimulator() as sim:
+        config = root / "nopoll.yaml"
+        config.write_text(
+            f"data_dir: {root}\n"
+            "providers:\n"
+            "  sim:\n"
+            "    dialect: openai\n"
+            f"    base_url: {sim.base_url}\n"
+            "    webhook_secrets: ['${DEMO_WEBHOOK_SECRET}']\n"
+        )
+        env = {**os.environ, "DEMO_WEBHOOK_SECRET": secret}
+        env.pop("NOPOLL_CONFIG", None)
+        log = (root / "nopoll.log").open("wb")
+        console.print(f"[bold]nopoll demo[/]: {n} background responses, data in {root}")
+        try:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "receiver",
+                    "serve",
+                    "--config",
+                    str(config),
+                    "--port",
+                    str(port),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            ready = False
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    ready = httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    ready = False
+                if ready:
+                    break
+                time.sleep(0.1)
+            if not ready:
+                console.print(f"[red]nopoll did not become ready; see {root / 'nopoll.log'}[/]")
+                return 1
+            return asyncio.run(
+                _drive(n, f"{base}/webhooks/sim", secret, sim, root / "results.db", console)
+            )
+        finally:
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+            log.close()
+            if not keep and data_dir is None:
+                shutil.rmtree(root, ignore_errors=True)
+            elif keep:
+                console.print(f"results kept in {root}")

@@ -1,0 +1,87 @@
+"""Errors raised by nopoll.
+
+Every error nopoll raises on purpose derives from one root, so callers can catch
+exactly ours::
+
+    NopollError
+    ├── ConfigError (also ValueError)  -- the config file is missing, unreadable or invalid
+    ├── VerificationError               -- a callback's signature headers do not check out
+    ├── ProviderError                   -- a provider request failed (provider, path, status)
+    │   └── TransientProviderError      -- ... and trying again later may succeed
+    └── SinkError                       -- a sink could not open or write (carries the sink name)
+        └── SinkUnavailable             -- the sink's plugin cannot be imported (install hint)
+
+Each carries its context (provider, sink, key) and never a secret.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "NopollError",
+    "ProviderError",
+    "SinkError",
+    "SinkUnavailable",
+    "TransientProviderError",
+    "VerificationError",
+]
+
+
+class NopollError(Exception):
+    """Root of every error nopoll raises on purpose."""
+
+
+class ConfigError(NopollError, ValueError):
+    """The configuration is invalid; the message names the key and the problem."""
+
+
+class VerificationError(NopollError):
+    """A callback failed signature or timestamp verification (answered with 401)."""
+
+
+class ProviderError(NopollError):
+    """A request to a provider failed for good (a 4xx other than 408/429, or bad JSON)."""
+
+    def __init__(
+        self, message: str, *, provider: str, path: str, status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.path = path
+        self.status = status
+
+    def __str__(self) -> str:
+        where = f"{self.provider} GET {self.path}"
+        status = f" (HTTP {self.status})" if self.status is not None else ""
+        return f"{where}{status}: {self.args[0]}"
+
+
+class TransientProviderError(ProviderError):
+    """A provider request failed in a way worth retrying later (429, 5xx, timeout, network)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        path: str,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, path=path, status=status)
+        self.retry_after_s = retry_after_s
+
+
+class SinkError(NopollError):
+    """A sink failed to open or to write; carries the sink's name."""
+
+    def __init__(self, message: str, *, sink: str) -> None:
+        super().__init__(message)
+        self.sink = sink
+
+    def __str__(self) -> str:
+        return f"sink {self.sink!r}: {self.args[0]}"
+
+
+class SinkUnavailable(SinkError):
+    """A sink type's module or driver is not installed; the message says what to install."""

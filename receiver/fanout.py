@@ -1,0 +1,109 @@
+"""Fan-out: write envelopes to their routed sinks side by side, each on its own.
+
+Each sink is opened lazily (a database that is down at start-up is just a failing
+sink) and every write runs under the sink's timeout. A sink that fails does not block
+the others: the caller gets the failures back and queues a retry for each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from receiver.envelope import Envelope
+from receiver.exceptions import SinkError
+from receiver.metrics import Metrics
+from receiver.routing import Router
+from sinks.base import Sink, SinkConfig
+from sinks.registry import create_sink
+
+__all__ = ["FanOut", "ManagedSink"]
+
+
+class ManagedSink:
+    """One configured sink: opened on first use, written under a timeout, measured."""
+
+    def __init__(self, name: str, config: SinkConfig, metrics: Metrics) -> None:
+        self.name = name
+        self.config = config
+        self._metrics = metrics
+        self._sink: Sink | None = None
+        self._lock = asyncio.Lock()
+
+    async def _opened(self) -> Sink:
+        if self._sink is not None:
+            return self._sink
+        async with self._lock:
+            if self._sink is None:
+                sink = create_sink(self.name, self.config)
+                await sink.open()
+                self._sink = sink
+        return self._sink
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        """Open if needed and write; raises SinkError on any failure or timeout."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                sink = await self._opened()
+                await sink.write(envelopes)
+        except TimeoutError:
+            self._metrics.sink_writes.labels(self.name, "error").inc()
+            raise SinkError(
+                f"write timed out after {self.config.timeout_s:g}s", sink=self.name
+            ) from None
+        except SinkError:
+            self._metrics.sink_writes.labels(self.name, "error").inc()
+            raise
+        except Exception as exc:
+            self._metrics.sink_writes.labels(self.name, "error").inc()
+            raise SinkError(f"{type(exc).__name__}: {exc}"[:500], sink=self.name) from exc
+        self._metrics.sink_writes.labels(self.name, "ok").inc()
+        self._metrics.sink_rows.labels(self.name).inc(len(envelopes))
+        self._metrics.sink_seconds.labels(self.name).observe(time.perf_counter() - started)
+
+    async def aclose(self) -> None:
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            await sink.aclose()
+
+
+class FanOut:
+    """Routes envelopes and writes each sink's share concurrently."""
+
+    def __init__(self, sinks: Mapping[str, ManagedSink], router: Router, metrics: Metrics) -> None:
+        self.sinks = dict(sinks)
+        self._router = router
+        self._metrics = metrics
+
+    def route(self, envelopes: Sequence[Envelope]) -> dict[str, list[Envelope]]:
+        """Each sink's share of ``envelopes`` (sinks with no share are left out)."""
+        shares: dict[str, list[Envelope]] = defaultdict(list)
+        for env in envelopes:
+            names = self._router.sinks_for(env)
+            if not names:
+                self._metrics.unrouted.labels(env.provider).inc()
+            for name in names:
+                shares[name].append(env)
+        return shares
+
+    async def write(self, shares: Mapping[str, Sequence[Envelope]]) -> dict[str, SinkError]:
+        """Write every share side by side; returns the failures by sink name."""
+        names = list(shares)
+        results = await asyncio.gather(
+            *(self.sinks[n].write(shares[n]) for n in names), return_exceptions=True
+        )
+        failures: dict[str, SinkError] = {}
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, SinkError):
+                failures[name] = result
+            elif isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # cancellation: let the job be re-run
+                failures[name] = SinkError(f"{type(result).__name__}: {result}", sink=name)
+        return failures
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(s.aclose() for s in self.sinks.values()), return_exceptions=True)

@@ -1,0 +1,15 @@
+"""The ``sference`` dialect.
+
+Single responses are fetched as every dialect does (:class:`ResponsesDialect`); see
+DESIGN.md's dialect table for how this provider hands out batch results.
+"""
+
+from __future__ import annotations
+
+from receiver.providers.base import ResponsesDialect
+
+__all__ = ["SferenceDialect"]
+
+
+class SferenceDialect(ResponsesDialect):
+    """Sference: ``GET {base_url}/responses/{id}`` for single responses."""

@@ -1,0 +1,15 @@
+"""The ``valar`` dialect.
+
+Single responses are fetched as every dialect does (:class:`ResponsesDialect`); see
+DESIGN.md's dialect table for how this provider hands out batch results.
+"""
+
+from __future__ import annotations
+
+from receiver.providers.base import ResponsesDialect
+
+__all__ = ["ValarDialect"]
+
+
+class ValarDialect(ResponsesDialect):
+    """Valar: ``GET {base_url}/responses/{id}`` for single responses."""

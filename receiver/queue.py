@@ -1,0 +1,193 @@
+"""The queue between the web app and the worker: arq's job format on Redis.
+
+Callbacks are enqueued by one Lua script that, atomically, remembers the ``webhook-id``
+(duplicate deliveries answer 200 and enqueue nothing, also when two copies race), skips
+a response that is already queued or running, and writes the job exactly as arq's own
+``enqueue_job`` does (``arq:job:<id>`` + a score in the queue's sorted set), so a stock
+arq worker runs it. Jobs are JSON, never pickle: nothing read from Redis can run code.
+
+:class:`Enqueuer` coalesces the enqueues of concurrent requests into one pipelined round
+trip (group commit): while one round trip is in flight, new requests gather and go in the
+next one. One request costs one ``EVALSHA`` in a shared pipeline instead of arq's three
+round trips (WATCH, EXISTS, MULTI/EXEC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import orjson
+from arq.connections import ArqRedis
+from arq.constants import job_key_prefix, result_key_prefix
+from redis.asyncio import ConnectionPool, Redis
+from redis.exceptions import NoScriptError
+
+__all__ = [
+    "JOBS_QUEUE",
+    "EnqueueOutcome",
+    "Enqueuer",
+    "ResponseJob",
+    "arq_pool",
+    "job_deserializer",
+    "job_serializer",
+    "redis_client",
+    "response_job_id",
+]
+
+JOBS_QUEUE = "nopoll:jobs"
+"""Short jobs: fetching single responses and re-delivering to sinks."""
+SEEN_PREFIX = "nopoll:seen:"
+
+_ENQUEUE_LUA = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return 2 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[5])
+return 1
+"""
+
+
+def job_serializer(obj: Any) -> bytes:
+    """arq job serializer: JSON (orjson), never pickle."""
+    return orjson.dumps(obj, default=str)
+
+
+def job_deserializer(data: bytes) -> Any:
+    """arq job deserializer: JSON only."""
+    return orjson.loads(data)
+
+
+class EnqueueOutcome(IntEnum):
+    """What the enqueue script did with one callback."""
+
+    DUPLICATE = 0
+    """The webhook-id was seen before: nothing enqueued."""
+    ENQUEUED = 1
+    """A new job is durably queued."""
+    ALREADY_QUEUED = 2
+    """A job for the same result is queued or running; this event rides on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseJob:
+    """One verified callback that asks for a fetch."""
+
+    provider: str
+    webhook_id: str
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+
+
+def response_job_id(provider: str, response_id: str) -> str:
+    """The arq job id of a single-response fetch: one pending fetch per response."""
+    return f"resp:{provider}:{response_id}"
+
+
+def redis_client(url: str, *, timeout_s: float = 2.0) -> Redis:
+    """A pooled Redis client that fails fast when Redis is down (the app answers 503)."""
+    return Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        health_check_interval=30,
+    )
+
+
+def arq_pool(url: str, *, queue: str = JOBS_QUEUE, expires_ms: int | None = None) -> ArqRedis:
+    """An arq Redis pool that speaks JSON jobs."""
+    kwargs: dict[str, Any] = {}
+    if expires_ms is not None:
+        kwargs["expires_extra_ms"] = expires_ms
+    return ArqRedis(
+        connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=5, socket_timeout=10),
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+        default_queue_name=queue,
+        **kwargs,
+    )
+
+
+class Enqueuer:
+    """Durably enqueues callback jobs, coalescing concurrent requests into one round trip."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        dedupe_ttl_s: int,
+        job_expiry_s: int,
+        queue: str = JOBS_QUEUE,
+        max_batch: int = 512,
+    ) -> None:
+        self._redis = redis
+        self._dedupe_ttl_ms = str(dedupe_ttl_s * 1000)
+        self._job_expiry_ms = str(job_expiry_s * 1000)
+        self._queue = queue
+        self._max_batch = max_batch
+        self._sha: str | None = None
+        self._pending: list[tuple[ResponseJob, asyncio.Future[EnqueueOutcome]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def enqueue(self, job: ResponseJob) -> EnqueueOutcome:
+        """Queue one job; returns once Redis has it (or raises a RedisError)."""
+        future: asyncio.Future[EnqueueOutcome] = asyncio.get_running_loop().create_future()
+        self._pending.append((job, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            try:
+                results = await self._run(batch)
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(EnqueueOutcome(int(result)))
+
+    async def _run(self, batch: list[tuple[ResponseJob, Any]], *, reload: bool = True) -> list[Any]:
+        if self._sha is None:
+            self._sha = await self._redis.script_load(_ENQUEUE_LUA)
+        now_ms = int(time.time() * 1000)
+        pipe = self._redis.pipeline(transaction=False)
+        for job, _ in batch:
+            payload = job_serializer(
+                {"t": 1, "f": job.function, "a": [], "k": job.kwargs, "et": now_ms}
+            )
+            pipe.evalsha(
+                self._sha,
+                4,
+                f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
+                job_key_prefix + job.job_id,
+                result_key_prefix + job.job_id,
+                self._queue,
+                self._dedupe_ttl_ms,
+                payload,
+                self._job_expiry_ms,
+                now_ms,
+                job.job_id,
+            )
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing and reload:
+            # Redis restarted and lost its script cache: load it again and redo those.
+            self._sha = await self._redis.script_load(_ENQUEUE_LUA)
+            redone = await self._run([batch[i] for i in missing], reload=False)
+            for i, result in zip(missing, redone, strict=True):
+                results[i] = result
+        return results

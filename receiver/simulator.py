@@ -1,0 +1,242 @@
+"""A provider simulator: a real HTTP server on 127.0.0.1 that speaks the provider API.
+
+Used by ``nopoll demo``, the tests and the benchmarks. It serves
+``GET /v1/responses/{id}`` for responses it was told about, can fail a response a set
+number of times first (429 with Retry-After, 500, a slow answer), counts every request
+it gets, and sends Standard Webhooks-signed callbacks (signed by the
+``standardwebhooks`` package, not by nopoll's own code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from standardwebhooks.webhooks import Webhook
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+__all__ = ["ProviderSimulator", "SimResponse", "make_response", "send_callback", "sign_callback"]
+
+
+def make_response(
+    response_id: str,
+    *,
+    status: str = "completed",
+    text: str | None = "positive",
+    model: str = "sim-model-1",
+    incomplete_reason: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    with_reasoning: bool = True,
+) -> dict[str, Any]:
+    """A Responses API object as providers return it."""
+    output: list[dict[str, Any]] = []
+    if with_reasoning:
+        output.append({"id": f"rs_{response_id}", "type": "reasoning", "summary": []})
+    if text is not None:
+        output.append(
+            {
+                "id": f"msg_{response_id}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "background": True,
+        "model": model,
+        "output": output,
+        "usage": {"input_tokens": 21, "output_tokens": 7, "total_tokens": 28},
+        "metadata": metadata if metadata is not None else {"completion_window": "24h"},
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "error": error,
+    }
+
+
+def sign_callback(
+    secret: str, msg_id: str, body: bytes, timestamp: int | None = None
+) -> dict[str, str]:
+    """Standard Webhooks headers for ``body``, signed by the standardwebhooks package."""
+    ts = int(time.time()) if timestamp is None else timestamp
+    signature = Webhook(secret).sign(msg_id, datetime.fromtimestamp(ts, tz=UTC), body.decode())
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": signature,
+        "content-type": "application/json",
+    }
+
+
+@dataclass
+class SimResponse:
+    """A response the simulator serves, with how it misbehaves first."""
+
+    body: dict[str, Any]
+    fail_times: int = 0
+    fail_status: int = 500
+    retry_after: float | None = None
+    delay_s: float = 0.0
+    served: int = 0
+
+
+@dataclass
+class _State:
+    responses: dict[str, SimResponse] = field(default_factory=dict)
+    requests: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    default_delay_s: float = 0.0
+
+
+class ProviderSimulator:
+    """Run with ``with ProviderSimulator() as sim:``; ``sim.base_url`` ends in ``/v1``."""
+
+    def __init__(self, *, api_key: str | None = None) -> None:
+        self.state = _State()
+        self._api_key = api_key
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- what tests and the demo call -------------------------------------------------
+    def add_response(self, response_id: str | None = None, **kwargs: Any) -> SimResponse:
+        """Register a finished response; ``fail_times``/``fail_status``/``retry_after``/
+        ``delay_s`` make it misbehave first; other kwargs go to :func:`make_response`."""
+        rid = response_id or f"resp_{uuid.uuid4().hex}"
+        behaviour = {
+            k: kwargs.pop(k)
+            for k in ("fail_times", "fail_status", "retry_after", "delay_s")
+            if k in kwargs
+        }
+        sim = SimResponse(body=make_response(rid, **kwargs), **behaviour)
+        with self.state.lock:
+            self.state.responses[rid] = sim
+        return sim
+
+    def request_count(self, path_prefix: str = "") -> int:
+        """How many requests arrived whose path starts with ``path_prefix``."""
+        with self.state.lock:
+            return sum(n for p, n in self.state.requests.items() if p.startswith(path_prefix))
+
+    def set_delay(self, seconds: float) -> None:
+        """Delay every answer by ``seconds`` (a slow provider)."""
+        self.state.default_delay_s = seconds
+
+    # --- the server ---------------------------------------------------------------------
+    def _app(self) -> Starlette:
+        state = self.state
+        api_key = self._api_key
+
+        async def get_response(request: Request) -> Response:
+            rid = request.path_params["rid"]
+            with state.lock:
+                state.requests[request.url.path] += 1
+                sim = state.responses.get(rid)
+                if sim is not None:
+                    sim.served += 1
+                    failing = sim.served <= sim.fail_times
+            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+                return Response(
+                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
+                )
+            if sim is None:
+                return Response(
+                    b'{"error":{"message":"no such response"}}', 404, media_type="application/json"
+                )
+            delay = sim.delay_s or state.default_delay_s
+            if delay:
+                await asyncio.sleep(delay)
+            if failing:
+                headers = (
+                    {"retry-after": f"{sim.retry_after:g}"} if sim.retry_after is not None else {}
+                )
+                return Response(
+                    b'{"error":{"message":"try again"}}',
+                    sim.fail_status,
+                    headers=headers,
+                    media_type="application/json",
+                )
+            return Response(orjson.dumps(sim.body), media_type="application/json")
+
+        return Starlette(routes=[Route("/v1/responses/{rid}", get_response)])
+
+    def start(self) -> ProviderSimulator:
+        config = uvicorn.Config(self._app(), log_config=None, access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        started = threading.Event()
+
+        def serve() -> None:
+            assert self._server is not None
+            loop = asyncio.new_event_loop()
+
+            async def main() -> None:
+                task = asyncio.create_task(self._server.serve(sockets=[self._sock]))  # type: ignore[union-attr]
+                while not self._server.started and not task.done():  # type: ignore[union-attr]  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
+                    await asyncio.sleep(0.01)
+                started.set()
+                await task
+
+            loop.run_until_complete(main())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="provider-sim", daemon=True)
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("provider simulator did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self._sock.close()
+
+    def __enter__(self) -> ProviderSimulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def send_callback(
+    client: httpx.AsyncClient,
+    url: str,
+    secret: str,
+    response_id: str,
+    *,
+    event_type: str = "response.completed",
+    msg_id: str | None = None,
+) -> httpx.Response:
+    """POST one signed ``response.*`` callback, as a provider would."""
+    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
+    body = orjson.dumps(
+        {
+            "id": f"evt_{uuid.uuid4().hex}",
+            "type": event_type,
+            "created_at": int(time.time()),
+            "data": {"id": response_id},
+        }
+    )
+    return await client.post(url, content=body, headers=sign_callback(secret, msg_id, body))

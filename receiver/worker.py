@@ -1,0 +1,284 @@
+"""The arq worker: fetch finished results, normalize them, fan them out.
+
+Jobs (all JSON, on :data:`~receiver.queue.JOBS_QUEUE`):
+
+``fetch_response(provider, response_id, event_id, received_at)``
+    GET the response, build its envelope, write it to every routed sink. A transient
+    provider failure retries the job with backoff (arq ``Retry``); after the last try,
+    or on a permanent failure, the fetch becomes a dead letter. A sink that fails gets
+    its own ``deliver`` job, so it is retried alone.
+``deliver(sink, envelopes)``
+    Write envelopes to one sink, with backoff; after the last try, a dead letter.
+
+arq facts this relies on: any exception other than ``Retry`` fails a job for good, so
+every failure here is turned into ``Retry`` or a dead letter; a job killed mid-run is
+run again once its in-progress lock expires (``job timeout + 10 s``), and every sink
+write is idempotent, so the re-run leaves exactly one row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from arq import Retry
+from arq.connections import ArqRedis
+from arq.worker import Function, Worker, func
+
+from receiver.config import Settings
+from receiver.deadletter import DeadLetters
+from receiver.envelope import Envelope, envelope_from_response
+from receiver.exceptions import ProviderError, TransientProviderError
+from receiver.fanout import FanOut, ManagedSink
+from receiver.metrics import Metrics
+from receiver.providers import Dialect, ProviderClient, dialect_for
+from receiver.queue import JOBS_QUEUE, arq_pool, job_deserializer, job_serializer
+from receiver.routing import Router
+
+__all__ = ["HEALTH_CHECK_KEY", "build_worker", "deliver", "fetch_response"]
+
+log = logging.getLogger("nopoll.worker")
+
+HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
+_ARQ_SLACK = 5
+"""arq's own try limit sits this far above ours, so our code always sees the last try
+and keeps it as a dead letter (arq would drop it with only a log line)."""
+
+
+async def startup(ctx: dict[str, Any]) -> None:
+    """Put one pooled client per provider and the (lazily opened) sinks in ``ctx``."""
+    settings: Settings = ctx["settings"]
+    metrics: Metrics = ctx["metrics"]
+    ctx["dialects"] = {
+        name: dialect_for(
+            cfg.dialect,
+            ProviderClient(
+                name,
+                cfg,
+                settings.http,
+                transport=ctx.get("provider_transport"),
+                on_request=metrics.observe_provider_request,
+            ),
+        )
+        for name, cfg in settings.providers.items()
+    }
+    sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
+    ctx["fanout"] = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    ctx["dead_letters"] = DeadLetters(ctx["redis"])
+    # Open sinks now so start-up problems show early; a sink that is down is retried later.
+    for name, sink in sinks.items():
+        try:
+            await sink.write([])
+        except Exception as exc:
+            log.warning("sink %s is not ready yet: %s", name, exc)
+
+
+async def shutdown(ctx: dict[str, Any]) -> None:
+    """Close provider clients and sinks."""
+    for dialect in ctx.get("dialects", {}).values():
+        await dialect.client.aclose()
+    if "fanout" in ctx:
+        await ctx["fanout"].aclose()
+
+
+async def _dead_letter(
+    ctx: dict[str, Any],
+    *,
+    sink: str,
+    provider: str,
+    keys: list[str],
+    error: str,
+    function: str,
+    kwargs: dict[str, Any],
+) -> None:
+    letters: DeadLetters = ctx["dead_letters"]
+    letter = await letters.add(
+        sink=sink,
+        provider=provider,
+        keys=keys,
+        attempts=ctx["job_try"],
+        error=error,
+        function=function,
+        kwargs=kwargs,
+    )
+    ctx["metrics"].dead_letters.labels(sink).inc()
+    log.error(
+        "dead letter %s: %s %s after %d tries: %s", letter.id, sink, keys[:3], ctx["job_try"], error
+    )
+
+
+async def _queue_retries(
+    ctx: dict[str, Any], failures: dict[str, Exception], shares: dict[str, list[Envelope]]
+) -> None:
+    settings: Settings = ctx["settings"]
+    redis: ArqRedis = ctx["redis"]
+    for name, error in failures.items():
+        log.warning("sink %s failed, retrying on its own: %s", name, error)
+        await redis.enqueue_job(
+            "deliver",
+            sink=name,
+            envelopes=[e.to_dict() for e in shares[name]],
+            _job_id=f"deliver:{name}:{uuid.uuid4().hex}",
+            _queue_name=JOBS_QUEUE,
+            _defer_by=settings.sink_retry.delay(1),
+            _job_try=2,
+        )
+
+
+async def fetch_response(
+    ctx: dict[str, Any],
+    *,
+    provider: str,
+    response_id: str,
+    event_id: str | None = None,
+    received_at: str,
+    tenant: str = "default",
+) -> dict[str, Any]:
+    """Fetch one finished response and fan it out (see module docs)."""
+    settings: Settings = ctx["settings"]
+    metrics: Metrics = ctx["metrics"]
+    job_try: int = ctx["job_try"]
+    kwargs = {
+        "provider": provider,
+        "response_id": response_id,
+        "event_id": event_id,
+        "received_at": received_at,
+        "tenant": tenant,
+    }
+    retry = settings.fetch_retry
+
+    async def give_up(error: str) -> dict[str, Any]:
+        await _dead_letter(
+            ctx,
+            sink="fetch",
+            provider=provider,
+            keys=[response_id],
+            error=error,
+            function="fetch_response",
+            kwargs=kwargs,
+        )
+        metrics.jobs.labels("fetch_response", "dead_letter").inc()
+        return {"dead_letter": True}
+
+    if job_try > retry.max_tries + 2:
+        return await give_up(f"job ran {job_try} times without finishing (worker crashes?)")
+    dialect: Dialect | None = ctx["dialects"].get(provider)
+    if dialect is None:
+        return await give_up(f"provider {provider!r} is no longer configured")
+    try:
+        async with asyncio.timeout(settings.worker.response_job_timeout_s * 0.8):
+            body = await dialect.fetch_response(response_id)
+            envelope = envelope_from_response(
+                body, provider=provider, received_at=received_at, event_id=event_id, tenant=tenant
+            )
+    except (TransientProviderError, TimeoutError) as exc:
+        error = str(exc) if isinstance(exc, TransientProviderError) else "fetch timed out"
+        if job_try >= retry.max_tries:
+            return await give_up(error)
+        retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
+        metrics.jobs.labels("fetch_response", "retry").inc()
+        log.info("fetch %s/%s try %d failed (%s); retrying", provider, response_id, job_try, error)
+        raise Retry(defer=retry.delay(job_try, retry_after)) from None
+    except ProviderError as exc:
+        return await give_up(str(exc))
+    except Exception as exc:  # a provider object we cannot normalize: keep it, do not crash
+        log.exception("cannot process response %s/%s", provider, response_id)
+        return await give_up(f"{type(exc).__name__}: {exc}"[:500])
+
+    fanout: FanOut = ctx["fanout"]
+    shares = fanout.route([envelope])
+    failures = await fanout.write(shares)
+    if failures:
+        await _queue_retries(ctx, dict(failures), shares)
+    metrics.jobs.labels("fetch_response", "ok").inc()
+    return {"sinks": len(shares), "failed": sorted(failures)}
+
+
+async def deliver(
+    ctx: dict[str, Any], *, sink: str, envelopes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Write envelopes to one sink; retry with backoff, then keep as a dead letter."""
+    settings: Settings = ctx["settings"]
+    metrics: Metrics = ctx["metrics"]
+    job_try: int = ctx["job_try"]
+    fanout: FanOut = ctx["fanout"]
+    keys = [str(e.get("key")) for e in envelopes]
+    provider = str(envelopes[0].get("provider")) if envelopes else ""
+    kwargs = {"sink": sink, "envelopes": envelopes}
+    target = fanout.sinks.get(sink)
+    if target is None:
+        await _dead_letter(
+            ctx,
+            sink=sink,
+            provider=provider,
+            keys=keys,
+            error=f"sink {sink!r} is no longer configured",
+            function="deliver",
+            kwargs=kwargs,
+        )
+        return {"dead_letter": True}
+    try:
+        await target.write([Envelope.from_dict(e) for e in envelopes])
+    except Exception as exc:
+        if job_try >= settings.sink_retry.max_tries:
+            await _dead_letter(
+                ctx,
+                sink=sink,
+                provider=provider,
+                keys=keys,
+                error=str(exc),
+                function="deliver",
+                kwargs=kwargs,
+            )
+            metrics.jobs.labels("deliver", "dead_letter").inc()
+            return {"dead_letter": True}
+        metrics.jobs.labels("deliver", "retry").inc()
+        log.info("sink %s try %d failed (%s); retrying", sink, job_try, exc)
+        raise Retry(defer=settings.sink_retry.delay(job_try)) from None
+    metrics.jobs.labels("deliver", "ok").inc()
+    return {"rows": len(envelopes)}
+
+
+def build_worker(
+    settings: Settings,
+    redis_url: str,
+    metrics: Metrics,
+    *,
+    handle_signals: bool = True,
+    extra_ctx: dict[str, Any] | None = None,
+) -> Worker:
+    """An arq Worker for :data:`JOBS_QUEUE` with nopoll's jobs and settings."""
+    w = settings.worker
+    arq_tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
+    functions: list[Function] = [
+        func(
+            fetch_response,
+            name="fetch_response",
+            timeout=w.response_job_timeout_s,
+            max_tries=arq_tries,
+        ),
+        func(deliver, name="deliver", timeout=w.response_job_timeout_s, max_tries=arq_tries),
+    ]
+    return Worker(
+        functions,
+        queue_name=JOBS_QUEUE,
+        redis_pool=arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000),
+        on_startup=startup,
+        on_shutdown=shutdown,
+        ctx={"settings": settings, "metrics": metrics, **(extra_ctx or {})},
+        handle_signals=handle_signals,
+        job_completion_wait=int(w.shutdown_wait_s),
+        max_jobs=w.max_jobs,
+        job_timeout=w.response_job_timeout_s,
+        keep_result=0,
+        poll_delay=w.poll_delay_s,
+        max_tries=arq_tries,
+        health_check_interval=w.health_check_interval_s,
+        health_check_key=HEALTH_CHECK_KEY,
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+        expires_extra_ms=settings.job_expiry_s * 1000,
+        log_results=False,
+    )

@@ -1,0 +1,77 @@
+"""The sink contract: open, write a sequence of envelopes, close.
+
+A sink is any object with this shape; :class:`SinkBase` adds ``async with`` support.
+Writes must be idempotent (a replay of the same envelopes leaves one copy) and raise
+:class:`~receiver.exceptions.SinkError` (or any exception) on failure: the worker retries
+each sink on its own and keeps what keeps failing as a dead letter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from receiver.envelope import Envelope
+
+__all__ = ["Sink", "SinkBase", "SinkConfig"]
+
+
+class SinkConfig(BaseModel):
+    """Base of every sink's config model; ``type`` picks the sink class."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    timeout_s: float = 30.0
+    """A write that takes longer fails (and is retried), so one slow sink stalls nobody."""
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """What the worker needs from a sink."""
+
+    name: str
+
+    async def open(self) -> None:
+        """Connect and create what the sink needs (tables, directories)."""
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        """Write envelopes idempotently; raise on failure."""
+
+    async def aclose(self) -> None:
+        """Release connections and files."""
+
+
+class SinkBase:
+    """Convenience base: stores name and config, adds ``async with``."""
+
+    config_model: ClassVar[type[SinkConfig]] = SinkConfig
+
+    def __init__(self, name: str, config: SinkConfig) -> None:
+        self.name = name
+        self.config = config
+
+    async def open(self) -> None:
+        return None
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

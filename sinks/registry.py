@@ -1,0 +1,87 @@
+"""Sink types: the config's ``type:`` maps to ``"module:Class"``, imported lazily.
+
+Built-in sinks and third-party ones (the ``nopoll.sinks`` entry-point group) register the
+same way. A sink whose driver is not installed turns into an install hint, not a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+
+from pydantic import ValidationError
+
+from receiver.exceptions import ConfigError, SinkUnavailable
+from sinks.base import Sink, SinkBase, SinkConfig
+
+__all__ = [
+    "BUILTIN_SINKS",
+    "ENTRY_POINT_GROUP",
+    "create_sink",
+    "sink_class",
+    "validate_sink_config",
+]
+
+ENTRY_POINT_GROUP = "nopoll.sinks"
+BUILTIN_SINKS: dict[str, str] = {
+    "sql": "sinks.sql:SqlSink",
+    "jsonl": "sinks.jsonl:JsonlSink",
+}
+_EXTRAS = {"sql": "postgres"}
+
+
+def _target(sink_type: str) -> str | None:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == sink_type:
+            return str(ep.value)
+    return BUILTIN_SINKS.get(sink_type)
+
+
+def sink_class(sink_type: str) -> type[SinkBase]:
+    """The class implementing ``sink_type``; raises ConfigError for an unknown type."""
+    target = _target(sink_type)
+    if target is None:
+        known = sorted({*BUILTIN_SINKS, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+        raise ConfigError(f"unknown sink type {sink_type!r} (known: {', '.join(known)})")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = _EXTRAS.get(sink_type, "all")
+        raise SinkUnavailable(
+            f"the {sink_type!r} sink needs {exc.name or 'a missing package'}: "
+            f"pip install 'nopoll[{extra}]'",
+            sink=sink_type,
+        ) from exc
+    cls = getattr(module, attr)
+    if not isinstance(cls, type):
+        raise ConfigError(f"sink type {sink_type!r} points at {target}, which is not a class")
+    return cls
+
+
+def validate_sink_config(name: str, raw: Any) -> SinkConfig:
+    """Validate one ``sinks.<name>`` entry with its sink's own config model."""
+    if isinstance(raw, SinkConfig):
+        return raw
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise ConfigError(f"sinks.{name}: must be a mapping with a 'type' key")
+    try:
+        cls = sink_class(raw["type"])
+    except SinkUnavailable as exc:
+        raise ConfigError(f"sinks.{name}: {exc.args[0]}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"sinks.{name}.type: {exc}") from None
+    try:
+        return cls.config_model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_input=False, include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"sinks.{name}.{loc}: {msg}" if loc else f"sinks.{name}: {msg}") from None
+
+
+def create_sink(name: str, config: SinkConfig) -> Sink:
+    """A new, unopened sink for one ``sinks.<name>`` entry."""
+    sink: Sink = sink_class(config.type)(name, config)
+    return sink
