@@ -103,13 +103,15 @@ def arq_pool(url: str, *, queue: str = JOBS_QUEUE, expires_ms: int | None = None
     kwargs: dict[str, Any] = {}
     if expires_ms is not None:
         kwargs["expires_extra_ms"] = expires_ms
-    return ArqRedis(
+    pool = ArqRedis(
         connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=5, socket_timeout=10),
         job_serializer=job_serializer,
         job_deserializer=job_deserializer,
         default_queue_name=queue,
         **kwargs,
     )
+    pool.auto_close_connection_pool = True  # aclose() also closes the pool we made
+    return pool
 
 
 class Enqueuer:

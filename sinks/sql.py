@@ -133,16 +133,16 @@ class SqlSink(SinkBase):
     async def open(self) -> None:
         url = sa.make_url(self.config.url.get_secret_value())
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if url.get_backend_name() == "sqlite":
-            if url.database and url.database != ":memory:":
-                Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"timeout": 30}
-        else:
-            kwargs["pool_size"] = self.config.pool_size
-            kwargs["connect_args"] = {"timeout": 10, "command_timeout": self.config.timeout_s}
-        self._engine = create_async_engine(url, **kwargs)
-        self._upsert = self._upsert_statement()
         try:
+            if url.get_backend_name() == "sqlite":
+                if url.database and url.database != ":memory:":
+                    Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+                kwargs["connect_args"] = {"timeout": 30}
+            else:
+                kwargs["pool_size"] = self.config.pool_size
+                kwargs["connect_args"] = {"timeout": 10, "command_timeout": self.config.timeout_s}
+            self._engine = create_async_engine(url, **kwargs)
+            self._upsert = self._upsert_statement()
             await self._migrate()
         except Exception as exc:
             await self.aclose()

