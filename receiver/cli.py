@@ -30,6 +30,9 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if level != "debug":
+        # arq logs two lines per job; at hundreds of callbacks a second, metrics say it better.
+        logging.getLogger("arq.worker").setLevel(logging.WARNING)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -56,7 +59,7 @@ async def _dlq(args: argparse.Namespace, settings: Settings, url: str) -> int:
     pool = arq_pool(url)
     try:
         letters = DeadLetters(pool)
-        found = await letters.list(sink=args.sink, key=getattr(args, "key", None))
+        found = await letters.find(sink=args.sink, key=getattr(args, "key", None))
         if args.dlq_command == "list":
             if not found:
                 print("no dead letters")

@@ -105,7 +105,7 @@ class RetryConfig(_Model):
 
     def delay(self, job_try: int, retry_after_s: float | None = None) -> float:
         """Seconds to wait before try ``job_try + 1``; a provider's Retry-After wins if longer."""
-        backoff = min(self.max_delay_s, self.base_delay_s * 2 ** max(0, job_try - 1))
+        backoff = min(self.max_delay_s, self.base_delay_s * 2.0 ** max(0, job_try - 1))
         if retry_after_s is not None:
             backoff = max(backoff, min(retry_after_s, self.max_delay_s))
         return backoff

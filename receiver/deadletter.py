@@ -69,17 +69,17 @@ class DeadLetters:
             kwargs=kwargs,
         )
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(_DATA, letter.id, orjson.dumps(asdict(letter)))
+            pipe.hset(_DATA, letter.id, orjson.dumps(asdict(letter)).decode())
             pipe.zadd(_INDEX, {letter.id: letter.created_at})
             await pipe.execute()
         return letter
 
-    async def list(self, *, sink: str | None = None, key: str | None = None) -> list[DeadLetter]:
+    async def find(self, *, sink: str | None = None, key: str | None = None) -> list[DeadLetter]:
         """Dead letters, oldest first, optionally only one sink's or one key's."""
         ids = await self._redis.zrange(_INDEX, 0, -1)
         if not ids:
             return []
-        raw = await self._redis.hmget(_DATA, ids)
+        raw: list[bytes | None] = await self._redis.hmget(_DATA, ids)  # type: ignore[misc]
         letters = [DeadLetter(**orjson.loads(r)) for r in raw if r is not None]
         return [
             d

@@ -105,14 +105,14 @@ async def _drive(
             deadline = time.monotonic() + 60 + n / 20
             while time.monotonic() < deadline:
                 progress.update(sending, completed=sum(1 for t in tasks if t.done()))
-                for key, t in (await asyncio.to_thread(_landed, db)).items():
-                    seen.setdefault(key, t)
+                for key, when in (await asyncio.to_thread(_landed, db)).items():
+                    seen.setdefault(key, when)
                 progress.update(landing, completed=len(seen))
                 if len(seen) >= n and all(t.done() for t in tasks):
                     break
                 await asyncio.sleep(0.02)
-            for t in tasks:
-                t.cancel()
+            for task in tasks:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     latencies = [(seen[k] - sent_at[k]) * 1000 for k in ids if k in seen and k in sent_at]

@@ -120,7 +120,8 @@ def envelope_from_response(
     usable = status == "completed" or (
         status == "incomplete" and reason == "max_output_tokens" and bool(text)
     )
-    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    raw_usage = response.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     metadata = response.get("metadata")
     model = response.get("model")
     return Envelope(

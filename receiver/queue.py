@@ -90,12 +90,13 @@ def response_job_id(provider: str, response_id: str) -> str:
 
 def redis_client(url: str, *, timeout_s: float = 2.0) -> Redis:
     """A pooled Redis client that fails fast when Redis is down (the app answers 503)."""
-    return Redis.from_url(
+    client: Redis = Redis.from_url(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         health_check_interval=30,
     )
+    return client
 
 
 def arq_pool(url: str, *, queue: str = JOBS_QUEUE, expires_ms: int | None = None) -> ArqRedis:
@@ -170,7 +171,7 @@ class Enqueuer:
         for job, _ in batch:
             payload = job_serializer(
                 {"t": 1, "f": job.function, "a": [], "k": job.kwargs, "et": now_ms}
-            )
+            ).decode()
             pipe.evalsha(
                 self._sha,
                 4,
@@ -181,7 +182,7 @@ class Enqueuer:
                 self._dedupe_ttl_ms,
                 payload,
                 self._job_expiry_ms,
-                now_ms,
+                str(now_ms),
                 job.job_id,
             )
         results: list[Any] = await pipe.execute(raise_on_error=False)

@@ -42,9 +42,9 @@ class _Rule:
         for name, allowed in self.fields.items():
             if getattr(env, name) not in allowed:
                 return False
-        for key, allowed in self.metadata.items():
+        for key, wanted in self.metadata.items():
             value: Any = env.metadata.get(key)
-            if allowed is not None and (value is None or str(value) not in allowed):
+            if wanted is not None and (value is None or str(value) not in wanted):
                 return False
         return True
 

@@ -52,8 +52,8 @@ class NopollResult(SQLModel, table=True):
     error: dict[str, Any] | None = Field(default=None, sa_column=Column("error", _JSON))
     meta: dict[str, Any] | None = Field(default=None, sa_column=Column("metadata", _JSON))
     event_id: str | None = None
-    received_at: datetime = Field(sa_type=sa.DateTime(timezone=True))  # type: ignore[call-overload]
-    fetched_at: datetime = Field(sa_type=sa.DateTime(timezone=True))  # type: ignore[call-overload]
+    received_at: datetime = Field(sa_type=sa.DateTime(timezone=True))
+    fetched_at: datetime = Field(sa_type=sa.DateTime(timezone=True))
     body: dict[str, Any] | None = Field(default=None, sa_column=Column("body", _JSON))
 
 
@@ -118,7 +118,7 @@ class SqlSink(SinkBase):
     config_model = SqlSinkConfig
     config: SqlSinkConfig
 
-    def __init__(self, name: str, config: SqlSinkConfig) -> None:  # type: ignore[override]
+    def __init__(self, name: str, config: SqlSinkConfig) -> None:
         super().__init__(name, config)
         self.table = results_table(config.table)
         self._engine: AsyncEngine | None = None

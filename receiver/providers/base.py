@@ -85,8 +85,8 @@ class ProviderClient:
 
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            retry_after = getattr(exc, "retry_after_s", None)
-            backoff = min(4.0, 0.25 * 2 ** (state.attempt_number - 1))
+            retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
+            backoff = min(4.0, 0.25 * 2.0 ** (state.attempt_number - 1))
             return max(backoff, retry_after or 0.0)
 
         def worth_retrying_now(exc: BaseException) -> bool:

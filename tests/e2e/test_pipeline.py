@@ -122,7 +122,7 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
         assert (await post(base, *signed_callback("resp_down"))).status_code == 202
         pool = arq_pool(redis_url)
         letters = DeadLetters(pool)
-        found = await wait_for(letters.list)
+        found = await wait_for(letters.find)
         assert len(found) == 1
         letter = found[0]
         assert (letter.sink, letter.keys, letter.attempts) == ("fetch", ["resp_down"], 3)
@@ -202,9 +202,9 @@ async def test_sink_failing_every_try_is_dead_lettered_then_replayed(
         await post(base, *signed_callback("resp_dl"))
         pool = arq_pool(redis_url)
         letters = DeadLetters(pool)
-        found = await wait_for(lambda: letters.list(sink="warehouse"))
+        found = await wait_for(lambda: letters.find(sink="warehouse"))
         assert found[0].keys == ["resp_dl"] and found[0].attempts == 3
-        assert await letters.list(sink="files") == []
+        assert await letters.find(sink="files") == []
         await proxy.up()
         try:
             await letters.replay(found)
