@@ -26,7 +26,14 @@ from receiver.envelope import now_rfc3339
 from receiver.exceptions import VerificationError
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.providers import safe_id
-from receiver.queue import EnqueueOutcome, Enqueuer, ResponseJob, response_job_id
+from receiver.queue import (
+    BATCHES_QUEUE,
+    CallbackJob,
+    EnqueueOutcome,
+    Enqueuer,
+    batch_job_id,
+    response_job_id,
+)
 from receiver.verify import Verifier
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "create_app"]
@@ -119,7 +126,7 @@ def create_app(
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             return reject(400, "body must be a JSON object with a string 'type'")
         event_type = event["type"]
-        if event_type not in RESPONSE_EVENTS:
+        if event_type not in RESPONSE_EVENTS and event_type not in BATCH_EVENTS:
             callbacks.labels(provider, "ignored").inc()
             return _json(
                 202, {"status": "ignored", "reason": f"event type {event_type!r} is not handled"}
@@ -130,18 +137,35 @@ def create_app(
             return reject(400, "data.id must match [A-Za-z0-9_.:-]{1,256}")
         assert isinstance(object_id, str)
 
-        job = ResponseJob(
-            provider=provider,
-            webhook_id=webhook_id,
-            function="fetch_response",
-            job_id=response_job_id(provider, object_id),
-            kwargs={
-                "provider": provider,
-                "response_id": object_id,
-                "event_id": webhook_id,
-                "received_at": now_rfc3339(),
-            },
-        )
+        received_at = now_rfc3339()
+        if event_type in RESPONSE_EVENTS:
+            job = CallbackJob(
+                provider=provider,
+                webhook_id=webhook_id,
+                function="fetch_response",
+                job_id=response_job_id(provider, object_id),
+                kwargs={
+                    "provider": provider,
+                    "response_id": object_id,
+                    "event_id": webhook_id,
+                    "received_at": received_at,
+                },
+            )
+        else:
+            job = CallbackJob(
+                provider=provider,
+                webhook_id=webhook_id,
+                function="fetch_batch",
+                job_id=batch_job_id(provider, object_id),
+                kwargs={
+                    "provider": provider,
+                    "batch_id": object_id,
+                    "event_id": webhook_id,
+                    "received_at": received_at,
+                    "event_type": event_type,
+                },
+                queue=BATCHES_QUEUE,
+            )
         started = time.perf_counter()
         try:
             outcome = await enqueuer.enqueue(job)

@@ -29,6 +29,7 @@ from pydantic import (
 from receiver.exceptions import ConfigError
 
 __all__ = [
+    "BatchConfig",
     "HttpConfig",
     "ProviderConfig",
     "RetryConfig",
@@ -123,6 +124,21 @@ class HttpConfig(_Model):
     """The longest in-job wait for a Retry-After; a longer one defers the whole job."""
 
 
+class BatchConfig(_Model):
+    """How batch results are streamed into the sinks."""
+
+    chunk_size: int = Field(default=1000, ge=1, le=100_000)
+    """Rows per chunk: the unit of sink writes, progress and resumption."""
+    job_timeout_s: float = Field(default=6 * 3600, gt=1)
+    lease_s: float = Field(default=60.0, ge=1)
+    """A killed worker's batch is picked up again after at most this long."""
+    max_jobs: int = Field(default=2, ge=1)
+    sink_attempts: int = Field(default=3, ge=1, le=20)
+    """Tries of a chunk within the batch job before it is handed to its own delivery job."""
+    sink_queue_chunks: int = Field(default=2, ge=1, le=64)
+    """Chunks that may wait for one sink before the stream waits for it."""
+
+
 class WorkerConfig(_Model):
     """arq worker settings that matter for latency, locking and shutdown."""
 
@@ -179,6 +195,7 @@ class Settings(_Model):
     )
     http: HttpConfig = Field(default_factory=HttpConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("providers", "sinks")

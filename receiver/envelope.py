@@ -12,9 +12,12 @@ from typing import Any, Literal
 
 __all__ = [
     "SCHEMA",
+    "BatchRow",
     "Envelope",
+    "batch_summary_envelope",
     "chat_output_text",
     "envelope_from_response",
+    "envelope_from_row",
     "now_rfc3339",
     "response_output_text",
 ]
@@ -143,4 +146,144 @@ def envelope_from_response(
         received_at=received_at,
         fetched_at=now_rfc3339(),
         body=response,
+    )
+
+
+@dataclasses.dataclass(slots=True)
+class BatchRow:
+    """One row of a batch as a dialect found it, before it becomes an envelope."""
+
+    index: int
+    """0-based position in the provider's listing (the key when there is no custom_id)."""
+    custom_id: str | None
+    status: str
+    body: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+def _body_fields(body: dict[str, Any] | None) -> dict[str, Any]:
+    """Text, tokens, model and incomplete reason of a Responses object or chat completion."""
+    if not body:
+        return {
+            "output_text": None,
+            "input_tokens": None,
+            "output_tokens": None,
+            "model": None,
+            "incomplete_reason": None,
+            "status": None,
+        }
+    raw_usage = body.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    model = body.get("model")
+    if "choices" in body:  # a chat completion
+        return {
+            "output_text": chat_output_text(body),
+            "input_tokens": _int_or_none(usage.get("prompt_tokens")),
+            "output_tokens": _int_or_none(usage.get("completion_tokens")),
+            "model": model if isinstance(model, str) else None,
+            "incomplete_reason": None,
+            "status": None,
+        }
+    details = body.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    status = body.get("status")
+    return {
+        "output_text": response_output_text(body),
+        "input_tokens": _int_or_none(usage.get("input_tokens")),
+        "output_tokens": _int_or_none(usage.get("output_tokens")),
+        "model": model if isinstance(model, str) else None,
+        "incomplete_reason": reason if isinstance(reason, str) else None,
+        "status": status if isinstance(status, str) else None,
+    }
+
+
+def envelope_from_row(
+    row: BatchRow,
+    *,
+    provider: str,
+    batch_id: str,
+    received_at: str,
+    event_id: str | None,
+    tenant: str = "default",
+    fetched_at: str | None = None,
+) -> Envelope:
+    """Normalize one batch row into a ``batch_row`` envelope keyed ``{batch_id}/{custom_id}``."""
+    fields = _body_fields(row.body)
+    status = row.status
+    if status == "completed" and fields["status"] == "incomplete":
+        status = "incomplete"  # a Responses body that ran out of tokens
+    text = fields["output_text"]
+    reason = fields["incomplete_reason"]
+    usable = status == "completed" or (
+        status == "incomplete" and reason == "max_output_tokens" and bool(text)
+    )
+    body_error = row.body.get("error") if row.body else None
+    metadata = row.body.get("metadata") if row.body else None
+    return Envelope(
+        provider=provider,
+        tenant=tenant,
+        kind="batch_row",
+        key=f"{batch_id}/{row.custom_id if row.custom_id is not None else row.index}",
+        response_id=_str_or_none(row.body.get("id")) if row.body else None,
+        batch_id=batch_id,
+        custom_id=row.custom_id,
+        status=status,
+        usable=usable,
+        incomplete_reason=reason,
+        model=fields["model"],
+        output_text=text,
+        input_tokens=fields["input_tokens"],
+        output_tokens=fields["output_tokens"],
+        error=_error(row.error) or _error(body_error),
+        metadata=metadata if isinstance(metadata, dict) else {},
+        event_id=event_id,
+        received_at=received_at,
+        fetched_at=fetched_at or now_rfc3339(),
+        body=row.body,
+    )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+BATCH_STATUSES = {"completed", "failed", "cancelled", "expired"}
+
+
+def batch_summary_envelope(
+    batch: dict[str, Any],
+    *,
+    provider: str,
+    batch_id: str,
+    received_at: str,
+    event_id: str | None,
+    counts: dict[str, int],
+    tenant: str = "default",
+) -> Envelope:
+    """The ``batch`` envelope written after every row: counts and the batch object."""
+    status = str(batch.get("status") or "completed")
+    if status == "canceled":
+        status = "cancelled"
+    body = {k: v for k, v in batch.items() if k not in ("results", "request_status")}
+    metadata = batch.get("metadata") if isinstance(batch.get("metadata"), dict) else {}
+    request_counts = batch.get("request_counts")
+    return Envelope(
+        provider=provider,
+        tenant=tenant,
+        kind="batch",
+        key=batch_id,
+        batch_id=batch_id,
+        status=status,
+        usable=status == "completed",
+        model=_str_or_none(batch.get("model")),
+        error=_error(batch.get("error")),
+        metadata={
+            **(metadata or {}),
+            "request_counts": request_counts if isinstance(request_counts, dict) else {},
+            "rows_by_status": counts,
+        },
+        event_id=event_id,
+        received_at=received_at,
+        fetched_at=now_rfc3339(),
+        body=body,
     )

@@ -61,6 +61,15 @@ class Metrics:
         self.dead_letters = Counter(
             "nopoll_dead_letters", "Dead letters by sink (or 'fetch')", ["sink"], registry=r
         )
+        self.batch_rows = Counter(
+            "nopoll_batch_rows",
+            "Batch rows fetched and handed to the sinks",
+            ["provider"],
+            registry=r,
+        )
+        self.batches = Counter(
+            "nopoll_batches", "Batch jobs by outcome", ["provider", "outcome"], registry=r
+        )
         self.unrouted = Counter(
             "nopoll_unrouted_results", "Results no route sent anywhere", ["provider"], registry=r
         )

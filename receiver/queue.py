@@ -27,11 +27,13 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import NoScriptError
 
 __all__ = [
+    "BATCHES_QUEUE",
     "JOBS_QUEUE",
+    "CallbackJob",
     "EnqueueOutcome",
     "Enqueuer",
-    "ResponseJob",
     "arq_pool",
+    "batch_job_id",
     "job_deserializer",
     "job_serializer",
     "redis_client",
@@ -40,6 +42,8 @@ __all__ = [
 
 JOBS_QUEUE = "nopoll:jobs"
 """Short jobs: fetching single responses and re-delivering to sinks."""
+BATCHES_QUEUE = "nopoll:batches"
+"""Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
 SEEN_PREFIX = "nopoll:seen:"
 
 _ENQUEUE_LUA = """
@@ -73,7 +77,7 @@ class EnqueueOutcome(IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseJob:
+class CallbackJob:
     """One verified callback that asks for a fetch."""
 
     provider: str
@@ -81,11 +85,17 @@ class ResponseJob:
     function: str
     job_id: str
     kwargs: dict[str, Any]
+    queue: str = JOBS_QUEUE
 
 
 def response_job_id(provider: str, response_id: str) -> str:
     """The arq job id of a single-response fetch: one pending fetch per response."""
     return f"resp:{provider}:{response_id}"
+
+
+def batch_job_id(provider: str, batch_id: str) -> str:
+    """The arq job id of a batch fetch: one pending fetch per batch."""
+    return f"batch:{provider}:{batch_id}"
 
 
 def redis_client(url: str, *, timeout_s: float = 2.0) -> Redis:
@@ -124,19 +134,17 @@ class Enqueuer:
         *,
         dedupe_ttl_s: int,
         job_expiry_s: int,
-        queue: str = JOBS_QUEUE,
         max_batch: int = 512,
     ) -> None:
         self._redis = redis
         self._dedupe_ttl_ms = str(dedupe_ttl_s * 1000)
         self._job_expiry_ms = str(job_expiry_s * 1000)
-        self._queue = queue
         self._max_batch = max_batch
         self._sha: str | None = None
-        self._pending: list[tuple[ResponseJob, asyncio.Future[EnqueueOutcome]]] = []
+        self._pending: list[tuple[CallbackJob, asyncio.Future[EnqueueOutcome]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def enqueue(self, job: ResponseJob) -> EnqueueOutcome:
+    async def enqueue(self, job: CallbackJob) -> EnqueueOutcome:
         """Queue one job; returns once Redis has it (or raises a RedisError)."""
         future: asyncio.Future[EnqueueOutcome] = asyncio.get_running_loop().create_future()
         self._pending.append((job, future))
@@ -163,7 +171,7 @@ class Enqueuer:
                 else:
                     future.set_result(EnqueueOutcome(int(result)))
 
-    async def _run(self, batch: list[tuple[ResponseJob, Any]], *, reload: bool = True) -> list[Any]:
+    async def _run(self, batch: list[tuple[CallbackJob, Any]], *, reload: bool = True) -> list[Any]:
         if self._sha is None:
             self._sha = await self._redis.script_load(_ENQUEUE_LUA)
         now_ms = int(time.time() * 1000)
@@ -178,7 +186,7 @@ class Enqueuer:
                 f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
                 job_key_prefix + job.job_id,
                 result_key_prefix + job.job_id,
-                self._queue,
+                job.queue,
                 self._dedupe_ttl_ms,
                 payload,
                 self._job_expiry_ms,

@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
+from arq.worker import Worker
 
 from receiver.app import create_app
 from receiver.config import Settings
 from receiver.embedded import EmbeddedRedis
 from receiver.metrics import Metrics
 from receiver.queue import redis_client
-from receiver.worker import HEALTH_CHECK_KEY, build_worker
+from receiver.worker import HEALTH_CHECK_KEY, build_workers
 
 __all__ = ["redis_url_for", "run"]
 
@@ -68,14 +69,15 @@ async def _run(
 
     tasks: list[asyncio.Task[Any]] = []
     server: _Server | None = None
-    arq_worker = None
+    arq_workers: list[Worker] = []
     redis = redis_client(redis_url)
 
     if worker:
-        arq_worker = build_worker(
+        arq_workers = build_workers(
             settings, redis_url, metrics, handle_signals=False, extra_ctx=extra_ctx
         )
-        tasks.append(asyncio.create_task(arq_worker.async_run(), name="worker"))
+        for w in arq_workers:
+            tasks.append(asyncio.create_task(w.async_run(), name=f"worker {w.queue_name}"))
     if api:
         if not settings.providers:
             log.warning("no providers configured: every callback will answer 404")
@@ -110,13 +112,13 @@ async def _run(
     log.info("shutting down")
     if server is not None:
         server.should_exit = True
-    if arq_worker is not None:
-        arq_worker.handle_sig_wait_for_completion(signal.SIGTERM)
+    for w in arq_workers:
+        w.handle_sig_wait_for_completion(signal.SIGTERM)
     results = await asyncio.gather(*tasks, return_exceptions=True)
     stop_waiter.cancel()
-    if arq_worker is not None:
+    for w in arq_workers:
         with contextlib.suppress(Exception):
-            await arq_worker.close()
+            await w.close()
     if not api:
         await redis.aclose()
     for task in failed:

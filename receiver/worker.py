@@ -26,18 +26,20 @@ from typing import Any
 from arq import Retry
 from arq.connections import ArqRedis
 from arq.worker import Function, Worker, func
+from redis.exceptions import RedisError
 
+from receiver.batches import BatchRunner, claim_summary
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.envelope import Envelope, envelope_from_response
-from receiver.exceptions import ProviderError, TransientProviderError
+from receiver.exceptions import ProviderError, SinkError, TransientProviderError
 from receiver.fanout import FanOut, ManagedSink
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
-from receiver.queue import JOBS_QUEUE, arq_pool, job_deserializer, job_serializer
+from receiver.queue import BATCHES_QUEUE, JOBS_QUEUE, arq_pool, job_deserializer, job_serializer
 from receiver.routing import Router
 
-__all__ = ["HEALTH_CHECK_KEY", "build_worker", "deliver", "fetch_response"]
+__all__ = ["HEALTH_CHECK_KEY", "build_workers", "deliver", "fetch_batch", "fetch_response"]
 
 log = logging.getLogger("nopoll.worker")
 
@@ -67,6 +69,13 @@ async def startup(ctx: dict[str, Any]) -> None:
     sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
     ctx["fanout"] = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
     ctx["dead_letters"] = DeadLetters(ctx["redis"])
+    ctx["batch_runner"] = BatchRunner(
+        settings,
+        redis=ctx["redis"],
+        fanout=ctx["fanout"],
+        dead_letters=ctx["dead_letters"],
+        metrics=metrics,
+    )
     # Open sinks now so start-up problems show early; a sink that is down is retried later.
     for name, sink in sinks.items():
         try:
@@ -197,16 +206,36 @@ async def fetch_response(
 
 
 async def deliver(
+    ctx: dict[str, Any],
+    *,
+    sink: str,
+    envelopes: list[dict[str, Any]],
+    batch_state: str | None = None,
+) -> dict[str, Any]:
+    """Write envelopes to one sink; retry with backoff, then keep as a dead letter.
+
+    ``batch_state`` names the batch a handed-off chunk belongs to: the delivery that
+    settles the sink's last handed-off chunk writes the batch summary to that sink.
+    """
+    result = await _deliver(ctx, sink=sink, envelopes=envelopes)
+    if batch_state is not None:
+        remaining = await ctx["redis"].hincrby(batch_state, f"h:{sink}", -1)
+        if remaining <= 0:
+            await claim_summary(ctx["batch_runner"], batch_state, sink)
+    return result
+
+
+async def _deliver(
     ctx: dict[str, Any], *, sink: str, envelopes: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Write envelopes to one sink; retry with backoff, then keep as a dead letter."""
     settings: Settings = ctx["settings"]
     metrics: Metrics = ctx["metrics"]
     job_try: int = ctx["job_try"]
     fanout: FanOut = ctx["fanout"]
     keys = [str(e.get("key")) for e in envelopes]
     provider = str(envelopes[0].get("provider")) if envelopes else ""
-    kwargs = {"sink": sink, "envelopes": envelopes}
+    # A replayed dead letter must not count down a batch's hand-offs a second time.
+    kwargs: dict[str, Any] = {"sink": sink, "envelopes": envelopes}
     target = fanout.sinks.get(sink)
     if target is None:
         await _dead_letter(
@@ -241,42 +270,163 @@ async def deliver(
     return {"rows": len(envelopes)}
 
 
-def build_worker(
+async def fetch_batch(
+    ctx: dict[str, Any],
+    *,
+    provider: str,
+    batch_id: str,
+    event_id: str | None = None,
+    received_at: str,
+    event_type: str = "batch.completed",
+    tenant: str = "default",
+) -> dict[str, Any]:
+    """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches`)."""
+    settings: Settings = ctx["settings"]
+    metrics: Metrics = ctx["metrics"]
+    job_try: int = ctx["job_try"]
+    kwargs = {
+        "provider": provider,
+        "batch_id": batch_id,
+        "event_id": event_id,
+        "received_at": received_at,
+        "event_type": event_type,
+        "tenant": tenant,
+    }
+    retry = settings.fetch_retry
+
+    async def give_up(error: str) -> dict[str, Any]:
+        await _dead_letter(
+            ctx,
+            sink="fetch",
+            provider=provider,
+            keys=[batch_id],
+            error=error,
+            function="fetch_batch",
+            kwargs=kwargs,
+        )
+        metrics.batches.labels(provider, "dead_letter").inc()
+        return {"dead_letter": True}
+
+    if job_try > retry.max_tries + 2:
+        return await give_up(f"job ran {job_try} times without finishing (worker crashes?)")
+    dialect: Dialect | None = ctx["dialects"].get(provider)
+    if dialect is None:
+        return await give_up(f"provider {provider!r} is no longer configured")
+    runner: BatchRunner = ctx["batch_runner"]
+    try:
+        outcome = await runner.run(
+            dialect,
+            provider=provider,
+            batch_id=batch_id,
+            event_id=event_id,
+            received_at=received_at,
+            tenant=tenant,
+            job_id=ctx.get("job_id"),
+        )
+    except TransientProviderError as exc:
+        if job_try >= retry.max_tries:
+            return await give_up(str(exc))
+        metrics.batches.labels(provider, "retry").inc()
+        log.info("batch %s/%s try %d failed (%s); resuming later", provider, batch_id, job_try, exc)
+        raise Retry(defer=retry.delay(job_try, exc.retry_after_s)) from None
+    except ProviderError as exc:
+        return await give_up(str(exc))
+    except (SinkError, RedisError, OSError) as exc:
+        if job_try >= retry.max_tries:
+            return await give_up(str(exc))
+        log.warning(
+            "batch %s/%s try %d stopped (%s); resuming later", provider, batch_id, job_try, exc
+        )
+        raise Retry(defer=retry.delay(job_try)) from None
+    except Exception as exc:  # a batch we cannot read: keep it, do not crash the worker
+        log.exception("cannot process batch %s/%s", provider, batch_id)
+        return await give_up(f"{type(exc).__name__}: {exc}"[:500])
+    metrics.batches.labels(provider, "already_done" if outcome.already_done else "ok").inc()
+    return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}
+
+
+def build_workers(
     settings: Settings,
     redis_url: str,
     metrics: Metrics,
     *,
     handle_signals: bool = True,
     extra_ctx: dict[str, Any] | None = None,
-) -> Worker:
-    """An arq Worker for :data:`JOBS_QUEUE` with nopoll's jobs and settings."""
+) -> list[Worker]:
+    """The arq Workers: short jobs on :data:`JOBS_QUEUE`, batches on :data:`BATCHES_QUEUE`."""
     w = settings.worker
-    arq_tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
-    functions: list[Function] = [
+    tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
+    short: list[Function] = [
         func(
-            fetch_response,
-            name="fetch_response",
-            timeout=w.response_job_timeout_s,
-            max_tries=arq_tries,
+            fetch_response, name="fetch_response", timeout=w.response_job_timeout_s, max_tries=tries
         ),
-        func(deliver, name="deliver", timeout=w.response_job_timeout_s, max_tries=arq_tries),
+        func(deliver, name="deliver", timeout=w.response_job_timeout_s, max_tries=tries),
     ]
+    long: list[Function] = [
+        func(
+            fetch_batch, name="fetch_batch", timeout=settings.batch.job_timeout_s, max_tries=tries
+        ),
+    ]
+    common: dict[str, Any] = {
+        "redis_url": redis_url,
+        "metrics": metrics,
+        "handle_signals": handle_signals,
+        "extra_ctx": extra_ctx,
+        "tries": tries,
+    }
+    return [
+        _worker(
+            settings,
+            short,
+            JOBS_QUEUE,
+            w.max_jobs,
+            w.response_job_timeout_s,
+            HEALTH_CHECK_KEY,
+            **common,
+        ),
+        _worker(
+            settings,
+            long,
+            BATCHES_QUEUE,
+            settings.batch.max_jobs,
+            settings.batch.job_timeout_s,
+            BATCHES_QUEUE + ":health-check",
+            **common,
+        ),
+    ]
+
+
+def _worker(
+    settings: Settings,
+    functions: list[Function],
+    queue: str,
+    max_jobs: int,
+    job_timeout_s: float,
+    health_key: str,
+    *,
+    redis_url: str,
+    metrics: Metrics,
+    handle_signals: bool,
+    extra_ctx: dict[str, Any] | None,
+    tries: int,
+) -> Worker:
+    w = settings.worker
     return Worker(
         functions,
-        queue_name=JOBS_QUEUE,
-        redis_pool=arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000),
+        queue_name=queue,
+        redis_pool=arq_pool(redis_url, queue=queue, expires_ms=settings.job_expiry_s * 1000),
         on_startup=startup,
         on_shutdown=shutdown,
         ctx={"settings": settings, "metrics": metrics, **(extra_ctx or {})},
         handle_signals=handle_signals,
         job_completion_wait=int(w.shutdown_wait_s),
-        max_jobs=w.max_jobs,
-        job_timeout=w.response_job_timeout_s,
+        max_jobs=max_jobs,
+        job_timeout=job_timeout_s,
         keep_result=0,
         poll_delay=w.poll_delay_s,
-        max_tries=arq_tries,
+        max_tries=tries,
         health_check_interval=w.health_check_interval_s,
-        health_check_key=HEALTH_CHECK_KEY,
+        health_check_key=health_key,
         job_serializer=job_serializer,
         job_deserializer=job_deserializer,
         expires_extra_ms=settings.job_expiry_s * 1000,

@@ -26,7 +26,7 @@ from receiver.app import create_app
 from receiver.config import Settings
 from receiver.metrics import Metrics
 from receiver.queue import redis_client
-from receiver.worker import HEALTH_CHECK_KEY, build_worker
+from receiver.worker import HEALTH_CHECK_KEY, build_workers
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -175,12 +175,14 @@ async def running_api(
 
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> AsyncIterator[Any]:
-    """nopoll's arq worker running in this event loop."""
-    worker = build_worker(settings, redis_url, Metrics(), handle_signals=False, extra_ctx=ctx)
-    task = asyncio.create_task(worker.async_run())
+    """nopoll's arq workers (short jobs and batches) running in this event loop."""
+    workers = build_workers(settings, redis_url, Metrics(), handle_signals=False, extra_ctx=ctx)
+    tasks = [asyncio.create_task(w.async_run()) for w in workers]
     try:
-        yield worker
+        yield workers
     finally:
-        await worker.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 15)
+        for worker in workers:
+            await worker.close()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 15)

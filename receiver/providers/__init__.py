@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import importlib
 
-from receiver.providers.base import SAFE_ID, Dialect, ProviderClient, ResponsesDialect, safe_id
+from receiver.providers.base import BatchFetch, Dialect, ResponsesDialect
+from receiver.providers.client import SAFE_ID, ProviderClient, safe_id
 
 __all__ = [
     "DIALECTS",
     "SAFE_ID",
+    "BatchFetch",
     "Dialect",
     "ProviderClient",
     "ResponsesDialect",

@@ -1,150 +1,69 @@
-"""What every provider dialect shares: the pooled HTTP client and single-response fetch.
+"""The dialect contract: fetch one response; list a batch's rows as an async stream.
 
-:class:`ProviderClient` only ever calls the configured ``base_url``: paths are built from
-ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
-callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
-are retried a few times in place, honouring ``Retry-After``; what still fails raises
-:class:`~receiver.exceptions.TransientProviderError` so the job is retried later.
+A dialect turns one provider family's API into :class:`~receiver.envelope.BatchRow`
+chunks. Chunks are numbered and their contents are deterministic for a given batch
+(file order, or sorted custom_ids), so a batch job that dies can skip the chunks every
+sink already committed: file dialects read past them without parsing, per-row dialects
+do not fetch them at all.
 """
 
 from __future__ import annotations
 
-import email.utils
-import re
-import time
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
 import orjson
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from receiver.config import HttpConfig, ProviderConfig
-from receiver.exceptions import ProviderError, TransientProviderError
+from receiver.envelope import BatchRow
+from receiver.exceptions import ProviderError
+from receiver.providers.client import ProviderClient, safe_id
 
-__all__ = ["SAFE_ID", "Dialect", "ProviderClient", "ResponsesDialect", "safe_id"]
+__all__ = [
+    "BatchFetch",
+    "Dialect",
+    "ResponsesDialect",
+    "chunk_rows",
+    "id_chunks",
+    "loads_obj",
+    "normalize_status",
+    "rows_by_custom_id",
+]
 
-SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
-_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+Chunk = tuple[int, list[BatchRow]]
+
+_STATUS = {
+    "completed": "completed",
+    "succeeded": "completed",
+    "success": "completed",
+    "failed": "failed",
+    "error": "failed",
+    "errored": "failed",
+    "cancelled": "cancelled",
+    "canceled": "cancelled",
+    "expired": "expired",
+    "incomplete": "incomplete",
+}
 
 
-def safe_id(value: object) -> bool:
-    """True when ``value`` may go into a provider URL path as one segment."""
-    return (
-        isinstance(value, str) and SAFE_ID.fullmatch(value) is not None and value.strip(".") != ""
-    )
+def normalize_status(value: Any, default: str = "failed") -> str:
+    """A provider's row status in nopoll's words (``COMPLETED`` → ``completed``)."""
+    if not isinstance(value, str):
+        return default
+    return _STATUS.get(value.lower(), value.lower())
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+@dataclass
+class BatchFetch:
+    """What a dialect learns while streaming: the batch object (complete at the end)."""
 
-
-class ProviderClient:
-    """A pooled httpx client bound to one provider's ``base_url``."""
-
-    def __init__(
-        self,
-        name: str,
-        config: ProviderConfig,
-        http: HttpConfig,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-        on_request: Any = None,
-    ) -> None:
-        self.name = name
-        self.config = config
-        self._http = http
-        self._on_request = on_request
-        headers = {"user-agent": "nopoll/0.1", "accept": "application/json"}
-        if config.api_key is not None:
-            headers["authorization"] = f"Bearer {config.api_key.get_secret_value()}"
-        self._client = httpx.AsyncClient(
-            base_url=config.base_url + "/",
-            headers=headers,
-            timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=http.max_connections,
-                max_keepalive_connections=http.max_connections,
-            ),
-            follow_redirects=False,
-            transport=transport,
-        )
-
-    async def get_json(self, path: str) -> dict[str, Any]:
-        """GET ``{base_url}/{path}`` and return its JSON object, retrying transient failures."""
-
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
-            backoff = min(4.0, 0.25 * 2.0 ** (state.attempt_number - 1))
-            return max(backoff, retry_after or 0.0)
-
-        def worth_retrying_now(exc: BaseException) -> bool:
-            if not isinstance(exc, TransientProviderError):
-                return False
-            # A long Retry-After defers the whole job instead of holding a worker slot.
-            return (exc.retry_after_s or 0.0) <= self._http.max_retry_after_s
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._http.attempts),
-            wait=wait,
-            retry=retry_if_exception(worth_retrying_now),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await self._get_once(path)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _get_once(self, path: str) -> dict[str, Any]:
-        started = time.perf_counter()
-        status: int | None = None
-        try:
-            response = await self._client.get(path)
-            status = response.status_code
-        except httpx.TimeoutException:
-            raise TransientProviderError("timed out", provider=self.name, path=path) from None
-        except httpx.TransportError as exc:
-            raise TransientProviderError(
-                f"connection failed ({type(exc).__name__})", provider=self.name, path=path
-            ) from None
-        finally:
-            if self._on_request is not None:
-                self._on_request(self.name, status, time.perf_counter() - started)
-        if status in _RETRY_STATUS:
-            raise TransientProviderError(
-                "provider busy or failing",
-                provider=self.name,
-                path=path,
-                status=status,
-                retry_after_s=_retry_after(response),
-            )
-        if status != 200:
-            raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
-        try:
-            data = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            raise ProviderError(
-                "answer is not JSON", provider=self.name, path=path, status=status
-            ) from None
-        if not isinstance(data, dict):
-            raise ProviderError(
-                "answer is not a JSON object", provider=self.name, path=path, status=status
-            )
-        return data
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
+    batch_id: str
+    chunk_size: int = 1000
+    skip_before: int = 0
+    """Chunks below this index were committed by every sink: do not fetch or parse them."""
+    batch: dict[str, Any] = field(default_factory=dict)
 
 
 class Dialect(Protocol):
@@ -155,6 +74,49 @@ class Dialect(Protocol):
     async def fetch_response(self, response_id: str) -> dict[str, Any]:
         """The finished Responses object for ``response_id``."""
         ...
+
+    def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
+        """Every row of the batch, in numbered chunks; fills ``fetch.batch``."""
+        ...
+
+
+async def chunk_rows(
+    lines: AsyncIterator[bytes], fetch: BatchFetch, parse: Any
+) -> AsyncIterator[Chunk]:
+    """Group JSONL lines into chunks; lines of skipped chunks are counted, not parsed."""
+    index = 0
+    chunk: list[BatchRow] = []
+    skip_rows = fetch.skip_before * fetch.chunk_size
+    async for line in lines:
+        if index >= skip_rows:
+            chunk.append(parse(index, line))
+        index += 1
+        if index % fetch.chunk_size == 0:
+            if chunk:
+                yield index // fetch.chunk_size - 1, chunk
+            chunk = []
+    if chunk:
+        yield index // fetch.chunk_size, chunk
+
+
+def id_chunks(ids: Iterable[str], fetch: BatchFetch) -> list[tuple[int, list[tuple[int, str]]]]:
+    """Sorted custom_ids in numbered chunks of (row index, custom_id), skipped ones left out."""
+    ordered = sorted(ids)
+    out = []
+    for start in range(fetch.skip_before * fetch.chunk_size, len(ordered), fetch.chunk_size):
+        part = ordered[start : start + fetch.chunk_size]
+        out.append((start // fetch.chunk_size, [(start + i, cid) for i, cid in enumerate(part)]))
+    return out
+
+
+def loads_obj(value: Any) -> dict[str, Any] | None:
+    """A JSON object given as an object or as a JSON string; None otherwise."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+    return value if isinstance(value, dict) else None
 
 
 class ResponsesDialect:
@@ -175,3 +137,59 @@ class ResponsesDialect:
                 status=200,
             )
         return data
+
+    async def fetch_batch_object(self, batch_id: str) -> dict[str, Any]:
+        """``GET {base_url}/batches/{id}`` (after checking the id is safe)."""
+        if not safe_id(batch_id):
+            raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
+        return await self.client.get_json(f"batches/{batch_id}")
+
+    def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
+        raise NotImplementedError
+
+
+def _row_status(info: Any) -> str:
+    raw = info.get("status") if isinstance(info, dict) else info
+    return normalize_status(raw)
+
+
+async def rows_by_custom_id(
+    dialect: ResponsesDialect, fetch: BatchFetch, request_status: dict[str, Any], concurrency: int
+) -> AsyncIterator[Chunk]:
+    """Walk ``request_status``: ``GET /batches/{id}/{custom_id}`` for every completed row under
+    bounded concurrency (two chunks in flight), the rest recorded with their status."""
+    client = dialect.client
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(index: int, custom_id: str) -> BatchRow:
+        status = _row_status(request_status[custom_id])
+        if status != "completed":
+            return BatchRow(index, custom_id, status)
+        if not safe_id(custom_id):
+            return BatchRow(
+                index,
+                custom_id,
+                "failed",
+                error={"code": "unsafe_custom_id", "message": "not fetched: unsafe id"},
+            )
+        async with semaphore:
+            body = await client.get_json(f"batches/{fetch.batch_id}/{custom_id}")
+        return BatchRow(index, custom_id, "completed", body=body)
+
+    async def gather(rows: list[tuple[int, str]]) -> list[BatchRow]:
+        return list(await asyncio.gather(*(one(i, cid) for i, cid in rows)))
+
+    pending: deque[tuple[int, asyncio.Task[list[BatchRow]]]] = deque()
+    try:
+        for number, rows in id_chunks(request_status, fetch):
+            pending.append((number, asyncio.create_task(gather(rows))))
+            if len(pending) >= 2:
+                number_done, task = pending.popleft()
+                yield number_done, await task
+        while pending:
+            number_done, task = pending.popleft()
+            yield number_done, await task
+    finally:
+        for _, task in pending:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in pending), return_exceptions=True)

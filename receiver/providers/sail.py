@@ -1,15 +1,128 @@
 """The ``sail`` dialect.
 
-Single responses are fetched as every dialect does (:class:`ResponsesDialect`); see
-DESIGN.md's dialect table for how this provider hands out batch results.
+Batch results: the terminal batch object's inline ``results`` array (``custom_id``,
+``response.body`` = a Responses object, ``error``), parsed incrementally (ijson) because
+it can be about 1 GiB. When ``results`` is null (too large for Sail to inline), every
+completed row comes from ``request_status`` via ``GET /batches/{id}/{custom_id}``.
 """
 
 from __future__ import annotations
 
-from receiver.providers.base import ResponsesDialect
+from collections.abc import AsyncIterator
+from typing import Any
 
-__all__ = ["SailDialect"]
+import ijson
+
+from receiver.envelope import BatchRow
+from receiver.exceptions import ProviderError
+from receiver.providers.base import BatchFetch, Chunk, ResponsesDialect, rows_by_custom_id
+from receiver.providers.client import safe_id
+
+__all__ = ["SailDialect", "row_from_item"]
+
+
+class _AsyncReader:
+    """The ``async read(n)`` that ijson wants, over an async byte iterator."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    async def read(self, size: int = -1) -> bytes:
+        if size == 0:
+            return b""  # ijson probes the type with read(0)
+        if not self._buffer:
+            try:
+                self._buffer = await anext(self._chunks)
+            except StopAsyncIteration:
+                return b""
+        if size < 0 or size >= len(self._buffer):
+            data, self._buffer = self._buffer, b""
+        else:
+            data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+
+def row_from_item(index: int, item: Any) -> BatchRow:
+    """One entry of Sail's inline ``results``."""
+    if not isinstance(item, dict):
+        return BatchRow(
+            index, None, "failed", error={"code": "bad_item", "message": "not an object"}
+        )
+    custom_id = item.get("custom_id") if isinstance(item.get("custom_id"), str) else None
+    response = item.get("response")
+    body = response.get("body") if isinstance(response, dict) else None
+    error = item.get("error")
+    if isinstance(body, dict) and not error:
+        return BatchRow(index, custom_id, "completed", body=body)
+    if not isinstance(error, dict):
+        error = {"code": "error", "message": str(error) if error else "no response body"}
+    return BatchRow(
+        index, custom_id, "failed", body=body if isinstance(body, dict) else None, error=error
+    )
 
 
 class SailDialect(ResponsesDialect):
-    """Sail: ``GET {base_url}/responses/{id}`` for single responses."""
+    """Sail: inline results, or per-custom_id results when they are too large."""
+
+    async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
+        if not safe_id(fetch.batch_id):
+            raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
+        top = ijson.ObjectBuilder()
+        item: ijson.ObjectBuilder | None = None
+        inline = False
+        index = 0
+        chunk: list[BatchRow] = []
+        skip_rows = fetch.skip_before * fetch.chunk_size
+        stream = _AsyncReader(self.client.stream_bytes(f"batches/{fetch.batch_id}"))
+        async for prefix, event, value in ijson.parse_async(stream, use_float=True):
+            if prefix == "results" or prefix.startswith("results."):
+                if prefix == "results" and event == "start_array":
+                    inline = True
+                if not prefix.startswith("results.item"):
+                    continue
+                if prefix == "results.item" and event in (
+                    "start_map",
+                    "start_array",
+                    "string",
+                    "number",
+                    "null",
+                    "boolean",
+                ):
+                    item = ijson.ObjectBuilder() if index >= skip_rows else None
+                if item is not None:
+                    item.event(event, value)
+                if prefix == "results.item" and event not in (
+                    "start_map",
+                    "start_array",
+                    "map_key",
+                ):
+                    if item is not None:
+                        chunk.append(row_from_item(index, item.value))
+                    index += 1
+                    item = None
+                    if index % fetch.chunk_size == 0:
+                        if chunk:
+                            yield index // fetch.chunk_size - 1, chunk
+                        chunk = []
+                continue
+            if prefix == "" and event == "map_key" and value == "results":
+                continue
+            top.event(event, value)
+        if chunk:
+            yield index // fetch.chunk_size, chunk
+        batch = top.value if isinstance(top.value, dict) else {}
+        fetch.batch = batch
+        if inline:
+            return
+        request_status = batch.get("request_status") or {}
+        if not isinstance(request_status, dict):
+            raise ProviderError(
+                "request_status is not an object",
+                provider=self.client.name,
+                path=f"batches/{fetch.batch_id}",
+                status=200,
+            )
+        concurrency = self.client.config.max_concurrency
+        async for part in rows_by_custom_id(self, fetch, request_status, concurrency):
+            yield part

@@ -1,15 +1,53 @@
 """The ``sference`` dialect.
 
-Single responses are fetched as every dialect does (:class:`ResponsesDialect`); see
-DESIGN.md's dialect table for how this provider hands out batch results.
+Batch results: ``GET /batches/{id}``, then ``GET /batches/{id}/results.jsonl``, one row per
+line: ``custom_id`` (optional: the row index is the key then), ``status``, ``result_json``
+(a chat completion, as an object or a JSON string) and ``error_json``.
 """
 
 from __future__ import annotations
 
-from receiver.providers.base import ResponsesDialect
+from collections.abc import AsyncIterator
 
-__all__ = ["SferenceDialect"]
+import orjson
+
+from receiver.envelope import BatchRow
+from receiver.providers.base import (
+    BatchFetch,
+    Chunk,
+    ResponsesDialect,
+    chunk_rows,
+    loads_obj,
+    normalize_status,
+)
+
+__all__ = ["SferenceDialect", "parse_line"]
+
+
+def parse_line(index: int, line: bytes) -> BatchRow:
+    """One line of ``results.jsonl``."""
+    try:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        return BatchRow(
+            index, None, "failed", error={"code": "bad_line", "message": "not a JSON object"}
+        )
+    custom_id = data.get("custom_id")
+    body = loads_obj(data.get("result_json"))
+    error = loads_obj(data.get("error_json"))
+    status = normalize_status(data.get("status"), "completed" if body and not error else "failed")
+    return BatchRow(
+        index, custom_id if isinstance(custom_id, str) else None, status, body=body, error=error
+    )
 
 
 class SferenceDialect(ResponsesDialect):
-    """Sference: ``GET {base_url}/responses/{id}`` for single responses."""
+    """sference: ``results.jsonl`` rows."""
+
+    async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
+        fetch.batch = await self.fetch_batch_object(fetch.batch_id)
+        lines = self.client.stream_lines(f"batches/{fetch.batch_id}/results.jsonl")
+        async for chunk in chunk_rows(lines, fetch, parse_line):
+            yield chunk

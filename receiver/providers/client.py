@@ -1,0 +1,217 @@
+"""The pooled HTTP client every provider dialect uses.
+
+:class:`ProviderClient` only ever calls the configured ``base_url``: paths are built from
+ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
+callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
+are retried a few times in place, honouring ``Retry-After``; what still fails raises
+:class:`~receiver.exceptions.TransientProviderError` so the job is retried later.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from receiver.config import HttpConfig, ProviderConfig
+from receiver.exceptions import ProviderError, TransientProviderError
+
+__all__ = ["SAFE_ID", "ProviderClient", "safe_id"]
+
+SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+def safe_id(value: object) -> bool:
+    """True when ``value`` may go into a provider URL path as one segment."""
+    return (
+        isinstance(value, str) and SAFE_ID.fullmatch(value) is not None and value.strip(".") != ""
+    )
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class ProviderClient:
+    """A pooled httpx client bound to one provider's ``base_url``."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ProviderConfig,
+        http: HttpConfig,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        on_request: Any = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._http = http
+        self._on_request = on_request
+        headers = {"user-agent": "nopoll/0.1", "accept": "application/json"}
+        if config.api_key is not None:
+            headers["authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        self._client = httpx.AsyncClient(
+            base_url=config.base_url + "/",
+            headers=headers,
+            timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=http.max_connections,
+                max_keepalive_connections=http.max_connections,
+            ),
+            follow_redirects=False,
+            transport=transport,
+        )
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
+        backoff = min(4.0, 0.25 * 2.0 ** (state.attempt_number - 1))
+        return max(backoff, retry_after or 0.0)
+
+    def _worth_retrying_now(self, exc: BaseException) -> bool:
+        if not isinstance(exc, TransientProviderError):
+            return False
+        # A long Retry-After defers the whole job instead of holding a worker slot.
+        return (exc.retry_after_s or 0.0) <= self._http.max_retry_after_s
+
+    async def get_json(self, path: str) -> dict[str, Any]:
+        """GET ``{base_url}/{path}`` and return its JSON object, retrying transient failures."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._http.attempts),
+            wait=self._wait,
+            retry=retry_if_exception(self._worth_retrying_now),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._get_once(path)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _get_once(self, path: str) -> dict[str, Any]:
+        started = time.perf_counter()
+        status: int | None = None
+        try:
+            response = await self._client.get(path)
+            status = response.status_code
+        except httpx.TimeoutException:
+            raise TransientProviderError("timed out", provider=self.name, path=path) from None
+        except httpx.TransportError as exc:
+            raise TransientProviderError(
+                f"connection failed ({type(exc).__name__})", provider=self.name, path=path
+            ) from None
+        finally:
+            if self._on_request is not None:
+                self._on_request(self.name, status, time.perf_counter() - started)
+        if status in _RETRY_STATUS:
+            raise TransientProviderError(
+                "provider busy or failing",
+                provider=self.name,
+                path=path,
+                status=status,
+                retry_after_s=_retry_after(response),
+            )
+        if status != 200:
+            raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
+        try:
+            data = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise ProviderError(
+                "answer is not JSON", provider=self.name, path=path, status=status
+            ) from None
+        if not isinstance(data, dict):
+            raise ProviderError(
+                "answer is not a JSON object", provider=self.name, path=path, status=status
+            )
+        return data
+
+    async def stream_bytes(self, path: str) -> AsyncIterator[bytes]:
+        """GET ``{base_url}/{path}`` as a byte stream; opening is retried like :meth:`get_json`,
+        a break mid-stream raises TransientProviderError (the batch job resumes later)."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._http.attempts),
+            wait=self._wait,
+            retry=retry_if_exception(self._worth_retrying_now),
+            reraise=True,
+        )
+        response: httpx.Response | None = None
+        async for attempt in retrying:
+            with attempt:
+                response = await self._open_stream(path)
+        assert response is not None
+        try:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+        except httpx.TimeoutException:
+            raise TransientProviderError(
+                "stream timed out", provider=self.name, path=path
+            ) from None
+        except httpx.TransportError as exc:
+            raise TransientProviderError(
+                f"stream broke ({type(exc).__name__})", provider=self.name, path=path
+            ) from None
+        finally:
+            await response.aclose()
+
+    async def stream_lines(self, path: str) -> AsyncIterator[bytes]:
+        """The non-empty lines of a streamed JSONL answer, as bytes, never all in memory."""
+        pending = b""
+        async for chunk in self.stream_bytes(path):
+            pending += chunk
+            if b"\n" not in chunk:
+                continue
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield line
+        if pending.strip():
+            yield pending
+
+    async def _open_stream(self, path: str) -> httpx.Response:
+        started = time.perf_counter()
+        status: int | None = None
+        try:
+            response = await self._client.send(self._client.build_request("GET", path), stream=True)
+            status = response.status_code
+        except httpx.TimeoutException:
+            raise TransientProviderError("timed out", provider=self.name, path=path) from None
+        except httpx.TransportError as exc:
+            raise TransientProviderError(
+                f"connection failed ({type(exc).__name__})", provider=self.name, path=path
+            ) from None
+        finally:
+            if self._on_request is not None:
+                self._on_request(self.name, status, time.perf_counter() - started)
+        if status == 200:
+            return response
+        await response.aclose()
+        if status in _RETRY_STATUS:
+            raise TransientProviderError(
+                "provider busy or failing",
+                provider=self.name,
+                path=path,
+                status=status,
+                retry_after_s=_retry_after(response),
+            )
+        raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
