@@ -60,6 +60,15 @@ class BatchOutcome:
     already_done: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Context:
+    provider: str
+    batch_id: str
+    event_id: str | None
+    received_at: str
+    tenant: str
+
+
 class _SinkWriter:
     """One sink's share of a batch: its own queue, in order, retried, then handed off."""
 
@@ -165,7 +174,8 @@ class BatchRunner:
     ) -> BatchOutcome:
         """Deliver every row of the batch, then its summary, to every routed sink."""
         key = batch_state_key(provider, batch_id)
-        state = {k.decode(): v.decode() for k, v in (await self.redis.hgetall(key)).items()}  # type: ignore[misc]
+        raw_state = await self.redis.hgetall(key)  # type: ignore[misc]
+        state = {k.decode(): v.decode() for k, v in raw_state.items()}
         outcome = BatchOutcome()
         if state.get("done") and not force:
             outcome.already_done = True
@@ -184,44 +194,17 @@ class BatchRunner:
         writers = {s: _SinkWriter(self, s, committed[s], key) for s in sinks}
         tasks = [asyncio.create_task(w.run(), name=f"batch-sink-{s}") for s, w in writers.items()]
         lease = asyncio.create_task(self._renew_lease(job_id)) if job_id else None
-        rows_metric = self.metrics.batch_rows.labels(provider)
-        started = last_log = time.monotonic()
+        started = time.monotonic()
+        context = _Context(provider, batch_id, event_id, received_at, tenant)
         try:
-            async for number, rows in dialect.batch_chunks(fetch):
-                fetched_at = now_rfc3339()
-                envelopes = [
-                    envelope_from_row(
-                        row,
-                        provider=provider,
-                        batch_id=batch_id,
-                        received_at=received_at,
-                        event_id=event_id,
-                        tenant=tenant,
-                        fetched_at=fetched_at,
-                    )
-                    for row in rows
-                ]
-                outcome.rows += len(envelopes)
-                outcome.by_status.update(e.status for e in envelopes)
-                rows_metric.inc(len(envelopes))
-                shares = self.fanout.route(envelopes)
-                for name, writer in writers.items():
-                    await _put(writer.queue, (number, shares.get(name, [])), tasks)
-                if on_progress is not None:
-                    on_progress(len(envelopes))
-                now = time.monotonic()
-                if now - last_log >= 5:
-                    last_log = now
-                    log.info(
-                        "batch %s/%s: %d rows so far (%.0f rows/s)",
-                        provider,
-                        batch_id,
-                        outcome.rows,
-                        outcome.rows / (now - started),
-                    )
-            for writer in writers.values():
-                await _put(writer.queue, _DONE, tasks)
-            await asyncio.gather(*tasks)
+            try:
+                await self._produce(dialect, fetch, context, writers, tasks, outcome, on_progress)
+            except Exception:
+                # Keep what was fetched already: the writers commit the queued chunks first.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._drain(writers, tasks), 60)
+                raise
+            await self._drain(writers, tasks)
         finally:
             for task in tasks:
                 task.cancel()
@@ -253,6 +236,59 @@ class BatchRunner:
             dict(outcome.by_status),
         )
         return outcome
+
+    async def _produce(
+        self,
+        dialect: Dialect,
+        fetch: BatchFetch,
+        ctx: _Context,
+        writers: dict[str, _SinkWriter],
+        tasks: list[asyncio.Task[None]],
+        outcome: BatchOutcome,
+        on_progress: Callable[[int], None] | None,
+    ) -> None:
+        rows_metric = self.metrics.batch_rows.labels(ctx.provider)
+        started = last_log = time.monotonic()
+        async for number, rows in dialect.batch_chunks(fetch):
+            fetched_at = now_rfc3339()
+            envelopes = [
+                envelope_from_row(
+                    row,
+                    provider=ctx.provider,
+                    batch_id=ctx.batch_id,
+                    received_at=ctx.received_at,
+                    event_id=ctx.event_id,
+                    tenant=ctx.tenant,
+                    fetched_at=fetched_at,
+                )
+                for row in rows
+            ]
+            outcome.rows += len(envelopes)
+            outcome.by_status.update(e.status for e in envelopes)
+            rows_metric.inc(len(envelopes))
+            shares = self.fanout.route(envelopes)
+            for name, writer in writers.items():
+                await _put(writer.queue, (number, shares.get(name, [])), tasks)
+            if on_progress is not None:
+                on_progress(len(envelopes))
+            now = time.monotonic()
+            if now - last_log >= 5:
+                last_log = now
+                rate = outcome.rows / (now - started)
+                log.info(
+                    "batch %s/%s: %d rows so far (%.0f rows/s)",
+                    ctx.provider,
+                    ctx.batch_id,
+                    outcome.rows,
+                    rate,
+                )
+
+    async def _drain(
+        self, writers: dict[str, _SinkWriter], tasks: list[asyncio.Task[None]]
+    ) -> None:
+        for writer in writers.values():
+            await _put(writer.queue, _DONE, tasks)
+        await asyncio.gather(*tasks)
 
     async def _deliver_summary(self, key: str, summary: Envelope) -> None:
         for name in self.fanout.route([summary]):

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from receiver.config import Settings, load_settings
@@ -110,6 +111,81 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from receiver.batches import BatchRunner
+    from receiver.deadletter import DeadLetters
+    from receiver.envelope import now_rfc3339
+    from receiver.fanout import FanOut, ManagedSink
+    from receiver.metrics import Metrics
+    from receiver.providers import ProviderClient, dialect_for, safe_id
+    from receiver.queue import arq_pool
+    from receiver.routing import Router
+
+    provider = settings.providers.get(args.provider)
+    if provider is None:
+        known = ", ".join(sorted(settings.providers)) or "none"
+        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    if not safe_id(args.batch_id):
+        raise ConfigError("batch id must match [A-Za-z0-9_.:-]{1,256}")
+    metrics = Metrics()
+    sinks = {n: ManagedSink(n, c, metrics) for n, c in settings.sinks.items()}
+    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    pool = arq_pool(url, expires_ms=settings.job_expiry_s * 1000)
+    client = ProviderClient(args.provider, provider, settings.http)
+    runner = BatchRunner(
+        settings, redis=pool, fanout=fanout, dead_letters=DeadLetters(pool), metrics=metrics
+    )
+    try:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.completed:,.0f} rows"),
+            TextColumn("{task.fields[rate]:,.0f} rows/s"),
+            TimeElapsedColumn(),
+        ) as bar:
+            task = bar.add_task(f"{args.provider}/{args.batch_id}", total=None, rate=0.0)
+            started = time.monotonic()
+
+            def progress(rows: int) -> None:
+                bar.advance(task, rows)
+                done = bar.tasks[0].completed
+                bar.update(task, rate=done / max(1e-6, time.monotonic() - started))
+
+            outcome = await runner.run(
+                dialect_for(provider.dialect, client),
+                provider=args.provider,
+                batch_id=args.batch_id,
+                event_id=None,
+                received_at=now_rfc3339(),
+                force=args.force,
+                on_progress=progress,
+            )
+    finally:
+        await client.aclose()
+        await fanout.aclose()
+        await pool.aclose()
+    if outcome.already_done:
+        print(f"batch {args.batch_id} was already delivered; --force fetches it again")
+        return 0
+    print(f"{outcome.rows} rows delivered: {dict(outcome.by_status)}")
+    if outcome.chunks_skipped:
+        print(f"resumed after {outcome.chunks_skipped} chunk(s) every sink had already committed")
+    if outcome.handed_off:
+        print(f"chunks still being retried by the worker: {outcome.handed_off}")
+    return 0
+
+
+def _cmd_fetch_batch(args: argparse.Namespace) -> int:
+    from receiver.runtime import redis_url_for
+
+    settings = _settings(args)
+    _setup_logging("warning")
+    with redis_url_for(settings) as url:
+        return asyncio.run(_fetch_batch(args, settings, url))
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from receiver.demo import run_demo
 
@@ -160,6 +236,13 @@ def _parser() -> argparse.ArgumentParser:
     p = cfg_sub.add_parser("check", help="validate a config file and print what it configures")
     with_config(p)
     p.set_defaults(func=_cmd_config_check)
+
+    p = sub.add_parser("fetch-batch", help="fetch a batch's results now (e.g. a missed callback)")
+    with_config(p)
+    p.add_argument("provider", help="provider name from the config")
+    p.add_argument("batch_id")
+    p.add_argument("--force", action="store_true", help="fetch again even if already delivered")
+    p.set_defaults(func=_cmd_fetch_batch)
 
     p = sub.add_parser("demo", help="run nopoll end to end against a built-in provider simulator")
     p.add_argument(

@@ -25,7 +25,7 @@ import uvicorn
 from standardwebhooks.webhooks import Webhook
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 __all__ = ["ProviderSimulator", "SimResponse", "make_response", "send_callback", "sign_callback"]
@@ -100,6 +100,7 @@ class SimResponse:
 @dataclass
 class _State:
     responses: dict[str, SimResponse] = field(default_factory=dict)
+    batches: dict[str, Any] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
     default_delay_s: float = 0.0
@@ -133,6 +134,15 @@ class ProviderSimulator:
         with self.state.lock:
             self.state.responses[rid] = sim
         return sim
+
+    def add_batch(self, dialect: str, batch_id: str, n_rows: int, **kwargs: Any) -> Any:
+        """Register a finished batch in ``dialect``'s shape (see :class:`SimBatch`)."""
+        from receiver.simulator_batches import SimBatch
+
+        batch = SimBatch(dialect=dialect, batch_id=batch_id, n_rows=n_rows, **kwargs)
+        with self.state.lock:
+            self.state.batches[batch_id] = batch
+        return batch
 
     def request_count(self, path_prefix: str = "") -> int:
         """How many requests arrived whose path starts with ``path_prefix``."""
@@ -179,7 +189,86 @@ class ProviderSimulator:
                 )
             return Response(orjson.dumps(sim.body), media_type="application/json")
 
-        return Starlette(routes=[Route("/v1/responses/{rid}", get_response)])
+        def authorized(request: Request) -> bool:
+            with state.lock:
+                state.requests[request.url.path] += 1
+            return api_key is None or request.headers.get("authorization") == f"Bearer {api_key}"
+
+        def not_found(what: str) -> Response:
+            return Response(
+                orjson.dumps({"error": {"message": f"no such {what}"}}),
+                404,
+                media_type="application/json",
+            )
+
+        async def get_batch(request: Request) -> Response:
+            from receiver.simulator_batches import blocks
+
+            if not authorized(request):
+                return Response(
+                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
+                )
+            batch = state.batches.get(request.path_params["bid"])
+            if batch is None:
+                return not_found("batch")
+            if batch.dialect == "sail":
+                return StreamingResponse(
+                    blocks(batch.sail_document()), media_type="application/json"
+                )
+            return Response(orjson.dumps(batch.batch_object()), media_type="application/json")
+
+        async def get_batch_part(request: Request) -> Response:
+            from receiver.simulator_batches import blocks
+
+            if not authorized(request):
+                return Response(
+                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
+                )
+            batch = state.batches.get(request.path_params["bid"])
+            part = request.path_params["part"]
+            if batch is None:
+                return not_found("batch")
+            if batch.dialect == "sference" and part == "results.jsonl":
+                return StreamingResponse(
+                    blocks(batch.sference_lines()), media_type="application/jsonl"
+                )
+            if batch.dialect not in ("sail", "valar"):
+                return not_found("result")
+            if batch.row_delay_s or state.default_delay_s:
+                await asyncio.sleep(batch.row_delay_s or state.default_delay_s)
+            with state.lock:
+                status, body = batch.row_object(part)
+            if status != 200:
+                return Response(
+                    b'{"error":{"message":"no result"}}', status, media_type="application/json"
+                )
+            return Response(orjson.dumps(body), media_type="application/json")
+
+        async def get_file(request: Request) -> Response:
+            from receiver.simulator_batches import blocks
+
+            if not authorized(request):
+                return Response(
+                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
+                )
+            fid = request.path_params["fid"]
+            for prefix, errors in (("file-out-", False), ("file-err-", True)):
+                if fid.startswith(prefix):
+                    batch = state.batches.get(fid[len(prefix) :])
+                    if batch is not None and batch.dialect == "openai":
+                        return StreamingResponse(
+                            blocks(batch.openai_lines(errors)), media_type="application/jsonl"
+                        )
+            return not_found("file")
+
+        return Starlette(
+            routes=[
+                Route("/v1/responses/{rid}", get_response),
+                Route("/v1/batches/{bid}", get_batch),
+                Route("/v1/batches/{bid}/{part}", get_batch_part),
+                Route("/v1/files/{fid}/content", get_file),
+            ]
+        )
 
     def start(self) -> ProviderSimulator:
         config = uvicorn.Config(self._app(), log_config=None, access_log=False, lifespan="off")

@@ -7,12 +7,14 @@ creates and migrates its own table (additive columns, a recorded schema version)
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 import sqlalchemy as sa
 from pydantic import SecretStr, field_validator
 from sqlalchemy.dialects import postgresql, sqlite
@@ -24,6 +26,8 @@ from receiver.exceptions import SinkError
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["SCHEMA_VERSION", "NopollResult", "SqlSink", "SqlSinkConfig", "results_table"]
+
+log = logging.getLogger("nopoll.sinks.sql")
 
 SCHEMA_VERSION = 1
 _JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
@@ -105,6 +109,56 @@ def _parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+_COPY_MIN_ROWS = 50
+_COLUMNS = (
+    "provider",
+    "key",
+    "tenant",
+    "kind",
+    "response_id",
+    "batch_id",
+    "custom_id",
+    "status",
+    "usable",
+    "incomplete_reason",
+    "model",
+    "output_text",
+    "input_tokens",
+    "output_tokens",
+    "error",
+    "metadata",
+    "event_id",
+    "received_at",
+    "fetched_at",
+    "body",
+)
+
+
+def _record(env: Envelope) -> tuple[Any, ...]:
+    return (
+        env.provider,
+        env.key,
+        env.tenant,
+        env.kind,
+        env.response_id,
+        env.batch_id,
+        env.custom_id,
+        env.status,
+        env.usable,
+        env.incomplete_reason,
+        env.model,
+        env.output_text,
+        env.input_tokens,
+        env.output_tokens,
+        env.error,
+        env.metadata,
+        env.event_id,
+        _parse_time(env.received_at),
+        _parse_time(env.fetched_at),
+        env.body,
+    )
+
+
 def _row(env: Envelope) -> dict[str, Any]:
     row = env.to_dict()
     row["received_at"] = _parse_time(env.received_at)
@@ -123,6 +177,23 @@ class SqlSink(SinkBase):
         self.table = results_table(config.table)
         self._engine: AsyncEngine | None = None
         self._upsert: Any = None
+        self._copy_pool: Any = None
+        table = config.table
+        self._stage = f"_nopoll_stage_{table}"[:63]
+        self._stage_ddl = (
+            f'CREATE TEMP TABLE IF NOT EXISTS "{self._stage}" '
+            f'(LIKE "{table}" INCLUDING DEFAULTS) ON COMMIT DELETE ROWS'
+        )
+        cols = ", ".join(f'"{c}"' for c in _COLUMNS)
+        updates = ", ".join(
+            f'"{c}" = EXCLUDED."{c}"' for c in _COLUMNS if c not in ("provider", "key")
+        )
+        self._merge_sql = (
+            f'INSERT INTO "{table}" ({cols}) '
+            f"SELECT DISTINCT ON (provider, key) {cols} "
+            f'FROM "{self._stage}" ORDER BY provider, key '
+            f"ON CONFLICT (provider, key) DO UPDATE SET {updates}"
+        )
 
     @property
     def engine(self) -> AsyncEngine:
@@ -182,7 +253,9 @@ class SqlSink(SinkBase):
                 await conn.execute(
                     schema.insert().values(table_name=self.table.name, version=SCHEMA_VERSION)
                 )
-            elif version < SCHEMA_VERSION:
+            if conn.dialect.name == "postgresql":
+                await _prefer_lz4(conn, self.table.name)
+            if version is not None and version < SCHEMA_VERSION:
                 await conn.execute(
                     schema.update()
                     .where(schema.c.table_name == self.table.name)
@@ -191,6 +264,9 @@ class SqlSink(SinkBase):
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
         if not envelopes:
+            return
+        if self.engine.dialect.name == "postgresql" and len(envelopes) >= _COPY_MIN_ROWS:
+            await self._copy_upsert(envelopes)
             return
         rows = [_row(e) for e in envelopes]
         try:
@@ -201,10 +277,66 @@ class SqlSink(SinkBase):
                 f"write of {len(rows)} rows failed: {_describe(exc)}", sink=self.name
             ) from exc
 
+    async def _copy_upsert(self, envelopes: Sequence[Envelope]) -> None:
+        """Postgres, many rows: COPY into a temporary staging table, then one upsert from it."""
+        try:
+            pool = await self._copy_pool_open()
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute(self._stage_ddl)
+                await conn.copy_records_to_table(
+                    self._stage, records=[_record(e) for e in envelopes], columns=_COLUMNS
+                )
+                await conn.execute(self._merge_sql)
+        except Exception as exc:
+            raise SinkError(
+                f"write of {len(envelopes)} rows failed: {_describe(exc)}", sink=self.name
+            ) from exc
+
+    async def _copy_pool_open(self) -> Any:
+        if self._copy_pool is None:
+            import asyncpg
+
+            url = sa.make_url(self.config.url.get_secret_value()).set(drivername="postgresql")
+
+            async def init(conn: Any) -> None:
+                # jsonb in binary form is a version byte and the JSON text: orjson bytes as-is
+                await conn.set_type_codec(
+                    "jsonb",
+                    schema="pg_catalog",
+                    format="binary",
+                    encoder=lambda v: b"\x01" + orjson.dumps(v),
+                    decoder=lambda b: orjson.loads(b[1:]),
+                )
+
+            self._copy_pool = await asyncpg.create_pool(
+                url.render_as_string(hide_password=False),
+                min_size=1,
+                max_size=self.config.pool_size,
+                init=init,
+                timeout=10,
+                command_timeout=self.config.timeout_s,
+            )
+        return self._copy_pool
+
     async def aclose(self) -> None:
+        if self._copy_pool is not None:
+            pool, self._copy_pool = self._copy_pool, None
+            await pool.close()
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
+
+
+async def _prefer_lz4(conn: Any, table: str) -> None:
+    """lz4 TOAST compression on the JSON columns: 2-2.6x faster than pglz for big bodies."""
+    try:
+        async with conn.begin_nested():
+            for column in ("body", "metadata", "error"):
+                await conn.execute(
+                    sa.text(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" SET COMPRESSION lz4')
+                )
+    except Exception as exc:  # older server, or built without lz4: keep pglz
+        log.info("lz4 compression not available for %s: %s", table, _describe(exc))
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -181,8 +182,11 @@ async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> Asyn
     try:
         yield workers
     finally:
+        # stop the poll loops first: close() drops the pool a running loop still uses
         for worker in workers:
-            await worker.close()
+            worker.handle_sig(signal.SIGTERM)
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(task, 15)
+        for worker in workers:
+            await worker.close()

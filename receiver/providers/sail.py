@@ -21,26 +21,18 @@ from receiver.providers.client import safe_id
 __all__ = ["SailDialect", "row_from_item"]
 
 
-class _AsyncReader:
-    """The ``async read(n)`` that ijson wants, over an async byte iterator."""
-
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    async def read(self, size: int = -1) -> bytes:
-        if size == 0:
-            return b""  # ijson probes the type with read(0)
-        if not self._buffer:
-            try:
-                self._buffer = await anext(self._chunks)
-            except StopAsyncIteration:
-                return b""
-        if size < 0 or size >= len(self._buffer):
-            data, self._buffer = self._buffer, b""
-        else:
-            data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
+async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str, Any]]:
+    """ijson parse events of a streamed document, pushed chunk by chunk in this task."""
+    found = ijson.sendable_list()
+    parser = ijson.parse_coro(found, use_float=True)
+    async for chunk in chunks:
+        parser.send(chunk)
+        for event in found:
+            yield event
+        del found[:]
+    parser.close()
+    for event in found:
+        yield event
 
 
 def row_from_item(index: int, item: Any) -> BatchRow:
@@ -74,8 +66,8 @@ class SailDialect(ResponsesDialect):
         index = 0
         chunk: list[BatchRow] = []
         skip_rows = fetch.skip_before * fetch.chunk_size
-        stream = _AsyncReader(self.client.stream_bytes(f"batches/{fetch.batch_id}"))
-        async for prefix, event, value in ijson.parse_async(stream, use_float=True):
+        stream = self.client.stream_bytes(f"batches/{fetch.batch_id}")
+        async for prefix, event, value in _events(stream):
             if prefix == "results" or prefix.startswith("results."):
                 if prefix == "results" and event == "start_array":
                     inline = True

@@ -5,45 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 
-import asyncpg
-import httpx
 import pytest
 
 from receiver.deadletter import DeadLetters
 from receiver.queue import arq_pool
+from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import TcpProxy, running_api, running_worker
-
-
-async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # noqa: ASYNC109
-    """Poll an async predicate until it returns something truthy (bounded in time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
-
-
-async def pg_rows(url: str, table: str) -> list[dict]:
-    conn = await asyncpg.connect(url)
-    try:
-        exists = await conn.fetchval("SELECT to_regclass($1)", table)
-        if exists is None:
-            return []
-        return [dict(r) for r in await conn.fetch(f'SELECT * FROM "{table}"')]
-    finally:
-        await conn.close()
-
-
-def jsonl_rows(root: Path) -> list[dict]:
-    return [
-        json.loads(line)
-        for p in sorted(root.glob("*/*.jsonl"))
-        for line in p.read_text().splitlines()
-    ]
 
 
 @pytest.fixture
@@ -64,11 +32,6 @@ def stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
         return make_settings(sim.base_url, redis_url=redis_url, sinks=sinks, **overrides), sim
 
     return make
-
-
-async def post(base: str, body: bytes, headers: dict) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
 
 
 async def test_callback_becomes_one_row_in_every_sink(

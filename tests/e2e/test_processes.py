@@ -9,90 +9,14 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.test_pipeline import pg_rows, wait_for
+from tests.e2e.helpers import await_ready, pg_rows, wait_for, wait_ready, write_config
 from tests.servers import free_port, running_api
 
 pytestmark = pytest.mark.slow
-
-
-class Processes:
-    """Starts nopoll commands; stops each one by its PID at the end of the test."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
-        self.tmp, self.env, self.started = tmp, env, []
-
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        with (self.tmp / f"nopoll-{len(self.started)}.log").open("wb") as log:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "receiver", *args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        self.started.append(p)
-        return p
-
-    def logs(self) -> str:
-        return "\n".join(
-            p.read_text(errors="replace") for p in sorted(self.tmp.glob("nopoll-*.log"))
-        )
-
-    def stop_all(self) -> None:
-        for p in self.started:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-
-
-@pytest.fixture
-def procs(tmp_path: Path, webhook_secret: str) -> Iterator[Processes]:
-    env = {**os.environ, "SIM_SECRET": webhook_secret}
-    p = Processes(tmp_path, env)
-    yield p
-    p.stop_all()
-
-
-def write_config(
-    tmp: Path, base_url: str, *, redis_url: str = "", sinks: str = "", extra: str = ""
-) -> Path:
-    path = tmp / "nopoll.yaml"
-    path.write_text(
-        f"redis_url: '{redis_url}'\n"
-        f"data_dir: {tmp / 'data'}\n"
-        "providers:\n"
-        "  sim:\n"
-        "    dialect: openai\n"
-        f"    base_url: {base_url}\n"
-        "    webhook_secrets: ['${SIM_SECRET}']\n"
-        + (f"sinks:\n{sinks}" if sinks else "")
-        + "fetch_retry: {max_tries: 5, base_delay_s: 0.1, max_delay_s: 0.5}\n"
-        "worker: {poll_delay_s: 0.01, response_job_timeout_s: 2, health_check_interval_s: 1}\n"
-        + extra
-    )
-    return path
-
-
-def wait_ready(port: int, limit_s: float = 30) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("nopoll did not become ready")
-
-
-async def await_ready(port: int) -> None:
-    await asyncio.to_thread(wait_ready, port)
 
 
 async def test_worker_sigkilled_mid_job_runs_it_again_exactly_one_row(

@@ -229,3 +229,35 @@ def test_envelope_round_trip() -> None:
         "kind",
         "key",
     ]
+
+
+async def test_many_rows_round_trip_and_rewrite(backend: Backend, sink_of) -> None:
+    """Batch-sized writes (COPY → staging → upsert on Postgres) keep one row per key."""
+    sink = await sink_of()
+    first = [envelope(i, "v1") for i in range(300)]
+    await sink.write(first)
+    await sink.write([envelope(i, "v2") for i in range(150, 450)])
+    rows = {r["key"]: normalize_row(r) for r in await backend.read()}
+    if backend.idempotent:
+        assert len(rows) == 450
+        assert rows["resp_10"]["output_text"] == "v1" and rows["resp_200"]["output_text"] == "v2"
+        assert {k: rows["resp_7"][k] for k in first[7].to_dict()} == first[7].to_dict()
+
+
+async def test_postgres_json_columns_use_lz4(pg_url: str, pg_table: str) -> None:
+    sink = create_sink(
+        "s", validate_sink_config("s", {"type": "sql", "url": pg_url, "table": pg_table})
+    )
+    await sink.open()
+    await sink.aclose()
+    conn = await asyncpg.connect(pg_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT attname, attcompression FROM pg_attribute WHERE attrelid = $1::regclass "
+            "AND attname IN ('body', 'metadata', 'error')",
+            pg_table,
+        )
+    finally:
+        await conn.close()
+    found = {r["attname"]: r["attcompression"] for r in rows}
+    assert found == {"body": b"l", "metadata": b"l", "error": b"l"}

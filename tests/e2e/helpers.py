@@ -1,0 +1,114 @@
+"""Helpers shared by the end-to-end tests: polling, reading sinks, running nopoll."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # noqa: ASYNC109
+    """Poll an async predicate until it returns something truthy (bounded in time)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+async def pg_rows(url: str, table: str) -> list[dict]:
+    conn = await asyncpg.connect(url)
+    try:
+        exists = await conn.fetchval("SELECT to_regclass($1)", table)
+        if exists is None:
+            return []
+        return [dict(r) for r in await conn.fetch(f'SELECT * FROM "{table}"')]
+    finally:
+        await conn.close()
+
+
+def jsonl_rows(root: Path) -> list[dict]:
+    return [
+        json.loads(line)
+        for p in sorted(root.glob("*/*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
+
+
+async def post(base: str, body: bytes, headers: dict) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
+
+
+class Processes:
+    """Starts nopoll commands; stops each one by its PID at the end of the test."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        self.tmp, self.env, self.started = tmp, env, []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        with (self.tmp / f"nopoll-{len(self.started)}.log").open("wb") as log:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "receiver", *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.started.append(p)
+        return p
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.tmp.glob("nopoll-*.log"))
+        )
+
+    def stop_all(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def write_config(
+    tmp: Path, base_url: str, *, redis_url: str = "", sinks: str = "", extra: str = ""
+) -> Path:
+    path = tmp / "nopoll.yaml"
+    path.write_text(
+        f"redis_url: '{redis_url}'\n"
+        f"data_dir: {tmp / 'data'}\n"
+        "providers:\n"
+        "  sim:\n"
+        "    dialect: openai\n"
+        f"    base_url: {base_url}\n"
+        "    webhook_secrets: ['${SIM_SECRET}']\n"
+        + (f"sinks:\n{sinks}" if sinks else "")
+        + "fetch_retry: {max_tries: 5, base_delay_s: 0.1, max_delay_s: 0.5}\n"
+        "worker: {poll_delay_s: 0.01, response_job_timeout_s: 2, health_check_interval_s: 1}\n"
+        + extra
+    )
+    return path
+
+
+def wait_ready(port: int, limit_s: float = 30) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("nopoll did not become ready")
+
+
+async def await_ready(port: int) -> None:
+    await asyncio.to_thread(wait_ready, port)
