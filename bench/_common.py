@@ -161,6 +161,26 @@ sinks:
     return path
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a local process has used so far (0.0 if unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_note() -> str:
+    """The machine's load average and core count, to judge how noisy a run was."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list (``q`` in 0..100)."""
     if not sorted_values:

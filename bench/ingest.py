@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import shutil
 import statistics
@@ -50,8 +49,10 @@ from _common import (
     PROVIDER,
     REDIS_URL,
     SECRET_ENV,
+    cpu_seconds,
     flush_bench_db,
     free_port,
+    load_note,
     new_secret,
     nopoll_config,
     redis_db13,
@@ -278,17 +279,6 @@ def server_command(case: str, port: int, config: Path) -> list[str]:
     ]
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds a local process has used so far (0.0 if unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def redis_pid() -> int | None:
     """The PID of the Redis server on 127.0.0.1:6379, when it runs on this machine."""
     r = redis_db13()
@@ -344,7 +334,8 @@ def run_case(
             run_wrk(pool=warm, seconds=args.warmup, **wrk_args)  # type: ignore[arg-type]
             time.sleep(0.2)
             flush_bench_db()
-        before = accepted_counter(port) if case == "nopoll" else None
+        # No line yet (no callback counted so far) means 0.
+        before = (accepted_counter(port) or 0) if case == "nopoll" else None
         rpid = redis_pid()
         cpu0, rcpu0 = cpu_seconds(proc.pid), cpu_seconds(rpid)
         result = run_wrk(pool=pool, seconds=args.duration, **wrk_args)  # type: ignore[arg-type]
@@ -414,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     secret = new_secret()
     results: dict[str, list[CaseResult]] = {c: [] for c in wanted}
     ratios: dict[str, list[float]] = {c: [] for c in wanted}
+    cpu_ratios: dict[str, list[float]] = {c: [] for c in wanted}
     with tempfile.TemporaryDirectory(prefix="nopoll-bench-") as tmp:
         work = Path(tmp)
         (work / "pool.lua").write_text(WRK_LUA, encoding="utf-8")
@@ -425,10 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"wrk -t{args.threads} -c{args.connections}, {args.duration:g}s per case "
-            f"(+{args.warmup:g}s warm-up), {args.rounds} round(s), Redis db 13"
+            f"(+{args.warmup:g}s warm-up), {args.rounds} round(s), Redis db 13; "
+            f"{load_note()}"
         )
         for rnd in range(args.rounds):
             base_rps = 0.0
+            base_cpu = float("nan")
             for case in wanted:
                 # Baseline: requests may repeat (it does nothing with them). Others: enough
                 # distinct requests for 1.3x the baseline's rate, doubled if that runs out.
@@ -453,11 +447,13 @@ def main(argv: list[str] | None = None) -> int:
                 if case != "baseline" and res.wrk.wrapped:
                     res.ok = False
                     res.notes.append("requests repeated: the figure is not valid")
-                if case == "baseline":
-                    base_rps = res.wrk.rps
-                results[case].append(res)
-                ratios[case].append(res.wrk.rps / base_rps if base_rps else float("nan"))
                 w = res.wrk
+                if case == "baseline":
+                    base_rps = w.rps
+                    base_cpu = w.cpu_us_per_request(w.server_cpu_s)
+                results[case].append(res)
+                ratios[case].append(w.rps / base_rps if base_rps else float("nan"))
+                cpu_ratios[case].append(base_cpu / w.cpu_us_per_request(w.server_cpu_s))
                 print(
                     f"  round {rnd + 1} {case:<9} {w.rps:>10,.0f} req/s  "
                     f"p50 {w.p50_ms:6.2f} ms  p99 {w.p99_ms:7.2f} ms  "
@@ -470,8 +466,12 @@ def main(argv: list[str] | None = None) -> int:
                 for note in res.notes:
                     print(f"      {note}")
 
+    print(f"after the run: {load_note()}")
     print()
-    header = f"{'case':<10} {'what':<26} {'req/s':>10} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8}"
+    header = (
+        f"{'case':<10} {'what':<26} {'req/s':>10} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'us CPU/req':>11} {'CPU ratio':>10}"
+    )
     print(header)
     print("-" * len(header))
     failed = False
@@ -481,12 +481,18 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(ratios[case])
         p50 = statistics.median(r.wrk.p50_ms for r in runs)
         p99 = statistics.median(r.wrk.p99_ms for r in runs)
+        cpu = statistics.median(r.wrk.cpu_us_per_request(r.wrk.server_cpu_s) for r in runs)
+        cpu_ratio = statistics.median(cpu_ratios[case])
         flag = "" if all(r.ok for r in runs) else "  (check failed)"
         failed |= bool(flag)
         print(
-            f"{case:<10} {CASES[case]:<26} {rps:>10,.0f} {ratio:>7.3f} {p50:>8.2f} {p99:>8.2f}"
-            f"{flag}"
+            f"{case:<10} {CASES[case]:<26} {rps:>10,.0f} {ratio:>7.3f} {p50:>8.2f} {p99:>8.2f} "
+            f"{cpu:>11.0f} {cpu_ratio:>10.3f}{flag}"
         )
+    print(
+        "ratio: req/s over the baseline's in the same round; CPU ratio: the baseline's "
+        "server CPU time per request over this case's (steadier on a busy machine)"
+    )
     print()
     exit_code = 1 if failed else 0
     if "nopoll" in wanted:

@@ -169,7 +169,11 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     if outcome.already_done:
         print(f"batch {args.batch_id} was already delivered; --force fetches it again")
         return 0
-    print(f"{outcome.rows} rows delivered: {dict(outcome.by_status)}")
+    elapsed = time.monotonic() - started
+    print(
+        f"{outcome.rows} rows delivered in {elapsed:.1f} s "
+        f"({outcome.rows / max(elapsed, 1e-6):,.0f} rows/s): {dict(outcome.by_status)}"
+    )
     if outcome.chunks_skipped:
         print(f"resumed after {outcome.chunks_skipped} chunk(s) every sink had already committed")
     if outcome.handed_off:

@@ -109,12 +109,15 @@ class _State:
 class ProviderSimulator:
     """Run with ``with ProviderSimulator() as sim:``; ``sim.base_url`` ends in ``/v1``."""
 
-    def __init__(self, *, api_key: str | None = None) -> None:
+    def __init__(self, *, api_key: str | None = None, port: int = 0) -> None:
         self.state = _State()
         self._api_key = api_key
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        # Accepted sockets inherit this: without it, keep-alive answers wait ~40 ms for
+        # the client's delayed ACK (Nagle), and a 1 ms endpoint looks like a 40 ms one.
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.bind(("127.0.0.1", port))
         self.port: int = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._server: uvicorn.Server | None = None
@@ -329,3 +332,44 @@ async def send_callback(
         }
     )
     return await client.post(url, content=body, headers=sign_callback(secret, msg_id, body))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m receiver.simulator --port P --batch sference:batch_1:100000:body_bytes=10000``:
+    run the simulator alone (for benchmarks) until SIGTERM."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="python -m receiver.simulator")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--batch",
+        action="append",
+        default=[],
+        help="DIALECT:BATCH_ID:ROWS[:option=value,...] (SimBatch options)",
+    )
+    args = parser.parse_args(argv)
+    sim = ProviderSimulator(api_key=args.api_key, port=args.port)
+    for spec in args.batch:
+        dialect, batch_id, rows, *rest = spec.split(":")
+        options: dict[str, Any] = {}
+        for pair in rest[0].split(",") if rest else []:
+            name, _, value = pair.partition("=")
+            options[name] = (
+                float(value)
+                if "." in value
+                else (value == "true" if value in ("true", "false") else int(value))
+            )
+        sim.add_batch(dialect, batch_id, int(rows), **options)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with sim:
+        print(sim.base_url, flush=True)
+        while not stop.wait(0.5):
+            pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

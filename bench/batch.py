@@ -1,0 +1,262 @@
+"""Batch benchmark: a 100,000-row, ~1 GiB batch into Postgres, memory, and per-row fetching.
+
+    python bench/batch.py                       # the issue's sizes
+    python bench/batch.py --rows 20000 --small-rows 2000 --valar-rows 5000   # quicker
+
+Prints, each measured in this run:
+  1. rows/s of ``nopoll fetch-batch`` (sference results.jsonl → the sql sink on Postgres) as a
+     ratio to a bare asyncpg COPY of the same rows (streamed from the same simulator, parsed,
+     COPYed in 1,000-row chunks).                               target: ratio >= 0.5
+  2. peak RSS of the nopoll process for that batch and for a 10x smaller one.
+                                                                target: < 300 MB, <= +10 %
+  3. rows/s of Valar-style per-row fetching (request_status walk, one GET per row, 20 ms per
+     request at the simulator, concurrency 32).                 target: >= 1,000 rows/s
+
+Talks to 127.0.0.1 only: the simulator (a separate process), Postgres (database ``test``,
+tables ``bench_batch_*`` dropped first) and Redis database 13 (flushed first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+import httpx
+import orjson
+import redis
+
+PG = os.environ.get("NOPOLL_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS = os.environ.get("NOPOLL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_sim(port: int, specs: list[str]) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "receiver.simulator", "--port", str(port)]
+    for spec in specs:
+        args += ["--batch", spec]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/v1/batches/none", timeout=1)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("simulator did not start")
+
+
+async def baseline_copy(base_url: str, batch_id: str, table: str) -> tuple[int, float]:
+    """Stream results.jsonl, parse each line, COPY (key, status, body) per 1,000 rows."""
+    conn = await asyncpg.connect(PG)
+    await conn.execute(f"DROP TABLE IF EXISTS {table}")
+    await conn.execute(f"CREATE TABLE {table} (key text primary key, status text, body jsonb)")
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        format="binary",
+        encoder=lambda v: b"\x01" + orjson.dumps(v),
+        decoder=lambda b: orjson.loads(b[1:]),
+    )
+    rows = 0
+    started = time.perf_counter()
+    records: list[tuple[str, str, object]] = []
+    pending = b""
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream("GET", f"{base_url}/batches/{batch_id}/results.jsonl") as response,
+    ):
+        async for chunk in response.aiter_bytes():
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if not line:
+                    continue
+                row = orjson.loads(line)
+                records.append(
+                    (f"{batch_id}/{row.get('custom_id', rows)}", row["status"], row["result_json"])
+                )
+                rows += 1
+                if len(records) == 1000:
+                    await conn.copy_records_to_table(table, records=records)
+                    records = []
+    if records:
+        await conn.copy_records_to_table(table, records=records)
+    elapsed = time.perf_counter() - started
+    await conn.close()
+    return rows, elapsed
+
+
+def run_fetch_batch(config: Path, batch_id: str) -> tuple[int, float, float, str]:
+    """``nopoll fetch-batch`` in a fresh process: (rows, rows/s, peak RSS MB, output)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "receiver",
+            "fetch-batch",
+            "--config",
+            str(config),
+            "bench",
+            batch_id,
+            "--force",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    try:
+        out, _ = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    # ru_maxrss of this child alone (KiB on Linux): RUSAGE_CHILDREN after each run would mix them
+    rusage = resource_of(proc)
+    text = out.decode(errors="replace")
+    m = re.search(r"(\d+) rows delivered in [\d.]+ s \(([\d,]+) rows/s\)", text)
+    if proc.returncode != 0 or m is None:
+        raise SystemExit(f"fetch-batch failed:\n{text[-3000:]}")
+    return int(m.group(1)), float(m.group(2).replace(",", "")), rusage, text
+
+
+_RUSAGE: dict[int, float] = {}
+
+
+def resource_of(proc: subprocess.Popen[bytes]) -> float:
+    return _RUSAGE.get(proc.pid, float("nan"))
+
+
+def _patch_wait() -> None:
+    """Record each child's own peak RSS by reaping it with os.wait4."""
+    original = subprocess.Popen._try_wait  # type: ignore[attr-defined]
+
+    def try_wait(self, wait_flags):  # type: ignore[no-untyped-def]
+        try:
+            pid, status, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return original(self, wait_flags)
+        if pid:
+            _RUSAGE[pid] = usage.ru_maxrss / 1024
+        return pid, status
+
+    subprocess.Popen._try_wait = try_wait  # type: ignore[attr-defined]
+
+
+def write_config(tmp: Path, base_url: str, sinks: str) -> Path:
+    path = tmp / f"nopoll-{abs(hash(sinks)) % 10000}.yaml"
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    path.write_text(
+        f"redis_url: {REDIS}\n"
+        f"data_dir: {tmp / 'data'}\n"
+        "providers:\n"
+        "  bench:\n"
+        "    dialect: sference\n"
+        f"    base_url: {base_url}\n"
+        f"    webhook_secrets: ['{secret}']\n"
+        "    max_concurrency: 32\n"
+        f"sinks:\n{sinks}"
+    )
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--body-bytes", type=int, default=10_000)
+    parser.add_argument("--small-rows", type=int, default=10_000)
+    parser.add_argument("--valar-rows", type=int, default=20_000)
+    parser.add_argument("--valar-delay", type=float, default=0.02)
+    args = parser.parse_args()
+    _patch_wait()
+    redis.Redis.from_url(REDIS).flushdb()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/v1"
+    body = f"body_bytes={args.body_bytes}"
+    sim = start_sim(
+        port,
+        [
+            f"sference:bench_big:{args.rows}:{body},failed_every=50",
+            f"sference:bench_small:{args.small_rows}:{body},failed_every=50",
+            f"valar:bench_valar:{args.valar_rows}:row_delay_s={args.valar_delay},failed_every=50",
+        ],
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="nopoll-bench-") as tmp_name:
+            tmp = Path(tmp_name)
+            with httpx.stream("GET", f"{base}/batches/bench_small/results.jsonl", timeout=60) as r:
+                size = sum(len(c) for c in r.iter_bytes())
+            gib = size * args.rows / args.small_rows / 2**30
+            print(f"batch: {args.rows:,} rows, about {gib:.2f} GiB of results.jsonl")
+            rows, seconds = asyncio.run(baseline_copy(base, "bench_big", "bench_batch_baseline"))
+            base_rate = rows / seconds
+            print(f"  bare asyncpg COPY        {base_rate:>10,.0f} rows/s", end="")
+            print(f"  ({rows:,} rows, {seconds:.1f} s)")
+
+            pg_config = write_config(
+                tmp, base, f"  db: {{type: sql, url: '{PG}', table: bench_batch_rows}}\n"
+            )
+            asyncio.run(_drop("bench_batch_rows"))
+            n, rate, rss_big, _ = run_fetch_batch(pg_config, "bench_big")
+            assert n == args.rows, n
+            print(
+                f"  nopoll fetch-batch → sql {rate:>10,.0f} rows/s  ratio {rate / base_rate:.2f}"
+                "   (target >= 0.50)"
+            )
+            _, _, rss_small, _ = run_fetch_batch(pg_config, "bench_small")
+            print(
+                f"peak RSS: {rss_big:.0f} MB for {args.rows:,} rows, {rss_small:.0f} MB for "
+                f"{args.small_rows:,} rows: +{(rss_big / rss_small - 1) * 100:.1f} %"
+                "   (target < 300 MB and <= +10 %)"
+            )
+
+            files_config = write_config(
+                tmp, base, f"  files: {{type: jsonl, dir: '{tmp / 'out'}'}}\n"
+            )
+            files_config.write_text(
+                files_config.read_text().replace("dialect: sference", "dialect: valar")
+            )
+            n, rate, _, _ = run_fetch_batch(files_config, "bench_valar")
+            print(
+                f"valar per-row fetch: {rate:,.0f} rows/s for {n:,} rows at concurrency 32, "
+                f"{args.valar_delay * 1000:.0f} ms per request   (target >= 1,000 rows/s)"
+            )
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        try:
+            sim.wait(10)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+        asyncio.run(_drop("bench_batch_baseline"))
+    return 0
+
+
+async def _drop(table: str) -> None:
+    conn = await asyncpg.connect(PG)
+    try:
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
+    finally:
+        await conn.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

