@@ -7,7 +7,7 @@ here are pure: they take the provider's JSON and return envelopes, nothing else.
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+import time
 from typing import Any, Literal
 
 __all__ = [
@@ -28,8 +28,13 @@ _TERMINAL = {"completed", "incomplete", "failed", "cancelled", "expired"}
 
 
 def now_rfc3339() -> str:
-    """The current UTC time as RFC 3339 with milliseconds."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """The current UTC time as RFC 3339 with milliseconds (``2026-11-29T14:17:42.825Z``)."""
+    now = time.time()
+    seconds = int(now)
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        + f".{int((now - seconds) * 1000):03d}Z"
+    )
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

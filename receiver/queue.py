@@ -23,8 +23,16 @@ from typing import Any
 import orjson
 from arq.connections import ArqRedis
 from arq.constants import job_key_prefix, result_key_prefix
+from redis import __version__ as redis_version
 from redis.asyncio import ConnectionPool, Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
+
+try:
+    import hiredis
+
+    _hiredis_pack: Any = getattr(hiredis, "pack_command", None)
+except ImportError:  # pragma: no cover - arq installs redis[hiredis]
+    _hiredis_pack = None
 
 __all__ = [
     "BATCHES_QUEUE",
@@ -175,25 +183,29 @@ class Enqueuer:
         if self._sha is None:
             self._sha = await self._redis.script_load(_ENQUEUE_LUA)
         now_ms = int(time.time() * 1000)
-        pipe = self._redis.pipeline(transaction=False)
+        now = str(now_ms)
+        commands = []
         for job, _ in batch:
             payload = job_serializer(
                 {"t": 1, "f": job.function, "a": [], "k": job.kwargs, "et": now_ms}
-            ).decode()
-            pipe.evalsha(
-                self._sha,
-                4,
-                f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
-                job_key_prefix + job.job_id,
-                result_key_prefix + job.job_id,
-                job.queue,
-                self._dedupe_ttl_ms,
-                payload,
-                self._job_expiry_ms,
-                str(now_ms),
-                job.job_id,
             )
-        results: list[Any] = await pipe.execute(raise_on_error=False)
+            commands.append(
+                (
+                    "EVALSHA",
+                    self._sha,
+                    "4",
+                    f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
+                    job_key_prefix + job.job_id,
+                    result_key_prefix + job.job_id,
+                    job.queue,
+                    self._dedupe_ttl_ms,
+                    payload,
+                    self._job_expiry_ms,
+                    now,
+                    job.job_id,
+                )
+            )
+        results = await self._pipeline(commands)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing and reload:
             # Redis restarted and lost its script cache: load it again and redo those.
@@ -202,3 +214,36 @@ class Enqueuer:
             for i, result in zip(missing, redone, strict=True):
                 results[i] = result
         return results
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Send every command in one write and read the replies: redis-py's pipeline, minus
+        its pure-Python command packing (hiredis packs an EVALSHA in ~1 us instead of ~16)."""
+        pool = self._redis.connection_pool
+        conn = await pool.get_connection(*_GET_CONNECTION_ARGS)
+        try:
+            packed = [part for c in commands for part in _pack(conn, c)]
+            await conn.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        return replies
+
+
+# redis-py 5.3 deprecated get_connection's command name argument; older ones require it.
+_GET_CONNECTION_ARGS: tuple[str, ...] = (
+    () if tuple(int(p) for p in redis_version.split(".")[:2]) >= (5, 3) else ("EVALSHA",)
+)
+
+
+def _pack(conn: Any, command: tuple[Any, ...]) -> list[bytes]:
+    if _hiredis_pack is not None:
+        return [_hiredis_pack(command)]
+    return list(conn.pack_command(*command))

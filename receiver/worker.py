@@ -28,6 +28,7 @@ from arq.connections import ArqRedis
 from arq.worker import Function, Worker, func
 from redis.exceptions import RedisError
 
+from receiver.arq_worker import NopollWorker
 from receiver.batches import BatchRunner, claim_summary
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
@@ -411,7 +412,9 @@ def _worker(
     tries: int,
 ) -> Worker:
     w = settings.worker
-    return Worker(
+    # Batches arrive a few a day: their queue need not be polled 50 times a second.
+    poll_delay = w.poll_delay_s if queue == JOBS_QUEUE else max(w.poll_delay_s, 0.25)
+    return NopollWorker(
         functions,
         queue_name=queue,
         redis_pool=arq_pool(redis_url, queue=queue, expires_ms=settings.job_expiry_s * 1000),
@@ -423,7 +426,7 @@ def _worker(
         max_jobs=max_jobs,
         job_timeout=job_timeout_s,
         keep_result=0,
-        poll_delay=w.poll_delay_s,
+        poll_delay=poll_delay,
         max_tries=tries,
         health_check_interval=w.health_check_interval_s,
         health_check_key=health_key,

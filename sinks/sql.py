@@ -24,6 +24,7 @@ from sqlmodel import Column, Field, SQLModel
 from receiver.envelope import Envelope
 from receiver.exceptions import SinkError
 from sinks.base import SinkBase, SinkConfig
+from sinks.coalesce import WriteCoalescer
 
 __all__ = ["SCHEMA_VERSION", "NopollResult", "SqlSink", "SqlSinkConfig", "results_table"]
 
@@ -177,7 +178,8 @@ class SqlSink(SinkBase):
         self.table = results_table(config.table)
         self._engine: AsyncEngine | None = None
         self._upsert: Any = None
-        self._copy_pool: Any = None
+        self._pool: Any = None
+        self._coalescer = WriteCoalescer(self._flush)
         table = config.table
         self._stage = f"_nopoll_stage_{table}"[:63]
         self._stage_ddl = (
@@ -187,6 +189,11 @@ class SqlSink(SinkBase):
         cols = ", ".join(f'"{c}"' for c in _COLUMNS)
         updates = ", ".join(
             f'"{c}" = EXCLUDED."{c}"' for c in _COLUMNS if c not in ("provider", "key")
+        )
+        params = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
+        self._values_sql = (
+            f'INSERT INTO "{table}" ({cols}) VALUES ({params}) '
+            f"ON CONFLICT (provider, key) DO UPDATE SET {updates}"
         )
         self._merge_sql = (
             f'INSERT INTO "{table}" ({cols}) '
@@ -203,7 +210,7 @@ class SqlSink(SinkBase):
 
     async def open(self) -> None:
         url = sa.make_url(self.config.url.get_secret_value())
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}  # DDL and SQLite only: rare
         try:
             if url.get_backend_name() == "sqlite":
                 if url.database and url.database != ":memory:":
@@ -215,6 +222,8 @@ class SqlSink(SinkBase):
             self._engine = create_async_engine(url, **kwargs)
             self._upsert = self._upsert_statement()
             await self._migrate()
+            if url.get_backend_name() == "postgresql":
+                self._pool = await self._pg_pool()
         except Exception as exc:
             await self.aclose()
             raise SinkError(
@@ -263,64 +272,65 @@ class SqlSink(SinkBase):
                 )
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
-        if not envelopes:
-            return
-        if self.engine.dialect.name == "postgresql" and len(envelopes) >= _COPY_MIN_ROWS:
-            await self._copy_upsert(envelopes)
-            return
-        rows = [_row(e) for e in envelopes]
-        try:
-            async with self.engine.begin() as conn:
-                await conn.execute(self._upsert, rows)
-        except Exception as exc:
-            raise SinkError(
-                f"write of {len(rows)} rows failed: {_describe(exc)}", sink=self.name
-            ) from exc
+        if envelopes:
+            await self._coalescer.write(envelopes)
 
-    async def _copy_upsert(self, envelopes: Sequence[Envelope]) -> None:
-        """Postgres, many rows: COPY into a temporary staging table, then one upsert from it."""
+    async def _flush(self, envelopes: list[Envelope]) -> None:
+        """One transaction for every envelope of the concurrent writes gathered so far."""
         try:
-            pool = await self._copy_pool_open()
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.execute(self._stage_ddl)
-                await conn.copy_records_to_table(
-                    self._stage, records=[_record(e) for e in envelopes], columns=_COLUMNS
-                )
-                await conn.execute(self._merge_sql)
+            if self._pool is not None:
+                await self._pg_upsert(envelopes)
+                return
+            async with self.engine.begin() as conn:
+                await conn.execute(self._upsert, [_row(e) for e in envelopes])
+        except SinkError:
+            raise
         except Exception as exc:
             raise SinkError(
                 f"write of {len(envelopes)} rows failed: {_describe(exc)}", sink=self.name
             ) from exc
 
-    async def _copy_pool_open(self) -> Any:
-        if self._copy_pool is None:
-            import asyncpg
+    async def _pg_upsert(self, envelopes: list[Envelope]) -> None:
+        """Postgres through asyncpg: a prepared upsert for a few rows; for many, COPY into a
+        temporary staging table and one INSERT ... ON CONFLICT from it."""
+        if self._pool is None:
+            raise SinkError("not open", sink=self.name)
+        records = [_record(e) for e in envelopes]
+        async with self._pool.acquire() as conn, conn.transaction():
+            if len(records) < _COPY_MIN_ROWS:
+                await conn.executemany(self._values_sql, records)
+                return
+            await conn.execute(self._stage_ddl)
+            await conn.copy_records_to_table(self._stage, records=records, columns=_COLUMNS)
+            await conn.execute(self._merge_sql)
 
-            url = sa.make_url(self.config.url.get_secret_value()).set(drivername="postgresql")
+    async def _pg_pool(self) -> Any:
+        import asyncpg
 
-            async def init(conn: Any) -> None:
-                # jsonb in binary form is a version byte and the JSON text: orjson bytes as-is
-                await conn.set_type_codec(
-                    "jsonb",
-                    schema="pg_catalog",
-                    format="binary",
-                    encoder=lambda v: b"\x01" + orjson.dumps(v),
-                    decoder=lambda b: orjson.loads(b[1:]),
-                )
+        url = sa.make_url(self.config.url.get_secret_value()).set(drivername="postgresql")
 
-            self._copy_pool = await asyncpg.create_pool(
-                url.render_as_string(hide_password=False),
-                min_size=1,
-                max_size=self.config.pool_size,
-                init=init,
-                timeout=10,
-                command_timeout=self.config.timeout_s,
+        async def init(conn: Any) -> None:
+            # jsonb in binary form is a version byte and the JSON text: orjson bytes as-is
+            await conn.set_type_codec(
+                "jsonb",
+                schema="pg_catalog",
+                format="binary",
+                encoder=lambda v: b"\x01" + orjson.dumps(v),
+                decoder=lambda b: orjson.loads(b[1:]),
             )
-        return self._copy_pool
+
+        return await asyncpg.create_pool(
+            url.render_as_string(hide_password=False),
+            min_size=1,
+            max_size=self.config.pool_size,
+            init=init,
+            timeout=10,
+            command_timeout=self.config.timeout_s,
+        )
 
     async def aclose(self) -> None:
-        if self._copy_pool is not None:
-            pool, self._copy_pool = self._copy_pool, None
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
             await pool.close()
         if self._engine is not None:
             await self._engine.dispose()
