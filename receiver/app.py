@@ -33,6 +33,7 @@ from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.providers import safe_id
 from receiver.queue import (
     BATCHES_QUEUE,
+    JOBS_QUEUE,
     CallbackJob,
     EnqueueOutcome,
     Enqueuer,
@@ -197,8 +198,13 @@ def _job(provider: str, webhook_id: str, event_type: str, object_id: str) -> Cal
 class _Dispatch:
     """POST /webhooks/<name> goes to the endpoint; everything else to Starlette."""
 
-    def __init__(self, webhooks: WebhookEndpoint, app: ASGIApp) -> None:
+    def __init__(self, webhooks: WebhookEndpoint, app: Starlette) -> None:
         self.webhooks, self.app = webhooks, app
+
+    @property
+    def routes(self) -> list[Any]:
+        """The Starlette routes (the webhook route among them), for introspection."""
+        return list(self.app.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -210,6 +216,21 @@ class _Dispatch:
             await self.webhooks(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+
+async def queue_depths(redis: Redis) -> dict[str, float]:
+    """Ready and deferred short jobs (due now vs. waiting for a retry time), batch jobs."""
+    now_ms = int(time.time() * 1000)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zcount(JOBS_QUEUE, "-inf", now_ms)
+        pipe.zcard(JOBS_QUEUE)
+        pipe.zcard(BATCHES_QUEUE)
+        ready, total, batches = await pipe.execute()
+    return {
+        "nopoll_queue_ready_jobs": float(ready),
+        "nopoll_queue_deferred_jobs": float(total - ready),
+        "nopoll_batch_queue_jobs": float(batches),
+    }
 
 
 def _json(status: int, payload: dict[str, Any]) -> Response:
@@ -253,6 +274,10 @@ def create_app(
         return _json(200 if ready else 503, {"ready": ready, **checks})
 
     async def metrics_endpoint(request: Request) -> Response:
+        try:
+            metrics.set_queue_depths(await queue_depths(redis))
+        except (RedisError, OSError):
+            metrics.set_queue_depths(None)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     routes = [

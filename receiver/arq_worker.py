@@ -10,6 +10,7 @@ runs each exactly as arq does (``run_job``), so jobs, retries and results are ar
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from arq.constants import in_progress_key_prefix
@@ -40,6 +41,12 @@ class NopollWorker(Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._claim_script: Any = None
+        self.last_beat: float | None = None
+        """When this process last turned its poll loop (``nopoll worker --health-port``)."""
+
+    async def heart_beat(self) -> None:
+        await super().heart_beat()
+        self.last_beat = time.monotonic()
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         free = self.max_jobs - self.job_counter

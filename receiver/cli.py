@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from receiver.config import Settings, load_settings
 from receiver.exceptions import ConfigError, NopollError
@@ -43,10 +44,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _setup_logging(settings.log_level)
     api = args.command in ("serve", "api")
     worker = args.command in ("serve", "worker")
+    health_port = getattr(args, "health_port", None)
     run(
         settings,
         api=api,
         worker=worker,
+        health=(args.health_host, health_port) if health_port else None,
         host=getattr(args, "host", "127.0.0.1"),
         port=getattr(args, "port", 8000),
     )
@@ -79,6 +82,15 @@ async def _dlq(args: argparse.Namespace, settings: Settings, url: str) -> int:
         return 0
     finally:
         await pool.aclose()
+
+
+def _run_async(coro: Any) -> int:
+    try:
+        import uvloop
+
+        return int(uvloop.run(coro))
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
+        return int(asyncio.run(coro))
 
 
 def _cmd_dlq(args: argparse.Namespace) -> int:
@@ -144,6 +156,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
             TextColumn("{task.completed:,.0f} rows"),
             TextColumn("{task.fields[rate]:,.0f} rows/s"),
             TimeElapsedColumn(),
+            refresh_per_second=2,
         ) as bar:
             task = bar.add_task(f"{args.provider}/{args.batch_id}", total=None, rate=0.0)
             started = time.monotonic()
@@ -187,7 +200,7 @@ def _cmd_fetch_batch(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _setup_logging("warning")
     with redis_url_for(settings) as url:
-        return asyncio.run(_fetch_batch(args, settings, url))
+        return _run_async(_fetch_batch(args, settings, url))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -219,6 +232,13 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(func=_cmd_run)
     p = sub.add_parser("worker", help="run the worker only")
     with_config(p)
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve GET /healthz and /metrics of this worker process on this port",
+    )
+    p.add_argument("--health-host", default="127.0.0.1", help="address for --health-port")
     p.set_defaults(func=_cmd_run)
 
     dlq = sub.add_parser("dlq", help="list or replay dead letters")

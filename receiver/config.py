@@ -85,6 +85,14 @@ class ProviderConfig(_Model):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
 
+    @field_validator("webhook_secrets", mode="before")
+    @classmethod
+    def _drop_empty(cls, value: Any) -> Any:
+        # "${OLD_SECRET:-}" for a rotation slot that is empty most of the time
+        if isinstance(value, list):
+            return [v for v in value if not (isinstance(v, str) and v == "")]
+        return value
+
     @field_validator("webhook_secrets")
     @classmethod
     def _secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
@@ -118,6 +126,10 @@ class HttpConfig(_Model):
     connect_timeout_s: float = Field(default=5.0, gt=0)
     read_timeout_s: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=100, ge=1)
+    transport: Literal["aiohttp", "httpcore"] = "aiohttp"
+    """The httpx transport: aiohttp (httpx-aiohttp) or httpx's own httpcore."""
+    lanes: int = Field(default=8, ge=1, le=64)
+    """With ``transport: httpcore``: pools the connections are spread over."""
     attempts: int = Field(default=3, ge=1, le=10)
     """Tries within one job before the job itself is retried later with backoff."""
     max_retry_after_s: float = Field(default=10.0, ge=0)

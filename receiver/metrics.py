@@ -6,8 +6,12 @@ Labels never carry secrets or client-chosen strings: an unknown provider is coun
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -70,9 +74,15 @@ class Metrics:
         self.batches = Counter(
             "nopoll_batches", "Batch jobs by outcome", ["provider", "outcome"], registry=r
         )
+        self._queues = _QueueCollector()
+        r.register(self._queues)
         self.unrouted = Counter(
             "nopoll_unrouted_results", "Results no route sent anywhere", ["provider"], registry=r
         )
+
+    def set_queue_depths(self, depths: dict[str, float] | None) -> None:
+        """Queue gauges read at scrape time; ``None`` (Redis unreachable) leaves them out."""
+        self._queues.depths = depths or {}
 
     def observe_provider_request(self, provider: str, status: int | None, seconds: float) -> None:
         """Hook for :class:`~receiver.providers.ProviderClient`."""
@@ -82,3 +92,23 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+_QUEUE_HELP = {
+    "nopoll_queue_ready_jobs": "Jobs due now in the short-job queue (scale workers on it)",
+    "nopoll_queue_deferred_jobs": "Jobs waiting for a retry time in the short-job queue",
+    "nopoll_batch_queue_jobs": "Batch jobs queued or running",
+}
+
+
+class _QueueCollector(Collector):
+    """Exports the queue depths the /metrics handler read just before rendering."""
+
+    def __init__(self) -> None:
+        self.depths: dict[str, float] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, value in self.depths.items():
+            family = GaugeMetricFamily(name, _QUEUE_HELP.get(name, name))
+            family.add_metric([], value)
+            yield family

@@ -11,16 +11,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import orjson
 import uvicorn
 from arq.worker import Worker
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from receiver.app import create_app
 from receiver.config import Settings
 from receiver.embedded import EmbeddedRedis
-from receiver.metrics import Metrics
+from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue import redis_client
 from receiver.worker import HEALTH_CHECK_KEY, build_workers
 
@@ -60,6 +66,7 @@ async def _run(
     host: str,
     port: int,
     extra_ctx: dict[str, Any] | None,
+    health: tuple[str, int] | None = None,
 ) -> None:
     metrics = Metrics()
     stopping = asyncio.Event()
@@ -68,7 +75,7 @@ async def _run(
         loop.add_signal_handler(sig, stopping.set)
 
     tasks: list[asyncio.Task[Any]] = []
-    server: _Server | None = None
+    servers: list[_Server] = []
     arq_workers: list[Worker] = []
     redis = redis_client(redis_url)
 
@@ -103,14 +110,25 @@ async def _run(
             lifespan="on",
             timeout_graceful_shutdown=10,
         )
-        server = _Server(config)
-        tasks.append(asyncio.create_task(server.serve(), name="api"))
+        servers.append(_Server(config))
+        tasks.append(asyncio.create_task(servers[-1].serve(), name="api"))
+    if health is not None and arq_workers:
+        probe = uvicorn.Config(
+            worker_health_app(arq_workers, metrics, settings.worker.health_check_interval_s),
+            host=health[0],
+            port=health[1],
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+        )
+        servers.append(_Server(probe))
+        tasks.append(asyncio.create_task(servers[-1].serve(), name="worker health"))
 
     stop_waiter = asyncio.create_task(stopping.wait())
     done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
     log.info("shutting down")
-    if server is not None:
+    for server in servers:
         server.should_exit = True
     for w in arq_workers:
         w.handle_sig_wait_for_completion(signal.SIGTERM)
@@ -128,6 +146,34 @@ async def _run(
             raise result
 
 
+def worker_health_app(workers: list[Worker], metrics: Metrics, interval_s: float) -> Starlette:
+    """``GET /healthz`` (this process's workers are turning their poll loops) and
+    ``GET /metrics`` for a worker-only process (``nopoll worker --health-port``)."""
+    limit = 2 * interval_s + 5
+
+    async def healthz(request: Request) -> Response:
+        now = time.monotonic()
+        ages = {
+            w.queue_name: now - b if (b := getattr(w, "last_beat", None)) else None for w in workers
+        }
+        ok = all(age is not None and age < limit for age in ages.values())
+        body = {
+            "ok": ok,
+            "poll_loop_age_s": {q: round(a, 3) if a is not None else None for q, a in ages.items()},
+        }
+        return Response(orjson.dumps(body), 200 if ok else 503, media_type="application/json")
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ]
+    )
+
+
 def run(
     settings: Settings,
     *,
@@ -136,6 +182,7 @@ def run(
     host: str = "127.0.0.1",
     port: int = 8000,
     extra_ctx: dict[str, Any] | None = None,
+    health: tuple[str, int] | None = None,
 ) -> None:
     """Run the API and/or the worker until SIGTERM/SIGINT."""
     try:
@@ -146,5 +193,14 @@ def run(
         runner = asyncio.run
     with redis_url_for(settings) as url:
         runner(
-            _run(settings, url, api=api, worker=worker, host=host, port=port, extra_ctx=extra_ctx)
+            _run(
+                settings,
+                url,
+                api=api,
+                worker=worker,
+                host=host,
+                port=port,
+                extra_ctx=extra_ctx,
+                health=health,
+            )
         )

@@ -138,3 +138,27 @@ def test_demo_lands_every_result(tmp_path):
     assert "40/40" in result.stdout
     assert "1.00 per result" in result.stdout
     assert "every result landed exactly once" in result.stdout
+
+
+async def test_worker_health_port_reports_its_own_poll_loop(
+    procs, tmp_path, provider_sim, redis_url
+):
+    sim = provider_sim()
+    config = write_config(tmp_path, sim.base_url, redis_url=redis_url)
+    port = free_port()
+    worker = procs.start("worker", "--config", str(config), "--health-port", str(port))
+    async with httpx.AsyncClient(timeout=2) as client:
+
+        async def healthy():
+            try:
+                r = await client.get(f"http://127.0.0.1:{port}/healthz")
+            except httpx.HTTPError:
+                return None
+            return r if r.status_code == 200 else None
+
+        r = await wait_for(healthy, timeout=30)
+        ages = r.json()["poll_loop_age_s"]
+        assert set(ages) == {"nopoll:jobs", "nopoll:batches"} and all(a < 5 for a in ages.values())
+        metrics = await client.get(f"http://127.0.0.1:{port}/metrics")
+        assert metrics.status_code == 200 and "nopoll_sink_rows" in metrics.text
+    assert worker.poll() is None

@@ -241,3 +241,20 @@ async def test_redis_down_answers_503_then_recovers(make_settings, signed_callba
             assert (await client.get("/readyz")).status_code == 200
     finally:
         valkey.stop()
+
+
+async def test_metrics_show_queue_depth(api, signed_callback):
+    for i in range(3):
+        body, headers = signed_callback(f"resp_q{i}")
+        assert (await api.post("/webhooks/sim", content=body, headers=headers)).status_code == 202
+    body, headers = signed_callback("batch_q", event_type="batch.completed")
+    assert (await api.post("/webhooks/sim", content=body, headers=headers)).status_code == 202
+    text = (await api.get("/metrics")).text
+    assert "nopoll_queue_ready_jobs 3.0" in text
+    assert "nopoll_queue_deferred_jobs 0.0" in text
+    assert "nopoll_batch_queue_jobs 1.0" in text
+
+
+async def test_other_methods_on_the_webhook_route_are_405(api):
+    r = await api.get("/webhooks/sim")
+    assert r.status_code == 405

@@ -123,3 +123,14 @@ def test_cli_config_check_exits_2_with_the_key(
     assert main(["config", "check", "--config", str(good)]) == 0
     out = capsys.readouterr().out
     assert "provider sference: dialect sference" in out and "sk-live-secret" not in out
+
+
+def test_empty_rotation_slot_is_dropped(tmp_path: Path) -> None:
+    text = GOOD.replace('"raw-old-secret"', '"${OLD_SECRET:-}"')
+    s = load_settings(write(tmp_path, text), env=ENV)
+    assert s.providers["sference"].secret_keys() == [b"hello world"]
+    only_empty = GOOD.replace(
+        '["${SFERENCE_WEBHOOK_SECRET}", "raw-old-secret"]', '["${OLD_SECRET:-}"]'
+    )
+    with pytest.raises(ConfigError, match=r"providers\.sference\.webhook_secrets"):
+        load_settings(write(tmp_path, only_empty), env=ENV)
