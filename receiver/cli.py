@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 import time
@@ -26,22 +25,17 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(path)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    if level != "debug":
-        # arq logs two lines per job; at hundreds of callbacks a second, metrics say it better.
-        logging.getLogger("arq.worker").setLevel(logging.WARNING)
+def _setup_logging(settings: Settings, level: str | None = None) -> None:
+    from receiver.logs import configure_logging
+
+    configure_logging(level or settings.log_level, settings.log_format)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from receiver.runtime import run
 
     settings = _settings(args)
-    _setup_logging(settings.log_level)
+    _setup_logging(settings)
     api = args.command in ("serve", "api")
     worker = args.command in ("serve", "worker")
     health_port = getattr(args, "health_port", None)
@@ -198,7 +192,7 @@ def _cmd_fetch_batch(args: argparse.Namespace) -> int:
     from receiver.runtime import redis_url_for
 
     settings = _settings(args)
-    _setup_logging("warning")
+    _setup_logging(settings, "warning")
     with redis_url_for(settings) as url:
         return _run_async(_fetch_batch(args, settings, url))
 

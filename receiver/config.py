@@ -209,6 +209,8 @@ class Settings(_Model):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+    """JSON lines (with event, response and batch ids) or readable text."""
 
     @field_validator("providers", "sinks")
     @classmethod

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - arq installs redis[hiredis]
 
 __all__ = [
     "BATCHES_QUEUE",
+    "HEALTH_CHECK_KEY",
     "JOBS_QUEUE",
     "CallbackJob",
     "EnqueueOutcome",
@@ -50,6 +51,8 @@ __all__ = [
 
 JOBS_QUEUE = "nopoll:jobs"
 """Short jobs: fetching single responses and re-delivering to sinks."""
+HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
+"""Written by workers every ``worker.health_check_interval_s`` (arq's health check)."""
 BATCHES_QUEUE = "nopoll:batches"
 """Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
 SEEN_PREFIX = "nopoll:seen:"

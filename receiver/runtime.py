@@ -24,11 +24,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from receiver.app import create_app
+from receiver.arq_worker import build_workers
 from receiver.config import Settings
 from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
-from receiver.queue import redis_client
-from receiver.worker import HEALTH_CHECK_KEY, build_workers
+from receiver.queue import HEALTH_CHECK_KEY, redis_client
 
 __all__ = ["redis_url_for", "run"]
 
@@ -132,7 +132,7 @@ async def _run(
         server.should_exit = True
     for w in arq_workers:
         w.handle_sig_wait_for_completion(signal.SIGTERM)
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    results = await _gather_stopping(tasks, arq_workers, settings.worker.shutdown_wait_s + 30)
     stop_waiter.cancel()
     for w in arq_workers:
         with contextlib.suppress(Exception):
@@ -144,6 +144,23 @@ async def _run(
     for result in results:
         if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
             raise result
+
+
+async def _gather_stopping(
+    tasks: list[asyncio.Task[Any]], workers: list[Worker], limit_s: float
+) -> list[Any]:
+    """Wait for the tasks; repeat the workers' cancel, which Python 3.11 can lose when it
+    races a timeout inside the poll loop (the process would then never exit)."""
+    pending = set(tasks)
+    deadline = time.monotonic() + limit_s
+    while pending and time.monotonic() < deadline:
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+        for w in workers:
+            if not w.allow_pick_jobs and not w.tasks and w.main_task and not w.main_task.done():
+                w.main_task.cancel()
+    for task in pending:
+        task.cancel()
+    return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def worker_health_app(workers: list[Worker], metrics: Metrics, interval_s: float) -> Starlette:

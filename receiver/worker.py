@@ -19,35 +19,32 @@ write is idempotent, so the re-run leaves exactly one row.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from arq import Retry
 from arq.connections import ArqRedis
-from arq.worker import Function, Worker, func
 from redis.exceptions import RedisError
 
-from receiver.arq_worker import NopollWorker
 from receiver.batches import BatchRunner, claim_summary
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.envelope import Envelope, envelope_from_response
 from receiver.exceptions import ProviderError, SinkError, TransientProviderError
 from receiver.fanout import FanOut, ManagedSink
+from receiver.logs import bind
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
-from receiver.queue import BATCHES_QUEUE, JOBS_QUEUE, arq_pool, job_deserializer, job_serializer
+from receiver.queue import JOBS_QUEUE
 from receiver.routing import Router
 
-__all__ = ["HEALTH_CHECK_KEY", "build_workers", "deliver", "fetch_batch", "fetch_response"]
+__all__ = ["deliver", "fetch_batch", "fetch_response", "shutdown", "startup"]
 
 log = logging.getLogger("nopoll.worker")
-
-HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
-_ARQ_SLACK = 5
-"""arq's own try limit sits this far above ours, so our code always sees the last try
-and keeps it as a dead letter (arq would drop it with only a log line)."""
+_Job = Callable[..., Awaitable[dict[str, Any]]]
 
 
 async def startup(ctx: dict[str, Any]) -> None:
@@ -137,6 +134,22 @@ async def _queue_retries(
         )
 
 
+def _logged(*names: str) -> Callable[[_Job], Any]:
+    """Bind the job's id, try and the named arguments to every log line it writes."""
+
+    def wrap(job: _Job) -> Any:
+        @functools.wraps(job)
+        async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            fields = {n: kwargs.get(n) for n in names}
+            with bind(job_id=ctx.get("job_id"), job_try=ctx.get("job_try"), **fields):
+                return await job(ctx, **kwargs)
+
+        return run
+
+    return wrap
+
+
+@_logged("provider", "response_id", "event_id")
 async def fetch_response(
     ctx: dict[str, Any],
     *,
@@ -206,6 +219,7 @@ async def fetch_response(
     return {"sinks": len(shares), "failed": sorted(failures)}
 
 
+@_logged("sink", "batch_state")
 async def deliver(
     ctx: dict[str, Any],
     *,
@@ -271,6 +285,7 @@ async def _deliver(
     return {"rows": len(envelopes)}
 
 
+@_logged("provider", "batch_id", "event_id")
 async def fetch_batch(
     ctx: dict[str, Any],
     *,
@@ -344,94 +359,3 @@ async def fetch_batch(
         return await give_up(f"{type(exc).__name__}: {exc}"[:500])
     metrics.batches.labels(provider, "already_done" if outcome.already_done else "ok").inc()
     return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}
-
-
-def build_workers(
-    settings: Settings,
-    redis_url: str,
-    metrics: Metrics,
-    *,
-    handle_signals: bool = True,
-    extra_ctx: dict[str, Any] | None = None,
-) -> list[Worker]:
-    """The arq Workers: short jobs on :data:`JOBS_QUEUE`, batches on :data:`BATCHES_QUEUE`."""
-    w = settings.worker
-    tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
-    short: list[Function] = [
-        func(
-            fetch_response, name="fetch_response", timeout=w.response_job_timeout_s, max_tries=tries
-        ),
-        func(deliver, name="deliver", timeout=w.response_job_timeout_s, max_tries=tries),
-    ]
-    long: list[Function] = [
-        func(
-            fetch_batch, name="fetch_batch", timeout=settings.batch.job_timeout_s, max_tries=tries
-        ),
-    ]
-    common: dict[str, Any] = {
-        "redis_url": redis_url,
-        "metrics": metrics,
-        "handle_signals": handle_signals,
-        "extra_ctx": extra_ctx,
-        "tries": tries,
-    }
-    return [
-        _worker(
-            settings,
-            short,
-            JOBS_QUEUE,
-            w.max_jobs,
-            w.response_job_timeout_s,
-            HEALTH_CHECK_KEY,
-            **common,
-        ),
-        _worker(
-            settings,
-            long,
-            BATCHES_QUEUE,
-            settings.batch.max_jobs,
-            settings.batch.job_timeout_s,
-            BATCHES_QUEUE + ":health-check",
-            **common,
-        ),
-    ]
-
-
-def _worker(
-    settings: Settings,
-    functions: list[Function],
-    queue: str,
-    max_jobs: int,
-    job_timeout_s: float,
-    health_key: str,
-    *,
-    redis_url: str,
-    metrics: Metrics,
-    handle_signals: bool,
-    extra_ctx: dict[str, Any] | None,
-    tries: int,
-) -> Worker:
-    w = settings.worker
-    # Batches arrive a few a day: their queue need not be polled 50 times a second.
-    poll_delay = w.poll_delay_s if queue == JOBS_QUEUE else max(w.poll_delay_s, 0.25)
-    return NopollWorker(
-        functions,
-        queue_name=queue,
-        redis_pool=arq_pool(redis_url, queue=queue, expires_ms=settings.job_expiry_s * 1000),
-        on_startup=startup,
-        on_shutdown=shutdown,
-        ctx={"settings": settings, "metrics": metrics, **(extra_ctx or {})},
-        handle_signals=handle_signals,
-        job_completion_wait=int(w.shutdown_wait_s),
-        max_jobs=max_jobs,
-        job_timeout=job_timeout_s,
-        keep_result=0,
-        poll_delay=poll_delay,
-        max_tries=tries,
-        health_check_interval=w.health_check_interval_s,
-        health_check_key=health_key,
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-        expires_extra_ms=settings.job_expiry_s * 1000,
-        log_results=False,
-    )

@@ -24,10 +24,10 @@ import pytest
 import uvicorn
 
 from receiver.app import create_app
+from receiver.arq_worker import build_workers
 from receiver.config import Settings
 from receiver.metrics import Metrics
-from receiver.queue import redis_client
-from receiver.worker import HEALTH_CHECK_KEY, build_workers
+from receiver.queue import HEALTH_CHECK_KEY, redis_client
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -185,8 +185,22 @@ async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> Asyn
         # stop the poll loops first: close() drops the pool a running loop still uses
         for worker in workers:
             worker.handle_sig(signal.SIGTERM)
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, 15)
+        pending = set(tasks)
+        deadline = time.monotonic() + 15
+        while pending and time.monotonic() < deadline:
+            _, pending = await asyncio.wait(pending, timeout=0.5)
+            for worker in workers:  # Python 3.11 can lose a cancel racing a timeout: repeat it
+                if worker.main_task is not None and not worker.main_task.done():
+                    worker.main_task.cancel()
+        if pending:  # say where it hangs instead of a bare TimeoutError
+            stacks = []
+            for task in asyncio.all_tasks():
+                frames = task.get_stack(limit=8)
+                where = " <- ".join(
+                    f"{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno} {f.f_code.co_name}"
+                    for f in frames
+                )
+                stacks.append(f"{task.get_name()}: {where}")
+            raise AssertionError("worker did not stop within 15 s:\n" + "\n".join(stacks))
         for worker in workers:
             await worker.close()

@@ -24,6 +24,7 @@ from receiver.config import (
     load_settings,
 )
 from receiver.metrics import Metrics
+from receiver.runtime import worker_health_app
 from tests.deploy.conftest import (
     CHART,
     CONFIG_PATH,
@@ -41,12 +42,19 @@ from tests.deploy.conftest import (
 KUBE_VERSIONS = ("1.25.0", "latest")
 CUSTOM_RESOURCES = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("keda.sh/v1alpha1", "ScaledObject"),
 }
 
 
 def default_values() -> dict[str, Any]:
     return load_values(SCENARIOS["default"])
+
+
+def worker_health_port(values: dict[str, Any]) -> int:
+    """worker.healthPort as the chart resolves it (values.yaml's default: 8001)."""
+    port: int = values.get("worker", {}).get("healthPort", 8001)
+    return port
 
 
 def with_changes(base: dict[str, Any], **paths: Any) -> dict[str, Any]:
@@ -153,6 +161,8 @@ def test_values_schema_is_valid_draft7_with_closed_objects() -> None:
         ),
         ({"secret": {"env": {"not-a-var": "x"}}}, "not-a-var"),
         ({"worker": {"autoscaling": {"type": "vpa"}}}, "'hpa', 'keda'"),
+        ({"worker": {"healthPort": 80}}, "healthPort"),
+        ({"worker": {"healthPort": "8001"}}, "healthPort"),
     ],
 )
 def test_schema_rejects_mistakes(helm: Any, values: dict[str, Any], complaint: str) -> None:
@@ -263,11 +273,26 @@ def test_other_value_combinations_render_valid_manifests(
 
 
 def test_custom_resources_use_known_fields(scenario: Rendered) -> None:
-    """ServiceMonitor and ScaledObject have no schema in kubernetes-validate: check by hand."""
+    """ServiceMonitor, PodMonitor and ScaledObject have no schema in kubernetes-validate:
+    check by hand."""
+    endpoint_fields = {"port", "path", "interval", "scrapeTimeout", "scheme"}
     for mon in scenario.of_kind("ServiceMonitor"):
         assert set(mon["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+        assert mon["spec"]["endpoints"]
         for endpoint in mon["spec"]["endpoints"]:
-            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme"}
+            assert set(endpoint) <= endpoint_fields
+    for mon in scenario.of_kind("PodMonitor"):
+        assert set(mon["spec"]) <= {
+            "selector",
+            "podMetricsEndpoints",
+            "namespaceSelector",
+            "jobLabel",
+            "podTargetLabels",
+        }
+        assert mon["spec"]["podMetricsEndpoints"]
+        for endpoint in mon["spec"]["podMetricsEndpoints"]:
+            # port is a container port name here (a string), as in ServiceMonitor.
+            assert set(endpoint) <= endpoint_fields and isinstance(endpoint["port"], str)
     for so in scenario.of_kind("ScaledObject"):
         assert set(so["spec"]) <= {
             "scaleTargetRef",
@@ -346,6 +371,7 @@ def test_all_options_renders_every_template(render: Any) -> None:
         "HorizontalPodAutoscaler",
         "ScaledObject",
         "ServiceMonitor",
+        "PodMonitor",
         "NetworkPolicy",
         "Pod",
     }
@@ -370,12 +396,47 @@ def test_api_probes_hit_routes_the_app_serves(scenario: Rendered, tmp_path: Path
         assert endpoint["path"] in get_routes
 
 
+def test_worker_probe_and_scrape_hit_routes_of_its_health_port(scenario: Rendered) -> None:
+    """The worker serves /healthz and /metrics itself on worker.healthPort."""
+    app = worker_health_app([], Metrics(), 10)
+    get_routes = {r.path for r in app.routes if "GET" in (getattr(r, "methods", None) or ())}
+    assert get_routes == {"/healthz", "/metrics"}
+
+    port = worker_health_port(scenario.values)
+    [worker] = pod_spec(scenario.component("Deployment", "worker"))["containers"]
+    assert worker["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+    probe = worker["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "exec" not in probe
+    timing = {k: v for k, v in probe.items() if k != "httpGet"}
+    values_probe = scenario.values.get("worker", {}).get("livenessProbe", {})
+    assert {k: v for k, v in values_probe.items() if k != "enabled"}.items() <= timing.items()
+    assert set(timing) <= {
+        "initialDelaySeconds",
+        "periodSeconds",
+        "timeoutSeconds",
+        "failureThreshold",
+        "successThreshold",
+    }
+    for mon in scenario.of_kind("PodMonitor"):
+        [endpoint] = mon["spec"]["podMetricsEndpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("health", "/metrics")
+        settings = scenario.values["metrics"]["serviceMonitor"]
+        assert endpoint["interval"] == settings.get("interval", "30s")
+        assert endpoint["scrapeTimeout"] == settings.get("scrapeTimeout", "10s")
+    assert bool(scenario.of_kind("PodMonitor")) == bool(scenario.of_kind("ServiceMonitor"))
+
+
 def test_commands_are_ones_the_cli_accepts(scenario: Rendered) -> None:
     api = scenario.component("Deployment", "api")
     worker = scenario.component("Deployment", "worker")
     [api_container] = pod_spec(api)["containers"]
     [worker_container] = pod_spec(worker)["containers"]
-    assert worker_container["command"] == ["nopoll", "worker", "--config", CONFIG_PATH]
+    port = worker_health_port(scenario.values)
+    assert worker_container["command"] == [
+        *("nopoll", "worker", "--config", CONFIG_PATH),
+        *("--health-port", str(port), "--health-host", "0.0.0.0"),
+    ]
     assert api_container["command"] == [
         *("nopoll", "api", "--config", CONFIG_PATH),
         *("--host", "0.0.0.0", "--port", "8000"),
@@ -387,7 +448,12 @@ def test_commands_are_ones_the_cli_accepts(scenario: Rendered) -> None:
         assert args.config == CONFIG_PATH
     api_args = parser.parse_args(api_container["command"][1:])
     assert (api_args.command, api_args.host, api_args.port) == ("api", "0.0.0.0", 8000)
-    assert parser.parse_args(worker_container["command"][1:]).command == "worker"
+    worker_args = parser.parse_args(worker_container["command"][1:])
+    assert (worker_args.command, worker_args.health_port, worker_args.health_host) == (
+        "worker",
+        port,
+        "0.0.0.0",  # the CLI's default, 127.0.0.1, is unreachable for the kubelet
+    )
 
 
 def test_init_container_checks_the_config(scenario: Rendered) -> None:
@@ -499,13 +565,11 @@ def test_pods_roll_when_config_or_secret_change(render: Any) -> None:
         assert secret_changed[role]["checksum/config"] == before[role]["checksum/config"]
 
 
-def test_worker_liveness_runs_the_health_script(scenario: Rendered) -> None:
+def test_worker_liveness_probes_its_own_process(scenario: Rendered) -> None:
     [worker] = pod_spec(scenario.component("Deployment", "worker"))["containers"]
-    assert worker["livenessProbe"]["exec"]["command"] == [
-        "python",
-        "/etc/nopoll/worker_health.py",
-    ]
-    assert "worker_health.py" in scenario.config_map()
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # The probe asks the worker process itself; no probe script ships in the ConfigMap.
+    assert set(scenario.config_map()) == {"nopoll.yaml"}
     assert "readinessProbe" not in worker  # workers take no traffic
     grace = pod_spec(scenario.component("Deployment", "worker"))["terminationGracePeriodSeconds"]
     shutdown_wait = scenario.values["config"].get("worker", {}).get("shutdown_wait_s", 20)
@@ -559,6 +623,68 @@ def test_references_between_objects_resolve(scenario: Rendered) -> None:
         assert [s["metadata"]["name"] for s in selected] == [
             scenario.component("Service", "api")["metadata"]["name"]
         ]
+        service_ports = {p["name"] for p in selected[0]["spec"]["ports"]}
+        assert {e["port"] for e in mon["spec"]["endpoints"]} <= service_ports
+    for mon in scenario.of_kind("PodMonitor"):
+        worker = scenario.component("Deployment", "worker")
+        assert pods_selected(mon["spec"]["selector"]["matchLabels"]) == [worker["metadata"]["name"]]
+        container_ports = {p["name"] for c in pod_spec(worker)["containers"] for p in c["ports"]}
+        assert {e["port"] for e in mon["spec"]["podMetricsEndpoints"]} <= container_ports
+    for policy in scenario.of_kind("NetworkPolicy"):
+        pods = [
+            d
+            for d in workloads
+            if policy["spec"]["podSelector"]["matchLabels"].items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(pods) == 1, policy["metadata"]["name"]
+        named = {p["name"] for c in pod_spec(pods[0])["containers"] for p in c.get("ports", [])}
+        for rule in policy["spec"]["ingress"]:
+            assert {p["port"] for p in rule["ports"]} <= named, policy["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    "peers",
+    [[], [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]],
+)
+def test_network_policies_open_only_the_serving_ports(
+    render: Any, peers: list[dict[str, Any]]
+) -> None:
+    """API: port http (from apiIngressFrom); workers: port health only (from
+    workerIngressFrom); the same rule shape for both, empty meaning anyone."""
+    values = with_changes(
+        default_values(),
+        networkPolicy={"enabled": True, "apiIngressFrom": peers, "workerIngressFrom": peers},
+    )
+    rendered = render(values)
+    for role, port in (("api", "http"), ("worker", "health")):
+        policy = rendered.component("NetworkPolicy", role)
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        [rule] = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+        if peers:
+            assert rule["from"] == peers
+        else:
+            assert "from" not in rule
+    off = render(with_changes(default_values(), networkPolicy={"enabled": False}))
+    assert off.of_kind("NetworkPolicy") == []
+
+
+def test_worker_health_port_serves_without_the_probe(render: Any) -> None:
+    """Switching the probe off keeps the port and its /metrics (the PodMonitor scrapes it)."""
+    values = with_changes(
+        default_values(),
+        worker__livenessProbe={"enabled": False},
+        worker__healthPort=9200,
+        metrics__serviceMonitor={"enabled": True},
+    )
+    rendered = render(values)
+    [worker] = pod_spec(rendered.component("Deployment", "worker"))["containers"]
+    assert "livenessProbe" not in worker
+    assert worker["ports"] == [{"name": "health", "containerPort": 9200, "protocol": "TCP"}]
+    assert worker["command"][-4:] == ["--health-port", "9200", "--health-host", "0.0.0.0"]
+    [mon] = rendered.of_kind("PodMonitor")
+    assert mon["spec"]["podMetricsEndpoints"][0]["port"] == "health"
 
 
 def test_names_fit_kubernetes_limits_with_a_long_release_name(render: Any) -> None:

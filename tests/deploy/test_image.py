@@ -2,8 +2,8 @@
 
 There is no container engine on the test machines, so the image build is reproduced step
 by step: the build context is what .dockerignore lets through, the builder stage's COPY
-and ``pip install`` run into a fresh virtualenv, and the entrypoint starts the API the way
-the chart does, with the chart's rendered config and scripts.
+and ``pip install`` run into a fresh virtualenv, and the entrypoint starts the API and the
+worker the way the chart does, with the chart's rendered config, commands and scripts.
 """
 
 from __future__ import annotations
@@ -26,12 +26,20 @@ import pytest
 import redis as redis_sync
 import yaml
 
-from tests.deploy.conftest import ROOT, SCENARIOS, Rendered, container_env, load_values, pod_spec
+from receiver.cli import _parser
+from tests.deploy.conftest import (
+    CONFIG_PATH,
+    ROOT,
+    SCENARIOS,
+    Rendered,
+    container_env,
+    load_values,
+    pod_spec,
+)
 from tests.servers import IN_CI, ValkeyProcess, free_port, missing
 
 DOCKERFILE = ROOT / "Dockerfile"
 LOCAL_REDIS = "redis://127.0.0.1:6379/2"
-HEALTH_KEY = "nopoll:jobs:health-check"
 
 
 def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
@@ -248,6 +256,24 @@ def _pod_environment(rendered: Rendered, redis_url: str, home: Path) -> dict[str
     return env
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a clean shutdown), then SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _with_option(command: list[str], option: str, value: str) -> list[str]:
+    """``command`` with the value after ``option`` replaced."""
+    out = list(command)
+    out[out.index(option) + 1] = value
+    return out
+
+
 def _run(venv: Path, args: list[str], env: dict[str, str], cwd: Path) -> Any:
     return subprocess.run(
         [str(venv / "bin" / args[0]), *args[1:]],
@@ -280,13 +306,11 @@ def test_installed_image_runs_api_worker_probes_and_helm_test(
     config["data_dir"] = str(data)  # /data in the pod
     config_path = tmp_path / "nopoll.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    scripts = rendered.config_map()
     [test_cm] = [
         d
         for d in rendered.of_kind("ConfigMap")
         if "helm.sh/hook" in d["metadata"].get("annotations", {})
     ]
-    (tmp_path / "worker_health.py").write_text(scripts["worker_health.py"])
     (tmp_path / "helm_test.py").write_text(test_cm["data"]["helm_test.py"])
     env = _pod_environment(rendered, local_redis, tmp_path)
     env["NOPOLL_CONFIG"] = str(config_path)
@@ -333,59 +357,66 @@ def test_installed_image_runs_api_worker_probes_and_helm_test(
         assert "ok: openai: a signed test callback answers 202" in test.stdout
         assert "ok: openai: a forged signature answers 401" in test.stdout
     finally:
-        if api.poll() is None:
-            os.kill(api.pid, signal.SIGTERM)
-            try:
-                api.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(api.pid, signal.SIGKILL)
-                api.wait(10)
+        _stop(api)
         log.close()
     assert api.returncode == 0, logs()  # SIGTERM is a clean shutdown
 
-    # The worker liveness probe's script: no heartbeat fails, a running `nopoll worker`
-    # (the worker Deployment's command) passes, an unreachable Redis is not the worker's fault.
-    client = redis_sync.Redis.from_url(local_redis)
-    client.delete(HEALTH_KEY)
-    client.close()
-    probe = ["python", str(tmp_path / "worker_health.py")]
-    dead = _run(image_venv, probe, env, tmp_path)
-    assert dead.returncode == 1, dead.stdout + dead.stderr
+    # The worker Deployment's command, with its own health port: the liveness probe's
+    # GET /healthz answers 200 once this process's poll loops turn, and /metrics is what
+    # the PodMonitor scrapes.
+    [worker_container] = pod_spec(rendered.component("Deployment", "worker"))["containers"]
+    rendered_command = worker_container["command"]
+    args = _parser().parse_args(rendered_command[1:])
+    assert (args.command, args.config, args.health_host) == ("worker", CONFIG_PATH, "0.0.0.0")
+    assert args.health_port == worker_container["ports"][0]["containerPort"]
+    assert worker_container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
 
     config["sinks"] = {"files": {"type": "jsonl", "dir": str(data / "results")}}
     config["worker"] = {"health_check_interval_s": 1, "shutdown_wait_s": 1}
     config_path.write_text(yaml.safe_dump(config))
+    health_port = free_port()
+    command = _with_option(rendered_command, "--config", str(config_path))
+    command = _with_option(command, "--health-port", str(health_port))
+    command = _with_option(command, "--health-host", "127.0.0.1")  # 0.0.0.0 in the pod
     worker_log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
-        [nopoll, "worker", "--config", str(config_path)],
+        [str(image_venv / "bin" / command[0]), *command[1:]],
         env=env,
         cwd=data,
         stdout=worker_log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.monotonic() + 30
-        alive = _run(image_venv, probe, env, tmp_path)
-        while alive.returncode != 0 and time.monotonic() < deadline and worker.poll() is None:
-            time.sleep(0.5)
-            alive = _run(image_venv, probe, env, tmp_path)
-        worker_logs = (tmp_path / "worker.log").read_text(errors="replace")
-        assert alive.returncode == 0, alive.stdout + alive.stderr + worker_logs
-    finally:
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(worker.pid, signal.SIGKILL)
-                worker.wait(10)
-        worker_log.close()
-        client = redis_sync.Redis.from_url(local_redis)
-        client.delete(HEALTH_KEY)
-        client.close()
-    assert worker.returncode == 0, (tmp_path / "worker.log").read_text(errors="replace")
 
-    unreachable = {**env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
-    down = _run(image_venv, probe, unreachable, tmp_path)
-    assert down.returncode == 0, down.stdout + down.stderr
+    def worker_logs() -> str:
+        return (tmp_path / "worker.log").read_text(errors="replace")
+
+    try:
+        health = f"http://127.0.0.1:{health_port}"
+        deadline = time.monotonic() + 30
+        answer: httpx.Response | None = None
+        while time.monotonic() < deadline and worker.poll() is None:
+            try:
+                answer = httpx.get(f"{health}/healthz", timeout=2)
+                if answer.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert answer is not None and answer.status_code == 200, (
+            f"the worker's /healthz never answered 200 "
+            f"({answer.status_code if answer else 'no answer'}):\n{worker_logs()}"
+        )
+        report = answer.json()
+        assert report["ok"] is True, report
+        ages = report["poll_loop_age_s"]
+        assert "nopoll:jobs" in ages and all(isinstance(a, float | int) for a in ages.values())
+        metrics = httpx.get(f"{health}/metrics", timeout=5)
+        assert metrics.status_code == 200, metrics.text
+        assert metrics.headers["content-type"].startswith("text/plain")
+        for name in ("nopoll_jobs_total", "nopoll_sink_writes_total", "nopoll_dead_letters_total"):
+            assert name in metrics.text, name
+    finally:
+        _stop(worker)
+        worker_log.close()
+    assert worker.returncode == 0, worker_logs()  # SIGTERM is a clean shutdown

@@ -235,3 +235,50 @@ def test_fetch_batch_command(
     assert main(["fetch-batch", "--config", str(config), "sim", batch.batch_id]) == 0
     assert "already delivered" in capsys.readouterr().out
     assert main(["fetch-batch", "--config", str(config), "sim", "../etc"]) == 2
+
+
+@pytest.mark.slow
+async def test_sigterm_during_a_batch_exits_cleanly_and_the_batch_completes_on_restart(
+    procs,
+    tmp_path,
+    provider_sim,
+    redis_url,
+    redis_sync_client,
+    pg_url,
+    pg_table,
+    signed_callback,
+    make_settings,
+):
+    sim = provider_sim()
+    batch = sim.add_batch("valar", "batch_term", 2000, row_delay_s=0.01)
+    config = write_config(
+        tmp_path,
+        sim.base_url,
+        redis_url=redis_url,
+        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+        extra="batch: {chunk_size: 200, lease_s: 2}\n",
+    )
+    config.write_text(
+        config.read_text()
+        .replace("dialect: openai", "dialect: valar")
+        .replace("health_check_interval_s: 1}", "health_check_interval_s: 1, shutdown_wait_s: 1}")
+    )
+    worker = procs.start("worker", "--config", str(config))
+    settings = make_settings(sim.base_url, redis_url=redis_url)
+    async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as client:
+        body, headers = signed_callback(batch.batch_id, event_type="batch.completed")
+        r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
+        assert r.status_code == 202
+
+    async def started():
+        value = redis_sync_client.hget(f"nopoll:batch:sim:{batch.batch_id}", "c:db")
+        return value is not None
+
+    await wait_for(started, timeout=60, interval=0.05)
+    worker.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 30) == 0, procs.logs()
+    procs.start("worker", "--config", str(config))
+    rows = await rows_when_summary(pg_url, pg_table, batch.batch_id)
+    assert sorted(r["key"] for r in rows if r["kind"] == "batch_row") == sorted(
+        expected_keys(batch)
+    )
