@@ -101,7 +101,7 @@ class _SinkWriter:
         retry = self.runner.settings.sink_retry
         for attempt in range(1, attempts + 1):
             try:
-                await sink.write(envelopes)
+                await sink.write_part(number, envelopes)
                 return
             except Exception as exc:
                 if attempt == attempts:
@@ -117,7 +117,7 @@ class _SinkWriter:
                 await asyncio.sleep(min(retry.delay(attempt), 5.0))
         self.handed_off += 1
         await self.runner.redis.hincrby(self.state_key, f"h:{self.name}", 1)  # type: ignore[misc]
-        await self.runner.enqueue_delivery(self.name, envelopes, self.state_key)
+        await self.runner.enqueue_delivery(self.name, envelopes, self.state_key, part=number)
 
 
 class BatchRunner:
@@ -139,7 +139,7 @@ class BatchRunner:
         self.metrics = metrics
 
     async def enqueue_delivery(
-        self, sink: str, envelopes: list[Envelope], state_key: str | None
+        self, sink: str, envelopes: list[Envelope], state_key: str | None, part: int | None = None
     ) -> None:
         """Queue a ``deliver`` job for one sink (retried on its own, then dead-lettered)."""
         await self.redis.enqueue_job(
@@ -147,6 +147,7 @@ class BatchRunner:
             sink=sink,
             envelopes=[e.to_dict() for e in envelopes],
             batch_state=state_key,
+            part=part,
             _job_id=f"deliver:{sink}:{uuid.uuid4().hex}",
             _queue_name=JOBS_QUEUE,
             _defer_by=self.settings.sink_retry.delay(1),

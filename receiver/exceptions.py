@@ -9,6 +9,7 @@ exactly ours::
     ├── ProviderError                   -- a provider request failed (provider, path, status)
     │   └── TransientProviderError      -- ... and trying again later may succeed
     └── SinkError                       -- a sink could not open or write (carries the sink name)
+        ├── SinkRejected                -- the destination refuses the payload: no retry helps
         └── SinkUnavailable             -- the sink's plugin cannot be imported (install hint)
 
 Each carries its context (provider, sink, key) and never a secret.
@@ -21,6 +22,7 @@ __all__ = [
     "NopollError",
     "ProviderError",
     "SinkError",
+    "SinkRejected",
     "SinkUnavailable",
     "TransientProviderError",
     "VerificationError",
@@ -81,6 +83,15 @@ class SinkError(NopollError):
 
     def __str__(self) -> str:
         return f"sink {self.sink!r}: {self.args[0]}"
+
+
+class SinkRejected(SinkError):
+    """The destination refused the payload itself (an HTTP 4xx other than 408/429): retrying
+    cannot help, so the delivery becomes a dead letter at once."""
+
+    def __init__(self, message: str, *, sink: str, status: int | None = None) -> None:
+        super().__init__(message, sink=sink)
+        self.status = status
 
 
 class SinkUnavailable(SinkError):

@@ -44,11 +44,23 @@ class ManagedSink:
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
         """Open if needed and write; raises SinkError on any failure or timeout."""
+        await self._timed(None, envelopes)
+
+    async def write_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
+        """Write one numbered chunk of a batch's rows: through the sink's
+        ``write_batch_part(part, envelopes)`` when it has one (S3 part files), else ``write``."""
+        await self._timed(part, envelopes)
+
+    async def _timed(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 sink = await self._opened()
-                await sink.write(envelopes)
+                by_part = getattr(sink, "write_batch_part", None)
+                if part is not None and by_part is not None:
+                    await by_part(part, envelopes)
+                else:
+                    await sink.write(envelopes)
         except TimeoutError:
             self._metrics.sink_writes.labels(self.name, "error").inc()
             raise SinkError(

@@ -33,7 +33,7 @@ from receiver.batches import BatchRunner, claim_summary
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.envelope import Envelope, envelope_from_response
-from receiver.exceptions import ProviderError, SinkError, TransientProviderError
+from receiver.exceptions import ProviderError, SinkError, SinkRejected, TransientProviderError
 from receiver.fanout import FanOut, ManagedSink
 from receiver.logs import bind
 from receiver.metrics import Metrics
@@ -226,13 +226,15 @@ async def deliver(
     sink: str,
     envelopes: list[dict[str, Any]],
     batch_state: str | None = None,
+    part: int | None = None,
 ) -> dict[str, Any]:
     """Write envelopes to one sink; retry with backoff, then keep as a dead letter.
 
-    ``batch_state`` names the batch a handed-off chunk belongs to: the delivery that
-    settles the sink's last handed-off chunk writes the batch summary to that sink.
+    ``part`` is the chunk number of handed-off batch rows (S3 names its part files by
+    it). ``batch_state`` names their batch: the delivery that settles the sink's last
+    handed-off chunk writes the batch summary to that sink.
     """
-    result = await _deliver(ctx, sink=sink, envelopes=envelopes)
+    result = await _deliver(ctx, sink=sink, envelopes=envelopes, part=part)
     if batch_state is not None:
         remaining = await ctx["redis"].hincrby(batch_state, f"h:{sink}", -1)
         if remaining <= 0:
@@ -241,7 +243,7 @@ async def deliver(
 
 
 async def _deliver(
-    ctx: dict[str, Any], *, sink: str, envelopes: list[dict[str, Any]]
+    ctx: dict[str, Any], *, sink: str, envelopes: list[dict[str, Any]], part: int | None
 ) -> dict[str, Any]:
     settings: Settings = ctx["settings"]
     metrics: Metrics = ctx["metrics"]
@@ -250,7 +252,7 @@ async def _deliver(
     keys = [str(e.get("key")) for e in envelopes]
     provider = str(envelopes[0].get("provider")) if envelopes else ""
     # A replayed dead letter must not count down a batch's hand-offs a second time.
-    kwargs: dict[str, Any] = {"sink": sink, "envelopes": envelopes}
+    kwargs: dict[str, Any] = {"sink": sink, "envelopes": envelopes, "part": part}
     target = fanout.sinks.get(sink)
     if target is None:
         await _dead_letter(
@@ -264,9 +266,15 @@ async def _deliver(
         )
         return {"dead_letter": True}
     try:
-        await target.write([Envelope.from_dict(e) for e in envelopes])
+        batch = [Envelope.from_dict(e) for e in envelopes]
+        if part is None:
+            await target.write(batch)
+        else:
+            await target.write_part(part, batch)
     except Exception as exc:
-        if job_try >= settings.sink_retry.max_tries:
+        # A subscriber that rejects the payload (a 4xx other than 408/429) will not change
+        # its mind: keep it as a dead letter at once.
+        if job_try >= settings.sink_retry.max_tries or isinstance(exc, SinkRejected):
             await _dead_letter(
                 ctx,
                 sink=sink,
@@ -280,7 +288,8 @@ async def _deliver(
             return {"dead_letter": True}
         metrics.jobs.labels("deliver", "retry").inc()
         log.info("sink %s try %d failed (%s); retrying", sink, job_try, exc)
-        raise Retry(defer=settings.sink_retry.delay(job_try)) from None
+        retry_after = getattr(exc, "retry_after_s", None)
+        raise Retry(defer=settings.sink_retry.delay(job_try, retry_after)) from None
     metrics.jobs.labels("deliver", "ok").inc()
     return {"rows": len(envelopes)}
 
