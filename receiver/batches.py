@@ -67,6 +67,7 @@ class _Context:
     event_id: str | None
     received_at: str
     tenant: str
+    state_key: str
 
 
 class _SinkWriter:
@@ -196,7 +197,7 @@ class BatchRunner:
         tasks = [asyncio.create_task(w.run(), name=f"batch-sink-{s}") for s, w in writers.items()]
         lease = asyncio.create_task(self._renew_lease(job_id)) if job_id else None
         started = time.monotonic()
-        context = _Context(provider, batch_id, event_id, received_at, tenant)
+        context = _Context(provider, batch_id, event_id, received_at, tenant, key)
         try:
             try:
                 await self._produce(dialect, fetch, context, writers, tasks, outcome, on_progress)
@@ -221,7 +222,7 @@ class BatchRunner:
             batch_id=batch_id,
             received_at=received_at,
             event_id=event_id,
-            counts=dict(outcome.by_status),
+            counts=await self._all_counts(key, outcome),
             tenant=tenant,
         )
         await self._deliver_summary(key, summary)
@@ -265,7 +266,12 @@ class BatchRunner:
                 for row in rows
             ]
             outcome.rows += len(envelopes)
-            outcome.by_status.update(e.status for e in envelopes)
+            chunk_counts = Counter(e.status for e in envelopes)
+            outcome.by_status.update(chunk_counts)
+            # Per-chunk counts survive a restart, so the summary also counts skipped chunks.
+            await self.redis.hset(  # type: ignore[misc]
+                ctx.state_key, f"k:{number}", orjson.dumps(chunk_counts).decode()
+            )
             rows_metric.inc(len(envelopes))
             shares = self.fanout.route(envelopes)
             for name, writer in writers.items():
@@ -283,6 +289,15 @@ class BatchRunner:
                     outcome.rows,
                     rate,
                 )
+
+    async def _all_counts(self, key: str, outcome: BatchOutcome) -> dict[str, int]:
+        """Rows by status over every chunk of the batch, this run's and earlier runs'."""
+        raw = await self.redis.hgetall(key)  # type: ignore[misc]
+        total: Counter[str] = Counter()
+        for name, value in raw.items():
+            if name.startswith(b"k:"):
+                total.update(orjson.loads(value))
+        return dict(total) if total else dict(outcome.by_status)
 
     async def _drain(
         self, writers: dict[str, _SinkWriter], tasks: list[asyncio.Task[None]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from receiver.envelope import Envelope
 from receiver.exceptions import SinkError
@@ -31,6 +31,8 @@ class ManagedSink:
         self._metrics = metrics
         self._sink: Sink | None = None
         self._lock = asyncio.Lock()
+        self.claim_check: Callable[[Envelope], Awaitable[str]] | None = None
+        """Where a sink with a size limit (Kafka) puts bodies too large to carry."""
 
     async def _opened(self) -> Sink:
         if self._sink is not None:
@@ -38,6 +40,8 @@ class ManagedSink:
         async with self._lock:
             if self._sink is None:
                 sink = create_sink(self.name, self.config)
+                if self.claim_check is not None and hasattr(sink, "claim_check"):
+                    sink.claim_check = self.claim_check
                 await sink.open()
                 self._sink = sink
         return self._sink
@@ -76,6 +80,14 @@ class ManagedSink:
         self._metrics.sink_rows.labels(self.name).inc(len(envelopes))
         self._metrics.sink_seconds.labels(self.name).observe(time.perf_counter() - started)
 
+    async def put_claim(self, env: Envelope) -> str:
+        """Store ``env``'s body with this (S3) sink; returns the reference to carry instead."""
+        sink = await self._opened()
+        put_claim = getattr(sink, "put_claim", None)
+        if put_claim is None:
+            raise SinkError("this sink cannot hold claim-checked bodies", sink=self.name)
+        return str(await put_claim(env))
+
     async def aclose(self) -> None:
         if self._sink is not None:
             sink, self._sink = self._sink, None
@@ -87,6 +99,12 @@ class FanOut:
 
     def __init__(self, sinks: Mapping[str, ManagedSink], router: Router, metrics: Metrics) -> None:
         self.sinks = dict(sinks)
+        # Claim-check: sinks with a message size limit put oversized bodies in the S3 sink.
+        s3 = next((s for s in self.sinks.values() if s.config.type == "s3"), None)
+        if s3 is not None:
+            for sink in self.sinks.values():
+                if sink.config.type == "kafka":
+                    sink.claim_check = s3.put_claim
         self._router = router
         self._metrics = metrics
 

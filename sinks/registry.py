@@ -27,8 +27,11 @@ ENTRY_POINT_GROUP = "nopoll.sinks"
 BUILTIN_SINKS: dict[str, str] = {
     "sql": "sinks.sql:SqlSink",
     "jsonl": "sinks.jsonl:JsonlSink",
+    "s3": "sinks.s3:S3Sink",
+    "kafka": "sinks.kafka:KafkaSink",
+    "http": "sinks.http:HttpSink",
 }
-_EXTRAS = {"sql": "postgres"}
+_EXTRAS = {"sql": "postgres", "kafka": "kafka", "s3": "s3"}
 
 
 def _target(sink_type: str) -> str | None:

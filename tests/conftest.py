@@ -17,6 +17,8 @@ from standardwebhooks.webhooks import Webhook
 
 from receiver.config import Settings, load_settings
 from receiver.simulator import ProviderSimulator
+from tests.kafka_broker import kafka_bootstrap, tansu_bin  # noqa: F401 - fixtures
+from tests.s3_server import s3_endpoint, s3_server  # noqa: F401 - fixtures
 from tests.servers import ValkeyProcess, missing
 
 REDIS_DB = 1  # the suite's own database on the shared Redis; flushed before every test

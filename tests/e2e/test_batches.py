@@ -213,6 +213,9 @@ async def test_worker_killed_mid_batch_resumes_after_the_last_chunk(
     # resumed after the committed chunks, not from row 0
     refetched = sum(batch.served.values()) - batch.counts()["completed"]
     assert 0 <= refetched < fetched_before
+    # the summary counts the rows of both runs
+    summary = next(r for r in rows if r["kind"] == "batch")
+    assert sum(json.loads(summary["metadata"])["rows_by_status"].values()) == batch.n_rows
 
 
 def test_fetch_batch_command(

@@ -11,6 +11,7 @@ from receiver.fanout import FanOut, ManagedSink
 from receiver.metrics import Metrics
 from receiver.routing import Router
 from receiver.simulator import make_response
+from sinks.jsonl import JsonlSinkConfig
 
 
 def env(provider="sim", status="completed", label="eval", model="sim-model-1"):
@@ -40,10 +41,11 @@ def test_match_on_fields_lists_and_metadata():
     assert r.sinks_for(env(provider="other", label="none")) == ()
 
 
-def test_unrouted_results_are_counted():
+def test_unrouted_results_are_counted(tmp_path):
     metrics = Metrics()
     r = router({"match": {"provider": "nobody"}, "sinks": ["db"]})
-    sinks = {n: ManagedSink(n, None, metrics) for n in ("db", "lake", "bus")}  # type: ignore[arg-type]
+    config = JsonlSinkConfig(dir=tmp_path)
+    sinks = {n: ManagedSink(n, config, metrics) for n in ("db", "lake", "bus")}
     shares = FanOut(sinks, r, metrics).route([env(), env()])
     assert shares == {}
     assert 'nopoll_unrouted_results_total{provider="sim"} 2.0' in metrics.render().decode()

@@ -1,0 +1,254 @@
+"""The ``http`` sink: POST envelopes to a subscriber, signed with Standard Webhooks.
+
+A body is one envelope (a JSON object) or several (a JSON array of at most
+``batch_size``), sent in order, one POST after another. Every POST carries
+``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` made with the sink's own
+secret by the ``standardwebhooks`` package, so a subscriber verifies it with any Standard
+Webhooks library. The ``webhook-id`` is derived from the envelopes' ``(provider, key)``
+pairs: a retry of the same envelopes carries the same id and the subscriber can dedupe.
+
+A 2xx is success. 408, 429, 5xx, timeouts and connection errors raise
+:class:`HttpSinkError` (the worker retries with backoff, then dead-letters); any other
+4xx raises :class:`SinkRejected` (retrying will not help). See ``docs/sinks/http.md``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import re
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Literal
+
+import httpx
+import orjson
+from pydantic import Field, SecretStr, field_validator
+from standardwebhooks.webhooks import Webhook
+
+from receiver.config import decode_webhook_secret
+from receiver.envelope import Envelope
+from receiver.exceptions import SinkError
+from receiver.exceptions import SinkRejected as _SinkRejected
+from sinks.base import SinkBase, SinkConfig
+
+__all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
+
+MAX_BATCH_SIZE = 500
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_RESERVED_HEADERS = frozenset(
+    {
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "host",
+    }
+)
+
+try:
+    _USER_AGENT = f"nopoll/{version('nopoll')}"
+except PackageNotFoundError:  # running from a source tree that is not installed
+    _USER_AGENT = "nopoll"
+
+
+class HttpSinkError(SinkError):
+    """A POST to the subscriber failed. Raised as such, retrying may help (408, 429, 5xx,
+    3xx, a timeout, a connection error); its subclass :class:`SinkRejected` says it will not.
+    ``status`` is None when no response came; ``retry_after_s`` is the subscriber's
+    ``Retry-After`` in seconds, or None."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sink: str,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, sink=sink)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+class SinkRejected(HttpSinkError, _SinkRejected):
+    """The subscriber answered a 4xx other than 408 or 429: it refuses the payload (bad
+    signature, unknown route, a body it cannot take), and retrying the same POST will not
+    help. A :class:`receiver.exceptions.SinkRejected`, so the worker dead-letters it at
+    once; replay it after fixing the subscriber or the config."""
+
+
+class HttpSinkConfig(SinkConfig):
+    """``{type: http, url: https://consumer.example/hook, secret: ${AUDIT_SECRET}}``."""
+
+    type: Literal["http"] = "http"
+    url: str
+    """The subscriber's http:// or https:// URL; redirects are not followed."""
+    secret: SecretStr
+    """``whsec_<base64>`` (base64-decoded) or a raw secret (its UTF-8 bytes)."""
+    batch_size: int = Field(default=MAX_BATCH_SIZE, ge=1, le=MAX_BATCH_SIZE)
+    """Most envelopes in one POST; a write of more is split into several POSTs."""
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    """Extra static headers (e.g. ``Authorization``); their values never print."""
+    max_connections: int = Field(default=20, ge=1, le=1000)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except (httpx.InvalidURL, TypeError):
+            raise ValueError("must be an http:// or https:// URL") from None
+        if url.scheme not in ("http", "https") or not url.host or any(c.isspace() for c in value):
+            raise ValueError("must be an http:// or https:// URL")
+        if url.userinfo:
+            raise ValueError("must not hold credentials; put them in headers (Authorization)")
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: SecretStr) -> SecretStr:
+        decode_webhook_secret(value.get_secret_value())
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, header in value.items():
+            if not _TOKEN.match(name):
+                raise ValueError(f"{name!r} is not a valid header name")
+            if name.lower() in _RESERVED_HEADERS:
+                raise ValueError(f"{name!r} is set by the sink and cannot be overridden")
+            text = header.get_secret_value()
+            if not text.isprintable() or not text.isascii():
+                raise ValueError(f"the value of {name!r} must be printable ASCII")
+        return value
+
+
+def webhook_id(envelopes: Sequence[Envelope]) -> str:
+    """The ``webhook-id`` of one POST: ``msg_`` and the SHA-256 (hex) of the JSON array of
+    the envelopes' sorted ``[provider, key]`` pairs. The same envelopes, in any order,
+    always get the same id."""
+    pairs = sorted((env.provider, env.key) for env in envelopes)
+    return "msg_" + hashlib.sha256(orjson.dumps(pairs)).hexdigest()
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _describe(exc: httpx.RequestError) -> str:
+    """The error's class and, for a socket error, its reason; never a header or URL."""
+    cause: BaseException | None = exc
+    for _ in range(8):  # a bounded walk down the chain
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and cause.strerror:
+            return f"{type(exc).__name__}: {cause.strerror}"
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
+
+
+class HttpSink(SinkBase):
+    """POSTs envelopes to a subscriber, Standard-Webhooks signed, in arrays of
+    ``batch_size``."""
+
+    config_model = HttpSinkConfig
+    config: HttpSinkConfig
+
+    def __init__(self, name: str, config: HttpSinkConfig) -> None:
+        super().__init__(name, config)
+        self._signer = Webhook(decode_webhook_secret(config.secret.get_secret_value()))
+        url = httpx.URL(config.url)
+        self._host = url.host if url.port is None else f"{url.host}:{url.port}"
+        self._client: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, host={self._host!r})"
+
+    async def open(self) -> None:
+        if self._client is not None:
+            return
+        headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
+        headers.setdefault("user-agent", _USER_AGENT)
+        limits = httpx.Limits(
+            max_connections=self.config.max_connections,
+            max_keepalive_connections=self.config.max_connections,
+        )
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(self.config.timeout_s),
+            limits=limits,
+            follow_redirects=False,
+        )
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        if not envelopes:
+            return
+        if self._client is None:
+            raise SinkError("not open", sink=self.name)
+        size = self.config.batch_size
+        chunks = [envelopes[i : i + size] for i in range(0, len(envelopes), size)]
+        for n, chunk in enumerate(chunks, 1):
+            count = f"{len(chunk)} envelope" + ("s" if len(chunk) > 1 else "")
+            where = f"POST {n} of {len(chunks)} ({count}) to {self._host}"
+            await self._post(self._client, chunk, where)
+
+    async def _post(self, client: httpx.AsyncClient, chunk: Sequence[Envelope], where: str) -> None:
+        try:
+            payload = chunk[0].to_dict() if len(chunk) == 1 else [e.to_dict() for e in chunk]
+            body = orjson.dumps(payload)
+        except orjson.JSONEncodeError as exc:
+            raise SinkError(
+                f"{where}: an envelope is not JSON-serializable", sink=self.name
+            ) from exc
+        msg_id = webhook_id(chunk)
+        timestamp = int(time.time())
+        signature = self._signer.sign(msg_id, datetime.fromtimestamp(timestamp, UTC), body.decode())
+        headers = {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature,
+            "content-type": "application/json",
+        }
+        try:
+            response = await client.post(self.config.url, content=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise HttpSinkError(
+                f"{where} timed out after {self.config.timeout_s:g}s", sink=self.name
+            ) from exc
+        except httpx.RequestError as exc:
+            raise HttpSinkError(f"{where} failed: {_describe(exc)}", sink=self.name) from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        message = f"{where} answered HTTP {status}"
+        if 400 <= status < 500 and status not in (408, 429):
+            raise SinkRejected(
+                message + " (the subscriber refuses it)", sink=self.name, status=status
+            )
+        if 300 <= status < 400:
+            message += " (redirects are not followed: configure the final URL)"
+        raise HttpSinkError(
+            message, sink=self.name, status=status, retry_after_s=_retry_after(response)
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()

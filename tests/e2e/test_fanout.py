@@ -1,0 +1,109 @@
+"""Fan-out through real servers: one batch and one oversized response into Postgres, S3
+(moto), Kafka (tansu) and JSONL at once, with claim-check from Kafka to S3."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import boto3
+import orjson
+
+from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
+from tests.servers import running_api, running_worker
+from tests.sinks.test_kafka_sink import consume
+
+
+async def test_batch_and_oversized_response_reach_every_sink(
+    make_settings,
+    redis_url,
+    provider_sim,
+    pg_url,
+    pg_table,
+    tmp_path,
+    signed_callback,
+    s3_endpoint,
+    kafka_bootstrap,
+):
+    sim = provider_sim(api_key="sk-test-not-a-real-key")
+    bucket, topic = f"b-{uuid.uuid4().hex[:12]}", f"t.{uuid.uuid4().hex[:12]}"
+    sinks = {
+        "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
+        "lake": {
+            "type": "s3",
+            "bucket": bucket,
+            "prefix": "nopoll/",
+            "endpoint_url": s3_endpoint,
+            "region": "us-east-1",
+            "create_bucket": True,
+        },
+        "bus": {
+            "type": "kafka",
+            "bootstrap_servers": kafka_bootstrap,
+            "topic": topic,
+            "enable_idempotence": False,
+            "max_message_bytes": 80_000,
+            "max_batch_size": 80_000,
+        },
+        "files": {"type": "jsonl", "dir": str(tmp_path / "results")},
+    }
+    settings = make_settings(
+        sim.base_url, redis_url=redis_url, sinks=sinks, batch={"chunk_size": 250, "lease_s": 2}
+    )
+    provider = settings.providers["sim"].model_copy(update={"dialect": "sference"})
+    settings = settings.model_copy(update={"providers": {"sim": provider}})
+    batch = sim.add_batch("sference", "batch_fan", 1000, failed_every=10)
+    sim.add_response("resp_huge", text="x" * 50_000)  # envelope ~100 KB, ~50 KB without body
+
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        assert (
+            await post(base, *signed_callback("batch_fan", event_type="batch.completed"))
+        ).status_code == 202
+        assert (await post(base, *signed_callback("resp_huge"))).status_code == 202
+
+        async def all_rows():
+            rows = await pg_rows(pg_url, pg_table)
+            return rows if len(rows) == 1002 else None
+
+        await wait_for(all_rows, timeout=60, interval=0.2)
+        s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+
+        def manifest():
+            try:
+                obj = s3.get_object(
+                    Bucket=bucket, Key="nopoll/sim/batches/batch_fan/_manifest.json"
+                )
+            except s3.exceptions.NoSuchKey:
+                return None
+            return json.loads(obj["Body"].read())
+
+        found = await wait_for(lambda: asyncio.to_thread(manifest), timeout=30)
+        messages = await consume(kafka_bootstrap, topic, expected=1002, timeout_s=30)
+
+    # S3: four parts of 250 rows, listed in the manifest that came last
+    assert [p["key"].rsplit("/", 1)[-1] for p in found["parts"]] == [
+        f"part-{i:05d}.jsonl" for i in range(4)
+    ]
+    assert [p["rows"] for p in found["parts"]] == [250] * 4 and found["rows"] == 1000
+    keys = set()
+    for part in found["parts"]:
+        body = s3.get_object(Bucket=bucket, Key=part["key"])["Body"].read().decode()
+        keys |= {json.loads(line)["key"] for line in body.splitlines()}
+    assert keys == {f"batch_fan/{batch.custom_id(i)}" for i in range(1000)}
+    response = json.loads(
+        s3.get_object(Bucket=bucket, Key="nopoll/sim/responses/resp_huge.json")["Body"].read()
+    )
+    assert len(response["output_text"]) == 50_000
+
+    # Kafka: every key; the oversized response carries body_ref to S3 instead of its body
+    by_key = {m.key.decode(): orjson.loads(m.value) for m in messages}
+    assert {k for k in by_key if k.startswith("sim:batch_fan/")} == {f"sim:{k}" for k in keys}
+    huge = by_key["sim:resp_huge"]
+    assert "body" not in huge and huge["body_ref"].startswith(f"s3://{bucket}/")
+    ref_key = huge["body_ref"].removeprefix(f"s3://{bucket}/")
+    assert json.loads(s3.get_object(Bucket=bucket, Key=ref_key)["Body"].read())["id"] == "resp_huge"
+    assert by_key["sim:batch_fan"]["kind"] == "batch"
+
+    # JSONL: each result once
+    assert len(jsonl_rows(tmp_path / "results")) == 1002
