@@ -149,6 +149,47 @@ def _logged(*names: str) -> Callable[[_Job], Any]:
     return wrap
 
 
+class _FetchJob:
+    """What fetch_response and fetch_batch share: giving up into a dead letter, and the
+    checks before any provider request."""
+
+    def __init__(
+        self, ctx: dict[str, Any], function: str, provider: str, key: str, kwargs: dict[str, Any]
+    ) -> None:
+        self.ctx, self.function, self.provider, self.key, self.kwargs = (
+            ctx,
+            function,
+            provider,
+            key,
+            kwargs,
+        )
+
+    async def give_up(self, error: str) -> dict[str, Any]:
+        """Keep the job as a dead letter (replayable) instead of failing it in arq."""
+        await _dead_letter(
+            self.ctx,
+            sink="fetch",
+            provider=self.provider,
+            keys=[self.key],
+            error=error,
+            function=self.function,
+            kwargs=self.kwargs,
+        )
+        self.ctx["metrics"].jobs.labels(self.function, "dead_letter").inc()
+        return {"dead_letter": True}
+
+    def dialect(self) -> tuple[Dialect | None, str]:
+        """The provider's dialect, or why this job must not run again."""
+        job_try: int = self.ctx["job_try"]
+        limit = self.ctx["settings"].fetch_retry.max_tries + 2
+        if job_try > limit:
+            return None, f"job ran {job_try} times without finishing (worker crashes?)"
+        dialect: Dialect | None = self.ctx["dialects"].get(self.provider)
+        if dialect is None:
+            return None, f"provider {self.provider!r} is no longer configured"
+        return dialect, ""
+
+
 @_logged("provider", "response_id", "event_id")
 async def fetch_response(
     ctx: dict[str, Any],
@@ -163,33 +204,24 @@ async def fetch_response(
     settings: Settings = ctx["settings"]
     metrics: Metrics = ctx["metrics"]
     job_try: int = ctx["job_try"]
-    kwargs = {
-        "provider": provider,
-        "response_id": response_id,
-        "event_id": event_id,
-        "received_at": received_at,
-        "tenant": tenant,
-    }
     retry = settings.fetch_retry
-
-    async def give_up(error: str) -> dict[str, Any]:
-        await _dead_letter(
-            ctx,
-            sink="fetch",
-            provider=provider,
-            keys=[response_id],
-            error=error,
-            function="fetch_response",
-            kwargs=kwargs,
-        )
-        metrics.jobs.labels("fetch_response", "dead_letter").inc()
-        return {"dead_letter": True}
-
-    if job_try > retry.max_tries + 2:
-        return await give_up(f"job ran {job_try} times without finishing (worker crashes?)")
-    dialect: Dialect | None = ctx["dialects"].get(provider)
+    job = _FetchJob(
+        ctx,
+        "fetch_response",
+        provider,
+        response_id,
+        {
+            "provider": provider,
+            "response_id": response_id,
+            "event_id": event_id,
+            "received_at": received_at,
+            "tenant": tenant,
+        },
+    )
+    give_up = job.give_up
+    dialect, refusal = job.dialect()
     if dialect is None:
-        return await give_up(f"provider {provider!r} is no longer configured")
+        return await give_up(refusal)
     try:
         async with asyncio.timeout(settings.worker.response_job_timeout_s * 0.8):
             body = await dialect.fetch_response(response_id)
@@ -309,34 +341,25 @@ async def fetch_batch(
     settings: Settings = ctx["settings"]
     metrics: Metrics = ctx["metrics"]
     job_try: int = ctx["job_try"]
-    kwargs = {
-        "provider": provider,
-        "batch_id": batch_id,
-        "event_id": event_id,
-        "received_at": received_at,
-        "event_type": event_type,
-        "tenant": tenant,
-    }
     retry = settings.fetch_retry
-
-    async def give_up(error: str) -> dict[str, Any]:
-        await _dead_letter(
-            ctx,
-            sink="fetch",
-            provider=provider,
-            keys=[batch_id],
-            error=error,
-            function="fetch_batch",
-            kwargs=kwargs,
-        )
-        metrics.batches.labels(provider, "dead_letter").inc()
-        return {"dead_letter": True}
-
-    if job_try > retry.max_tries + 2:
-        return await give_up(f"job ran {job_try} times without finishing (worker crashes?)")
-    dialect: Dialect | None = ctx["dialects"].get(provider)
+    job = _FetchJob(
+        ctx,
+        "fetch_batch",
+        provider,
+        batch_id,
+        {
+            "provider": provider,
+            "batch_id": batch_id,
+            "event_id": event_id,
+            "received_at": received_at,
+            "event_type": event_type,
+            "tenant": tenant,
+        },
+    )
+    give_up = job.give_up
+    dialect, refusal = job.dialect()
     if dialect is None:
-        return await give_up(f"provider {provider!r} is no longer configured")
+        return await give_up(refusal)
     runner: BatchRunner = ctx["batch_runner"]
     try:
         outcome = await runner.run(
