@@ -14,7 +14,6 @@ A 2xx is success. 408, 429, 5xx, timeouts and connection errors raise
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
 import re
 import time
@@ -32,6 +31,7 @@ from receiver.config import decode_webhook_secret
 from receiver.envelope import Envelope
 from receiver.exceptions import SinkError
 from receiver.exceptions import SinkRejected as _SinkRejected
+from receiver.providers.client import retry_after_s
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
@@ -137,21 +137,6 @@ def webhook_id(envelopes: Sequence[Envelope]) -> str:
     return "msg_" + hashlib.sha256(orjson.dumps(pairs)).hexdigest()
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
 def _describe(exc: httpx.RequestError) -> str:
     """The error's class and, for a socket error, its reason; never a header or URL."""
     cause: BaseException | None = exc
@@ -245,7 +230,7 @@ class HttpSink(SinkBase):
         if 300 <= status < 400:
             message += " (redirects are not followed: configure the final URL)"
         raise HttpSinkError(
-            message, sink=self.name, status=status, retry_after_s=_retry_after(response)
+            message, sink=self.name, status=status, retry_after_s=retry_after_s(response)
         )
 
     async def aclose(self) -> None:

@@ -24,7 +24,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from receiver.config import HttpConfig, ProviderConfig
 from receiver.exceptions import ProviderError, TransientProviderError
 
-__all__ = ["SAFE_ID", "ProviderClient", "safe_id"]
+__all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
 
 SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
@@ -59,7 +59,8 @@ def safe_id(value: object) -> bool:
     )
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def retry_after_s(response: httpx.Response) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (seconds or an HTTP date), or None."""
     value = response.headers.get("retry-after")
     if not value:
         return None
@@ -160,14 +161,31 @@ class ProviderClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _get_once(self, path: str) -> dict[str, Any]:
+        response = await self._request(path, read=True)
+        try:
+            data = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise ProviderError(
+                "answer is not JSON", provider=self.name, path=path, status=200
+            ) from None
+        if not isinstance(data, dict):
+            raise ProviderError(
+                "answer is not a JSON object", provider=self.name, path=path, status=200
+            )
+        return data
+
+    async def _request(self, path: str, *, read: bool) -> httpx.Response:
+        """One GET, measured; a 200 comes back (its body read when ``read``, else open for
+        streaming), anything else raises, transient or not."""
         started = time.perf_counter()
         status: int | None = None
         try:
             response = await self._send(path)
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
+            if read:
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
             status = response.status_code
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise TransientProviderError(
@@ -180,27 +198,19 @@ class ProviderClient:
         finally:
             if self._on_request is not None:
                 self._on_request(self.name, status, time.perf_counter() - started)
+        if status == 200:
+            return response
+        if not read:
+            await response.aclose()
         if status in _RETRY_STATUS:
             raise TransientProviderError(
                 "provider busy or failing",
                 provider=self.name,
                 path=path,
                 status=status,
-                retry_after_s=_retry_after(response),
+                retry_after_s=retry_after_s(response),
             )
-        if status != 200:
-            raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
-        try:
-            data = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            raise ProviderError(
-                "answer is not JSON", provider=self.name, path=path, status=status
-            ) from None
-        if not isinstance(data, dict):
-            raise ProviderError(
-                "answer is not a JSON object", provider=self.name, path=path, status=status
-            )
-        return data
+        raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
 
     async def stream_bytes(self, path: str) -> AsyncIterator[bytes]:
         """GET ``{base_url}/{path}`` as a byte stream; opening is retried like :meth:`get_json`,
@@ -214,7 +224,7 @@ class ProviderClient:
         response: httpx.Response | None = None
         async for attempt in retrying:
             with attempt:
-                response = await self._open_stream(path)
+                response = await self._request(path, read=False)
         assert response is not None
         try:
             async for chunk in response.aiter_bytes():
@@ -243,36 +253,6 @@ class ProviderClient:
                     yield line
         if pending.strip():
             yield pending
-
-    async def _open_stream(self, path: str) -> httpx.Response:
-        started = time.perf_counter()
-        status: int | None = None
-        try:
-            response = await self._send(path)
-            status = response.status_code
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise TransientProviderError(
-                _timeout_text(exc), provider=self.name, path=path
-            ) from None
-        except _NETWORK_ERRORS as exc:
-            raise TransientProviderError(
-                f"connection failed ({type(exc).__name__})", provider=self.name, path=path
-            ) from None
-        finally:
-            if self._on_request is not None:
-                self._on_request(self.name, status, time.perf_counter() - started)
-        if status == 200:
-            return response
-        await response.aclose()
-        if status in _RETRY_STATUS:
-            raise TransientProviderError(
-                "provider busy or failing",
-                provider=self.name,
-                path=path,
-                status=status,
-                retry_after_s=_retry_after(response),
-            )
-        raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
 
     async def aclose(self) -> None:
         for transport in self._transports:
