@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 import redis
@@ -29,25 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from batch import PG, REDIS, _drop, free_port, run_fetch_batch, start_sim  # noqa: E402
+from batch import PG, REDIS, _drop, free_port, run_fetch_batch, start_sim, write_config  # noqa: E402
 
 from tests.kafka_broker import TansuBroker, tansu_binary  # noqa: E402
 from tests.s3_server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
-
-
-def config(tmp: Path, base_url: str, sinks: str) -> Path:
-    path = tmp / f"nopoll-{uuid.uuid4().hex[:8]}.yaml"
-    path.write_text(
-        f"redis_url: {REDIS}\n"
-        f"data_dir: {tmp / 'data'}\n"
-        "providers:\n"
-        "  bench:\n"
-        "    dialect: sference\n"
-        f"    base_url: {base_url}\n"
-        "    webhook_secrets: ['whsec_aGVsbG8gd29ybGQ=']\n"
-        f"sinks:\n{sinks}"
-    )
-    return path
 
 
 def main() -> int:
@@ -92,7 +76,7 @@ def main() -> int:
                 ("s3+kafka+sql", s3 + kafka + sql),
             ):
                 asyncio.run(_drop("bench_fanout"))
-                n, rate, rss, _ = run_fetch_batch(config(tmp, base, sinks), "bench_fan")
+                n, rate, rss, _ = run_fetch_batch(write_config(tmp, base, sinks), "bench_fan")
                 assert n == args.rows, n
                 results[case] = rate
                 print(f"  {case:14} {rate:>9,.0f} rows/s   peak RSS {rss:.0f} MB", flush=True)

@@ -153,12 +153,20 @@ def _row_status(info: Any) -> str:
     return normalize_status(raw)
 
 
-async def rows_by_custom_id(
-    dialect: ResponsesDialect, fetch: BatchFetch, request_status: dict[str, Any], concurrency: int
-) -> AsyncIterator[Chunk]:
-    """Walk ``request_status``: ``GET /batches/{id}/{custom_id}`` for every completed row under
-    bounded concurrency (two chunks in flight), the rest recorded with their status."""
+async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> AsyncIterator[Chunk]:
+    """Walk the batch object's ``request_status``: ``GET /batches/{id}/{custom_id}`` for every
+    completed row under bounded concurrency (two chunks in flight), the rest recorded with
+    their status."""
     client = dialect.client
+    request_status = fetch.batch.get("request_status") or {}
+    if not isinstance(request_status, dict):
+        raise ProviderError(
+            "request_status is not an object",
+            provider=client.name,
+            path=f"batches/{fetch.batch_id}",
+            status=200,
+        )
+    concurrency = client.config.max_concurrency
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(index: int, custom_id: str) -> BatchRow:

@@ -107,14 +107,5 @@ class SailDialect(ResponsesDialect):
         fetch.batch = batch
         if inline:
             return
-        request_status = batch.get("request_status") or {}
-        if not isinstance(request_status, dict):
-            raise ProviderError(
-                "request_status is not an object",
-                provider=self.client.name,
-                path=f"batches/{fetch.batch_id}",
-                status=200,
-            )
-        concurrency = self.client.config.max_concurrency
-        async for part in rows_by_custom_id(self, fetch, request_status, concurrency):
+        async for part in rows_by_custom_id(self, fetch):
             yield part

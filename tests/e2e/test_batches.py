@@ -167,6 +167,41 @@ async def test_duplicate_batch_callbacks_write_rows_once(
     assert len(jsonl_rows(tmp_path / "results")) == 501
 
 
+async def start_valar_batch(
+    procs,
+    tmp_path,
+    sim,
+    batch,
+    *,
+    redis_url,
+    pg_url,
+    pg_table,
+    signed_callback,
+    make_settings,
+    worker_extra: str = "",
+):
+    """A `nopoll worker` process (valar, Postgres sink, 200-row chunks, 2 s lease) and the
+    batch's signed callback posted to an in-process API; returns (worker, config path)."""
+    config = write_config(
+        tmp_path,
+        sim.base_url,
+        redis_url=redis_url,
+        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+        extra="batch: {chunk_size: 200, lease_s: 2}\n",
+    )
+    text = config.read_text().replace("dialect: openai", "dialect: valar")
+    config.write_text(
+        text.replace("health_check_interval_s: 1}", f"health_check_interval_s: 1{worker_extra}}}")
+    )
+    worker = procs.start("worker", "--config", str(config))
+    settings = make_settings(sim.base_url, redis_url=redis_url)
+    async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as client:
+        body, headers = signed_callback(batch.batch_id, event_type="batch.completed")
+        r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
+        assert r.status_code == 202
+    return worker, config
+
+
 @pytest.mark.slow
 async def test_worker_killed_mid_batch_resumes_after_the_last_chunk(
     procs,
@@ -181,21 +216,17 @@ async def test_worker_killed_mid_batch_resumes_after_the_last_chunk(
 ):
     sim = provider_sim()
     batch = sim.add_batch("valar", "batch_kill", 3000, failed_every=29, row_delay_s=0.01)
-    config = write_config(
+    worker, config = await start_valar_batch(
+        procs,
         tmp_path,
-        sim.base_url,
+        sim,
+        batch,
         redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-        extra="batch: {chunk_size: 200, lease_s: 2}\n",
+        pg_url=pg_url,
+        pg_table=pg_table,
+        signed_callback=signed_callback,
+        make_settings=make_settings,
     )
-    config.write_text(config.read_text().replace("dialect: openai", "dialect: valar"))
-    worker = procs.start("worker", "--config", str(config))
-    settings = make_settings(sim.base_url, redis_url=redis_url)
-    async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as client:
-        body, headers = signed_callback(batch.batch_id, event_type="batch.completed")
-        assert (
-            await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
-        ).status_code == 202
 
     async def some_chunks_committed():
         value = redis_sync_client.hget(f"nopoll:batch:sim:{batch.batch_id}", "c:db")
@@ -254,24 +285,18 @@ async def test_sigterm_during_a_batch_exits_cleanly_and_the_batch_completes_on_r
 ):
     sim = provider_sim()
     batch = sim.add_batch("valar", "batch_term", 2000, row_delay_s=0.01)
-    config = write_config(
+    worker, config = await start_valar_batch(
+        procs,
         tmp_path,
-        sim.base_url,
+        sim,
+        batch,
         redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-        extra="batch: {chunk_size: 200, lease_s: 2}\n",
+        pg_url=pg_url,
+        pg_table=pg_table,
+        signed_callback=signed_callback,
+        make_settings=make_settings,
+        worker_extra=", shutdown_wait_s: 1",
     )
-    config.write_text(
-        config.read_text()
-        .replace("dialect: openai", "dialect: valar")
-        .replace("health_check_interval_s: 1}", "health_check_interval_s: 1, shutdown_wait_s: 1}")
-    )
-    worker = procs.start("worker", "--config", str(config))
-    settings = make_settings(sim.base_url, redis_url=redis_url)
-    async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as client:
-        body, headers = signed_callback(batch.batch_id, event_type="batch.completed")
-        r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
-        assert r.status_code == 202
 
     async def started():
         value = redis_sync_client.hget(f"nopoll:batch:sim:{batch.batch_id}", "c:db")
