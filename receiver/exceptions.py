@@ -8,8 +8,10 @@ exactly ours::
     ├── VerificationError               -- a callback's signature headers do not check out
     ├── ProviderError                   -- a provider request failed (provider, path, status)
     │   └── TransientProviderError      -- ... and trying again later may succeed
+    │       └── ResultNotReady          -- the object is not terminal yet (in_progress, ...)
     └── SinkError                       -- a sink could not open or write (carries the sink name)
         ├── SinkRejected                -- the destination refuses the payload: no retry helps
+        │   └── SinkRowsRejected        -- ... only some rows of a write; the others were written
         └── SinkUnavailable             -- the sink's plugin cannot be imported (install hint)
 
 Each carries its context (provider, sink, key) and never a secret.
@@ -21,8 +23,10 @@ __all__ = [
     "ConfigError",
     "NopollError",
     "ProviderError",
+    "ResultNotReady",
     "SinkError",
     "SinkRejected",
+    "SinkRowsRejected",
     "SinkUnavailable",
     "TransientProviderError",
     "VerificationError",
@@ -74,6 +78,15 @@ class TransientProviderError(ProviderError):
         self.retry_after_s = retry_after_s
 
 
+class ResultNotReady(TransientProviderError):
+    """The provider answered, but the response or batch is not finished yet (its status is
+    ``in_progress``, ``finalizing``, ...): nothing is stored, the fetch is retried later."""
+
+    def __init__(self, *, provider: str, path: str, status: str) -> None:
+        super().__init__(f"not finished yet (status {status!r})", provider=provider, path=path)
+        self.object_status = status
+
+
 class SinkError(NopollError):
     """A sink failed to open or to write; carries the sink's name."""
 
@@ -92,6 +105,16 @@ class SinkRejected(SinkError):
     def __init__(self, message: str, *, sink: str, status: int | None = None) -> None:
         super().__init__(message, sink=sink)
         self.status = status
+
+
+class SinkRowsRejected(SinkRejected):
+    """Some envelopes of one write were refused for good (their data cannot be stored, e.g.
+    a number out of the column's range); every other envelope of that write was written.
+    ``rejected`` maps each refused envelope's key to the reason."""
+
+    def __init__(self, message: str, *, sink: str, rejected: dict[str, str]) -> None:
+        super().__init__(message, sink=sink)
+        self.rejected = rejected
 
 
 class SinkUnavailable(SinkError):

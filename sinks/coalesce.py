@@ -4,6 +4,17 @@ Many response jobs finish at once; writing each envelope in its own transaction 
 commit (an fsync on Postgres and SQLite) per result. :class:`WriteCoalescer` queues the
 envelopes of concurrent ``write`` calls and flushes them together: while one flush runs,
 new writes gather for the next. Each caller still gets its own success or error.
+
+One bad row fails alone. ``flush`` is all or nothing and says why it failed:
+:class:`~receiver.exceptions.SinkRejected` when the destination refuses the data of some
+envelope (the same rows would be refused again), any other exception when the destination
+itself failed (down, timeout). On the latter every caller of the group gets that error and
+retries its whole write. On a rejection the group is split: by caller first, halves in
+their order, so the latest write of a key still wins as if the callers had written one
+after the other; then the rows of a refused caller's write are bisected until each refused
+envelope stands alone. That caller gets :class:`~receiver.exceptions.SinkRowsRejected`
+naming only its refused keys, after its other rows were committed; the other callers
+succeed. Each refused row costs at most about 2·log2(n) extra flushes of smaller halves.
 """
 
 from __future__ import annotations
@@ -12,10 +23,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from receiver.exceptions import SinkRejected, SinkRowsRejected
+
 if TYPE_CHECKING:
     from receiver.envelope import Envelope
 
 __all__ = ["WriteCoalescer"]
+
+_Write = tuple[Sequence["Envelope"], asyncio.Future[None]]
 
 
 class WriteCoalescer:
@@ -26,7 +41,7 @@ class WriteCoalescer:
     ) -> None:
         self._flush = flush
         self._max_rows = max_rows
-        self._pending: list[tuple[Sequence[Envelope], asyncio.Future[None]]] = []
+        self._pending: list[_Write] = []
         self._task: asyncio.Task[None] | None = None
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
@@ -38,7 +53,7 @@ class WriteCoalescer:
 
     async def _run(self) -> None:
         while self._pending:
-            group: list[tuple[Sequence[Envelope], asyncio.Future[None]]] = []
+            group: list[_Write] = []
             rows = 0
             while self._pending and (
                 not group or rows + len(self._pending[0][0]) <= self._max_rows
@@ -46,17 +61,80 @@ class WriteCoalescer:
                 item = self._pending.pop(0)
                 group.append(item)
                 rows += len(item[0])
-            merged: dict[tuple[str, str], Envelope] = {}
-            for envelopes, _ in group:
-                for env in envelopes:
-                    merged[(env.provider, env.key)] = env  # the latest write of a key wins
             try:
-                await self._flush(list(merged.values()))
-            except Exception as exc:
+                await self._commit(group, None)
+            except Exception as exc:  # the destination failed: each caller retries it all
                 for _, future in group:
                     if not future.done():
                         future.set_exception(exc)
+            except BaseException:
+                for _, future in group:
+                    future.cancel()
+                raise
+
+    async def _commit(self, group: list[_Write], refused: SinkRejected | None) -> bool:
+        """Commit the writes of ``group`` in their order and settle their callers; True when
+        none had a refused row. ``refused``: the whole group is known to be refused."""
+        if refused is None:
+            try:
+                await self._flush(_merged(group))
+            except SinkRejected as exc:
+                refused = exc
             else:
                 for _, future in group:
                     if not future.done():
                         future.set_result(None)
+                return True
+        if len(group) == 1:
+            rows = _merged(group)
+            rejected = await self._bisect(rows, refused)
+            future = group[0][1]
+            if rejected and not future.done():
+                future.set_exception(_rows_rejected(rejected, len(rows)))
+            elif not future.done():
+                future.set_result(None)
+            return not rejected
+        half = len(group) // 2
+        clean = await self._commit(group[:half], None)
+        # the first half all committed: what made the whole group fail is in the second
+        return await self._commit(group[half:], refused if clean else None) and clean
+
+    async def _bisect(
+        self, rows: list[Envelope], refused: SinkRejected | None
+    ) -> dict[str, SinkRejected]:
+        """Commit every row that can be; return the refused ones' keys and errors.
+        ``refused``: these rows as a whole are known to be refused."""
+        if not rows:
+            return {}
+        if refused is None:
+            try:
+                await self._flush(rows)
+            except SinkRejected as exc:
+                refused = exc
+            else:
+                return {}
+        if len(rows) == 1:
+            return {rows[0].key: refused}
+        half = len(rows) // 2
+        rejected = await self._bisect(rows[:half], None)
+        rejected |= await self._bisect(rows[half:], None if rejected else refused)
+        return rejected
+
+
+def _merged(group: list[_Write]) -> list[Envelope]:
+    merged: dict[tuple[str, str], Envelope] = {}
+    for envelopes, _ in group:
+        for env in envelopes:
+            merged[(env.provider, env.key)] = env  # the latest write of a key wins
+    return list(merged.values())
+
+
+def _rows_rejected(rejected: dict[str, SinkRejected], rows: int) -> SinkRowsRejected:
+    reasons = {key: str(error.args[0]) for key, error in rejected.items()}
+    first = next(iter(rejected.values()))
+    return SinkRowsRejected(
+        f"{len(rejected)} of {rows} rows refused for good, the others were written "
+        f"(first: {first.args[0]})",
+        sink=first.sink,
+        rejected=reasons,
+    )

@@ -3,12 +3,23 @@
 The table (``nopoll_results`` by default) has the envelope's columns with primary key
 ``(provider, key)``; every write is an upsert, so replays never duplicate. The sink
 creates and migrates its own table (additive columns, a recorded schema version).
+
+Postgres refuses U+0000 in ``text`` and in ``jsonb``: there, and only there, every NUL
+character is stored as U+FFFD, in the text columns and in the keys and values of the
+``body``, ``metadata`` and ``error`` JSON alike. SQLite stores exactly what came.
+
+One bad row fails alone: a row the database refuses for its data (a number beyond the
+column's range, a broken constraint) makes the write raise
+:class:`~receiver.exceptions.SinkRowsRejected` naming that row's key, after every other
+row was committed (see :mod:`sinks.coalesce`). An unreachable database, a timeout or any
+other failure is a plain :class:`~receiver.exceptions.SinkError` for the whole write.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmodel import Column, Field, SQLModel
 
 from receiver.envelope import Envelope
-from receiver.exceptions import SinkError
+from receiver.exceptions import SinkError, SinkRejected
 from sinks.base import SinkBase, SinkConfig
 from sinks.coalesce import WriteCoalescer
 
@@ -135,25 +146,54 @@ _COLUMNS = (
 )
 
 
+_NUL, _NUL_JSON, _REPLACEMENT = "\x00", b"\\u0000", "\ufffd"
+
+
+def _text(value: str | None) -> str | None:
+    """A text column's value as Postgres can store it: NUL becomes U+FFFD."""
+    return value.replace(_NUL, _REPLACEMENT) if value is not None and _NUL in value else value
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` with NUL replaced by U+FFFD in every string, JSON keys included."""
+    if isinstance(value, str):
+        return value.replace(_NUL, _REPLACEMENT)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _jsonb(value: Any) -> bytes:
+    """jsonb in binary form: a version byte and orjson's text, NUL-free. The scan for an
+    escaped NUL is the only cost on the usual path."""
+    data = orjson.dumps(value)
+    if _NUL_JSON in data:
+        data = orjson.dumps(_scrub(value))
+    return b"\x01" + data
+
+
 def _record(env: Envelope) -> tuple[Any, ...]:
+    """A Postgres row (JSON columns go through :func:`_jsonb`)."""
     return (
-        env.provider,
-        env.key,
-        env.tenant,
-        env.kind,
-        env.response_id,
-        env.batch_id,
-        env.custom_id,
-        env.status,
+        _text(env.provider),
+        _text(env.key),
+        _text(env.tenant),
+        _text(env.kind),
+        _text(env.response_id),
+        _text(env.batch_id),
+        _text(env.custom_id),
+        _text(env.status),
         env.usable,
-        env.incomplete_reason,
-        env.model,
-        env.output_text,
+        _text(env.incomplete_reason),
+        _text(env.model),
+        _text(env.output_text),
         env.input_tokens,
         env.output_tokens,
         env.error,
         env.metadata,
-        env.event_id,
+        _text(env.event_id),
         _parse_time(env.received_at),
         _parse_time(env.fetched_at),
         env.body,
@@ -276,7 +316,8 @@ class SqlSink(SinkBase):
             await self._coalescer.write(envelopes)
 
     async def _flush(self, envelopes: list[Envelope]) -> None:
-        """One transaction for every envelope of the concurrent writes gathered so far."""
+        """One transaction for every envelope of the concurrent writes gathered so far;
+        :class:`SinkRejected` when the database refuses the data of some of them."""
         try:
             if self._pool is not None:
                 await self._pg_upsert(envelopes)
@@ -286,6 +327,8 @@ class SqlSink(SinkBase):
         except SinkError:
             raise
         except Exception as exc:
+            if _refuses_data(exc):
+                raise SinkRejected(_describe(exc), sink=self.name) from exc
             raise SinkError(
                 f"write of {len(envelopes)} rows failed: {_describe(exc)}", sink=self.name
             ) from exc
@@ -315,7 +358,7 @@ class SqlSink(SinkBase):
                 "jsonb",
                 schema="pg_catalog",
                 format="binary",
-                encoder=lambda v: b"\x01" + orjson.dumps(v),
+                encoder=_jsonb,
                 decoder=lambda b: orjson.loads(b[1:]),
             )
 
@@ -347,6 +390,23 @@ async def _prefer_lz4(conn: Any, table: str) -> None:
                 )
     except Exception as exc:  # older server, or built without lz4: keep pglz
         log.info("lz4 compression not available for %s: %s", table, _describe(exc))
+
+
+# SQLSTATE classes of a refused value: 22 data exception (out of range, bad text), 23
+# integrity constraint violation; 54000 a value over a limit (e.g. index row size).
+_DATA_SQLSTATES = ("22", "23", "54000")
+
+
+def _refuses_data(exc: BaseException) -> bool:
+    """Whether the database refused the rows' data, so the same rows fail again: a value
+    the driver cannot encode or the server rejects. Connection errors and timeouts: no."""
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(orig, OverflowError | ValueError | orjson.JSONEncodeError):
+        return True  # a number out of range, text that is not valid UTF-8, a bad timestamp
+    if isinstance(orig, sqlite3.IntegrityError | sqlite3.DataError):
+        return True
+    sqlstate = getattr(orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith(_DATA_SQLSTATES)
 
 
 def _describe(exc: BaseException) -> str:

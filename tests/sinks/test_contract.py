@@ -33,6 +33,7 @@ class Backend:
     """How to configure one sink and read back what it holds."""
 
     idempotent = True
+    nul = "\x00"  # what a NUL character in a string is stored as
 
     def config(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -66,6 +67,8 @@ class SqliteBackend(Backend):
 
 
 class PostgresBackend(Backend):
+    nul = "\ufffd"  # Postgres refuses U+0000 in text and jsonb: the sink stores U+FFFD
+
     def __init__(self, url: str, table: str) -> None:
         self.url, self.table = url, table
 
@@ -192,6 +195,18 @@ async def test_failure_raises_sink_error(backend: Backend) -> None:
         await sink.write([envelope(1)])
     assert "broken" in str(info.value)
     await sink.aclose()
+
+
+async def test_nul_character_lands(backend: Backend, sink_of) -> None:
+    """A NUL in text and in JSON keys and values never fails a write, nor its neighbours."""
+    env = envelope(1, "a\x00b")
+    env.metadata["k\x00"] = "v\x00"
+    await (await sink_of()).write([env, envelope(2)])
+    rows = {r["key"]: r for r in await backend.read()}
+    assert sorted(rows) == ["resp_1", "resp_2"]
+    nul = backend.nul
+    assert rows["resp_1"]["output_text"] == f"a{nul}b"
+    assert rows["resp_1"]["metadata"][f"k{nul}"] == f"v{nul}"
 
 
 async def test_write_nothing_is_a_no_op(backend: Backend, sink_of) -> None:
