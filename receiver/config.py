@@ -29,6 +29,7 @@ from pydantic import (
 from receiver.exceptions import ConfigError
 
 __all__ = [
+    "ApiConfig",
     "BatchConfig",
     "HttpConfig",
     "ProviderConfig",
@@ -134,6 +135,11 @@ class HttpConfig(_Model):
     """Tries within one job before the job itself is retried later with backoff."""
     max_retry_after_s: float = Field(default=10.0, ge=0)
     """The longest in-job wait for a Retry-After; a longer one defers the whole job."""
+    max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """The largest JSON answer read whole (a response, a batch object, one per-row result),
+    counted before and after decompression; a larger one is a dead letter naming the cap."""
+    max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """The longest line of a streamed JSONL result file (one batch row)."""
 
 
 class BatchConfig(_Model):
@@ -149,6 +155,15 @@ class BatchConfig(_Model):
     """Tries of a chunk within the batch job before it is handed to its own delivery job."""
     sink_queue_chunks: int = Field(default=2, ge=1, le=64)
     """Chunks that may wait for one sink before the stream waits for it."""
+
+
+class ApiConfig(_Model):
+    """The HTTP server in front of the webhook route."""
+
+    limit_concurrency: int = Field(default=1000, ge=1)
+    """Connections and requests served at once; beyond it, uvicorn answers 503 (retry)."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A callback body must arrive whole within this long (slow senders hold memory)."""
 
 
 class WorkerConfig(_Model):
@@ -206,8 +221,12 @@ class Settings(_Model):
         default_factory=lambda: RetryConfig(max_tries=12, base_delay_s=2.0, max_delay_s=600.0)
     )
     http: HttpConfig = Field(default_factory=HttpConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    redis_policy_check: Literal["refuse", "warn"] = "refuse"
+    """A Redis whose ``maxmemory-policy`` may evict keys can drop queued jobs: refuse to
+    start (default), or only warn."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
     """JSON lines (with event, response and batch ids) or readable text."""
@@ -240,6 +259,45 @@ class Settings(_Model):
                         f"routes.{i}.sinks: unknown sink {sink!r} (configured: "
                         f"{', '.join(sorted(self.sinks)) or 'none'})"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> Settings:
+        """Timeouts that contradict each other would let a job die silently: a write or a
+        request that may take as long as the whole job could never be retried."""
+        job_s = self.worker.response_job_timeout_s
+        # Unset timeouts follow a short job timeout down, so shortening one is enough.
+        derived = {
+            name: sink.model_copy(update={"timeout_s": min(sink.timeout_s, job_s / 2)})
+            for name, sink in self.sinks.items()
+            if "timeout_s" not in sink.model_fields_set
+        }
+        if derived:
+            object.__setattr__(self, "sinks", {**self.sinks, **derived})
+        http_update = {
+            name: min(getattr(self.http, name), job_s * share)
+            for name, share in (("connect_timeout_s", 0.25), ("read_timeout_s", 0.5))
+            if name not in self.http.model_fields_set
+        }
+        if http_update:
+            object.__setattr__(self, "http", self.http.model_copy(update=http_update))
+        for name, sink in self.sinks.items():
+            if sink.timeout_s >= job_s:
+                raise ValueError(
+                    f"sinks.{name}.timeout_s ({sink.timeout_s:g} s) must be below "
+                    f"worker.response_job_timeout_s ({job_s:g} s)"
+                )
+        request_s = self.http.connect_timeout_s + self.http.read_timeout_s
+        if request_s >= job_s:
+            raise ValueError(
+                f"http.connect_timeout_s + http.read_timeout_s ({request_s:g} s) must be below "
+                f"worker.response_job_timeout_s ({job_s:g} s)"
+            )
+        if self.batch.lease_s >= self.batch.job_timeout_s:
+            raise ValueError(
+                f"batch.lease_s ({self.batch.lease_s:g} s) must be below "
+                f"batch.job_timeout_s ({self.batch.job_timeout_s:g} s)"
+            )
         return self
 
     @property

@@ -92,7 +92,7 @@ def write_config(
         "    webhook_secrets: ['${SIM_SECRET}']\n"
         + (f"sinks:\n{sinks}" if sinks else "")
         + "fetch_retry: {max_tries: 5, base_delay_s: 0.1, max_delay_s: 0.5}\n"
-        "worker: {poll_delay_s: 0.01, response_job_timeout_s: 2, health_check_interval_s: 1}\n"
+        "worker: {poll_delay_s: 0.01, response_job_timeout_s: 4, health_check_interval_s: 1}\n"
         + extra
     )
     return path
