@@ -20,6 +20,7 @@ __all__ = [
     "envelope_from_row",
     "now_rfc3339",
     "response_output_text",
+    "row_key",
 ]
 
 SCHEMA = "nopoll.result/v1"
@@ -159,7 +160,8 @@ class BatchRow:
     """One row of a batch as a dialect found it, before it becomes an envelope."""
 
     index: int
-    """0-based position in the provider's listing (the key when there is no custom_id)."""
+    """0-based position in the provider's listing (the key, as ``~{index}``, when there is
+    no custom_id)."""
     custom_id: str | None
     status: str
     body: dict[str, Any] | None = None
@@ -202,6 +204,18 @@ def _body_fields(body: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def row_key(batch_id: str, custom_id: str | None, index: int) -> str:
+    """The key of a batch row, one-to-one with (custom_id, index): ``{batch_id}/{custom_id}``;
+    ``{batch_id}/~{index}`` for a row without custom_id; a custom_id that starts with ``~``
+    gets one more ``~`` (``"~3"`` → ``~~3``), so it never meets an index key (``"3"`` → ``3``,
+    index 3 → ``~3``)."""
+    if custom_id is None:
+        return f"{batch_id}/~{index}"
+    if custom_id.startswith("~"):
+        return f"{batch_id}/~{custom_id}"
+    return f"{batch_id}/{custom_id}"
+
+
 def envelope_from_row(
     row: BatchRow,
     *,
@@ -212,7 +226,7 @@ def envelope_from_row(
     tenant: str = "default",
     fetched_at: str | None = None,
 ) -> Envelope:
-    """Normalize one batch row into a ``batch_row`` envelope keyed ``{batch_id}/{custom_id}``."""
+    """Normalize one batch row into a ``batch_row`` envelope keyed by :func:`row_key`."""
     fields = _body_fields(row.body)
     status = row.status
     if status == "completed" and fields["status"] == "incomplete":
@@ -228,7 +242,7 @@ def envelope_from_row(
         provider=provider,
         tenant=tenant,
         kind="batch_row",
-        key=f"{batch_id}/{row.custom_id if row.custom_id is not None else row.index}",
+        key=row_key(batch_id, row.custom_id, row.index),
         response_id=_str_or_none(row.body.get("id")) if row.body else None,
         batch_id=batch_id,
         custom_id=row.custom_id,

@@ -3,6 +3,11 @@
 ``bind(event_id=..., response_id=...)`` puts ids in a context variable for the duration
 of a job; every record logged meanwhile, by nopoll or by the libraries it calls, carries
 them. Nothing here ever formats a config value, so secrets cannot reach a log line.
+
+Ids and messages hold provider data (a custom_id can be any string), so neither format
+lets them forge a line: JSON escapes them, and the text format writes control characters
+and the backslash as escapes (a newline as ``\\n``, ESC as ``\\u001b``) and quotes a field
+value that holds a space, ``=`` or ``"``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,12 +23,17 @@ from typing import Any
 
 import orjson
 
-__all__ = ["JsonFormatter", "bind", "configure_logging"]
+__all__ = ["JsonFormatter", "TextFormatter", "bind", "configure_logging"]
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "nopoll_log_context", default=None
 )
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: whatever a
+# terminal or a log viewer may take for the end of a line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+_NEEDS_QUOTES = re.compile(r'[\s="]')
 
 
 @contextlib.contextmanager
@@ -55,12 +66,39 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-class _TextFormatter(logging.Formatter):
+def _escape(text: str) -> str:
+    """``text`` with every control character (and the backslash) written as an escape: one
+    line, always, and never ambiguous."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m[0]) or f"\\u{ord(m[0]):04x}", text)
+
+
+def _field(value: Any) -> str:
+    text = _escape(str(value))
+    if text and not _NEEDS_QUOTES.search(text):
+        return text
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger message key=value ...``: one line per record, whatever the message
+    and the bound ids hold; a traceback follows on lines indented by two spaces."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        record.message = _escape(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
         context = _context.get()
         if context:
-            text += " " + " ".join(f"{k}={v}" for k, v in context.items())
+            text += " " + " ".join(f"{_field(k)}={_field(v)}" for k, v in context.items())
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for extra in (record.exc_text, record.stack_info):
+            if extra:
+                # Indented: a line a message smuggled in cannot start at column 0.
+                text += "".join(f"\n  {_escape(line)}" for line in extra.splitlines())
         return text
 
 
@@ -70,7 +108,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))

@@ -2,9 +2,11 @@
 
 Used by ``nopoll demo``, the tests and the benchmarks. It serves
 ``GET /v1/responses/{id}`` for responses it was told about, can fail a response a set
-number of times first (429 with Retry-After, 500, a slow answer), counts every request
-it gets, and sends Standard Webhooks-signed callbacks (signed by the
-``standardwebhooks`` package, not by nopoll's own code).
+number of times first (429 with Retry-After, 500, a slow answer, still in progress), can
+send it gzip-encoded or too large (padded, endless, a gzip bomb: see
+:class:`~receiver.simulator_batches.Oversize`), counts every request it gets, and sends
+Standard Webhooks-signed callbacks (signed by the ``standardwebhooks`` package, not by
+nopoll's own code).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -25,8 +27,11 @@ import uvicorn
 from standardwebhooks.webhooks import Webhook
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
+
+if TYPE_CHECKING:
+    from receiver.simulator_batches import Oversize
 
 __all__ = ["ProviderSimulator", "SimResponse", "make_response", "send_callback", "sign_callback"]
 
@@ -94,7 +99,17 @@ class SimResponse:
     fail_status: int = 500
     retry_after: float | None = None
     delay_s: float = 0.0
+    pending_times: int = 0
+    """Answer the first N successful GETs with the object still ``pending_status``."""
+    pending_status: str = "in_progress"
+    gzip: bool = False
+    """Answer with ``Content-Encoding: gzip``."""
+    oversize: Oversize | None = None
+    """Answer too large for nopoll's caps (padded, endless or a gzip bomb)."""
     served: int = 0
+
+
+_BEHAVIOUR = {f.name for f in fields(SimResponse)} - {"body", "served"}
 
 
 @dataclass
@@ -126,13 +141,10 @@ class ProviderSimulator:
     # --- what tests and the demo call -------------------------------------------------
     def add_response(self, response_id: str | None = None, **kwargs: Any) -> SimResponse:
         """Register a finished response; ``fail_times``/``fail_status``/``retry_after``/
-        ``delay_s`` make it misbehave first; other kwargs go to :func:`make_response`."""
+        ``delay_s``/``pending_times`` make it misbehave first, ``gzip``/``oversize`` change how
+        it is sent (see :class:`SimResponse`); other kwargs go to :func:`make_response`."""
         rid = response_id or f"resp_{uuid.uuid4().hex}"
-        behaviour = {
-            k: kwargs.pop(k)
-            for k in ("fail_times", "fail_status", "retry_after", "delay_s")
-            if k in kwargs
-        }
+        behaviour = {k: kwargs.pop(k) for k in _BEHAVIOUR if k in kwargs}
         sim = SimResponse(body=make_response(rid, **kwargs), **behaviour)
         with self.state.lock:
             self.state.responses[rid] = sim
@@ -162,6 +174,8 @@ class ProviderSimulator:
         api_key = self._api_key
 
         async def get_response(request: Request) -> Response:
+            from receiver.simulator_batches import json_answer
+
             rid = request.path_params["rid"]
             with state.lock:
                 state.requests[request.url.path] += 1
@@ -169,6 +183,7 @@ class ProviderSimulator:
                 if sim is not None:
                     sim.served += 1
                     failing = sim.served <= sim.fail_times
+                    pending = sim.served - sim.fail_times <= sim.pending_times
             if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
                 return Response(
                     b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
@@ -190,7 +205,10 @@ class ProviderSimulator:
                     headers=headers,
                     media_type="application/json",
                 )
-            return Response(orjson.dumps(sim.body), media_type="application/json")
+            body = sim.body
+            if pending:  # still running: no output, no usage yet
+                body = {**body, "status": sim.pending_status, "output": [], "usage": None}
+            return json_answer(body, oversize=sim.oversize, gzip=sim.gzip)
 
         def authorized(request: Request) -> bool:
             with state.lock:
@@ -205,7 +223,7 @@ class ProviderSimulator:
             )
 
         async def get_batch(request: Request) -> Response:
-            from receiver.simulator_batches import blocks
+            from receiver.simulator_batches import answer, json_answer
 
             if not authorized(request):
                 return Response(
@@ -214,14 +232,20 @@ class ProviderSimulator:
             batch = state.batches.get(request.path_params["bid"])
             if batch is None:
                 return not_found("batch")
+            with state.lock:
+                batch.object_served += 1
+            if batch.object_served <= batch.pending_times:
+                return json_answer(batch.pending_object(), gzip=batch.gzip)
             if batch.dialect == "sail":
-                return StreamingResponse(
-                    blocks(batch.sail_document()), media_type="application/json"
+                return answer(
+                    batch.sail_document(),
+                    media_type="application/json",
+                    gzip=batch.gzipped_results,
                 )
-            return Response(orjson.dumps(batch.batch_object()), media_type="application/json")
+            return json_answer(batch.batch_object(), gzip=batch.gzip)
 
         async def get_batch_part(request: Request) -> Response:
-            from receiver.simulator_batches import blocks
+            from receiver.simulator_batches import answer, json_answer
 
             if not authorized(request):
                 return Response(
@@ -232,8 +256,10 @@ class ProviderSimulator:
             if batch is None:
                 return not_found("batch")
             if batch.dialect == "sference" and part == "results.jsonl":
-                return StreamingResponse(
-                    blocks(batch.sference_lines()), media_type="application/jsonl"
+                return answer(
+                    batch.sference_lines(),
+                    media_type="application/jsonl",
+                    gzip=batch.gzipped_results,
                 )
             if batch.dialect not in ("sail", "valar"):
                 return not_found("result")
@@ -241,14 +267,14 @@ class ProviderSimulator:
                 await asyncio.sleep(batch.row_delay_s or state.default_delay_s)
             with state.lock:
                 status, body = batch.row_object(part)
-            if status != 200:
+            if status != 200 or body is None:
                 return Response(
                     b'{"error":{"message":"no result"}}', status, media_type="application/json"
                 )
-            return Response(orjson.dumps(body), media_type="application/json")
+            return json_answer(body, oversize=batch.row_oversize.get(part), gzip=batch.gzip)
 
         async def get_file(request: Request) -> Response:
-            from receiver.simulator_batches import blocks
+            from receiver.simulator_batches import answer
 
             if not authorized(request):
                 return Response(
@@ -259,8 +285,10 @@ class ProviderSimulator:
                 if fid.startswith(prefix):
                     batch = state.batches.get(fid[len(prefix) :])
                     if batch is not None and batch.dialect == "openai":
-                        return StreamingResponse(
-                            blocks(batch.openai_lines(errors)), media_type="application/jsonl"
+                        return answer(
+                            batch.openai_lines(errors),
+                            media_type="application/jsonl",
+                            gzip=batch.gzipped_results,
                         )
             return not_found("file")
 

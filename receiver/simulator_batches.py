@@ -1,24 +1,140 @@
-"""Batches for the provider simulator, in all four dialects, generated row by row.
+"""Generated answers for the provider simulator: batches in all four dialects, row by row,
+and answers too large for nopoll's caps (:class:`Oversize`).
 
 Rows are computed from their index, never stored, so a 100,000-row, 1 GiB batch costs
 the simulator no memory: files and inline ``results`` are streamed as they are written.
+An oversized answer is described as parts (bytes, and :class:`Run` for its padding) and
+streamed the same way; gzip is produced lazily too, so a 10 GiB gzip bomb costs 10 MiB
+on the wire and nothing in memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import struct
 import time
-from collections.abc import AsyncIterator, Iterator
+import zlib
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import orjson
+from starlette.responses import Response, StreamingResponse
 
 from receiver.simulator import make_response
 
-__all__ = ["SimBatch"]
+__all__ = ["Oversize", "Run", "SimBatch", "answer", "blocks", "gzip_stream", "json_answer"]
 
 _BLOCK = 256 * 1024
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+
+
+class Run(NamedTuple):
+    """``n`` copies of one byte: the padding of an oversized answer, never built whole."""
+
+    byte: bytes
+    n: int
+
+
+Part = bytes | Run
+
+
+@dataclass(frozen=True)
+class Oversize:
+    """An answer larger than nopoll's caps, as a broken or hostile provider sends it.
+
+    ``padded``: complete and valid JSON, just ``size`` bytes long (a JSON answer says so in
+    its Content-Length); ``endless``: it never ends (no closing brace, no newline, no
+    Content-Length), the answer just stops after ``size`` bytes; ``gzip_bomb``: like
+    ``padded``, sent with ``Content-Encoding: gzip`` (about 1,000 times smaller on the wire).
+    """
+
+    kind: Literal["padded", "endless", "gzip_bomb"]
+    size: int
+
+    def parts(self, obj: dict[str, Any], end: bytes = b"") -> list[Part]:
+        """``obj`` as JSON with a ``padding`` string that makes it ``size`` bytes, then ``end``."""
+        head = orjson.dumps(obj)[:-1] + b',"padding":"'
+        if self.kind == "endless":
+            return [head, Run(b"x", max(0, self.size - len(head)))]
+        tail = b'"}' + end
+        return [head, Run(b"x", max(0, self.size - len(head) - len(tail))), tail]
+
+
+def _expand(parts: Iterable[Part]) -> Iterator[bytes]:
+    for part in parts:
+        if isinstance(part, Run):
+            full, rest = divmod(part.n, _BLOCK)
+            block = part.byte * _BLOCK if full else b""
+            for _ in range(full):
+                yield block
+            if rest:
+                yield part.byte * rest
+        elif part:
+            yield part
+
+
+def gzip_stream(parts: Iterable[Part]) -> Iterator[bytes]:
+    """``parts`` as one gzip member, compressed as they come. A :class:`Run` is compressed
+    256 KiB at a time after a full flush, so each block compresses to the same bytes: they
+    are computed once and repeated (only the CRC is computed per block, as it is sent)."""
+    yield _GZIP_HEADER
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    crc = size = 0
+    for part in parts:
+        if isinstance(part, Run):
+            full, rest = divmod(part.n, _BLOCK)
+            if full:
+                yield deflate.flush(zlib.Z_FULL_FLUSH)
+                block = part.byte * _BLOCK
+                unit = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+                for _ in range(full):
+                    crc = zlib.crc32(block, crc)
+                    yield unit
+                size += full * _BLOCK
+            data = part.byte * rest
+        else:
+            data = part
+        crc = zlib.crc32(data, crc)
+        size += len(data)
+        out = deflate.compress(data)
+        if out:
+            yield out
+    yield deflate.flush() + struct.pack("<II", crc, size & 0xFFFFFFFF)
+
+
+def _size(parts: Iterable[Part]) -> int:
+    return sum(p.n if isinstance(p, Run) else len(p) for p in parts)
+
+
+def answer(parts: Iterable[Part], *, media_type: str, gzip: bool = False) -> Response:
+    """Stream ``parts`` (gzip-encoded when ``gzip``). A list of parts that ends complete gets a
+    Content-Length; a generator is sent chunked."""
+    if gzip:
+        return StreamingResponse(
+            blocks(gzip_stream(parts)), media_type=media_type, headers={"content-encoding": "gzip"}
+        )
+    headers = {"content-length": str(_size(parts))} if isinstance(parts, list) else None
+    return StreamingResponse(blocks(_expand(parts)), media_type=media_type, headers=headers)
+
+
+def json_answer(
+    body: dict[str, Any], *, oversize: Oversize | None = None, gzip: bool = False
+) -> Response:
+    """A JSON object as a provider answers it: plain, gzip-encoded, or too large."""
+    if oversize is None:
+        data = orjson.dumps(body)
+        if not gzip:
+            return Response(data, media_type="application/json")
+        encoded = b"".join(gzip_stream([data]))
+        return Response(
+            encoded, media_type="application/json", headers={"content-encoding": "gzip"}
+        )
+    parts = oversize.parts(body)
+    if oversize.kind == "endless":
+        return answer(iter(parts), media_type="application/json", gzip=gzip)
+    return answer(parts, media_type="application/json", gzip=gzip or oversize.kind == "gzip_bomb")
 
 
 @dataclass
@@ -44,13 +160,40 @@ class SimBatch:
     row_failures: dict[str, int] = field(default_factory=dict)
     """custom_id → how many 500s its per-row GET answers first."""
     row_delay_s: float = 0.0
+    pending_times: int = 0
+    """Answer the first N ``GET /batches/{id}`` with the batch still ``pending_status``."""
+    pending_status: str = "finalizing"
+    object_served: int = 0
+    custom_ids: dict[int, str | None] = field(default_factory=dict)
+    """Row index → its custom_id (None: it has none), instead of ``row-000042``."""
+    gzip: bool = False
+    """Send every answer of this batch with ``Content-Encoding: gzip``."""
+    oversize: Oversize | None = None
+    """The row at position ``oversize_at`` of the results file (openai output, sference) or
+    of the inline ``results`` (sail) is this large; ``endless`` ends the answer there."""
+    oversize_at: int = 3
+    row_oversize: dict[str, Oversize] = field(default_factory=dict)
+    """custom_id → how its per-row GET (Sail fallback, Valar) is too large."""
     served: dict[str, int] = field(default_factory=dict)
 
     # --- rows ---------------------------------------------------------------------------
     def custom_id(self, i: int) -> str | None:
+        if i in self.custom_ids:
+            return self.custom_ids[i]
         if self.no_custom_id_every and i % self.no_custom_id_every == self.no_custom_id_every - 1:
             return None
         return f"row-{i:06d}"
+
+    def index_of(self, custom_id: str) -> int | None:
+        """The row index whose custom_id this is, or None."""
+        for i, cid in self.custom_ids.items():
+            if cid == custom_id:
+                return i
+        if custom_id.startswith("row-") and custom_id[4:].isdigit():
+            i = int(custom_id[4:])
+            if i < self.n_rows and self.custom_id(i) == custom_id:
+                return i
+        return None
 
     def row_status(self, i: int) -> str:
         if self.failed_every and i % self.failed_every == self.failed_every - 1:
@@ -121,7 +264,35 @@ class SimBatch:
             }
         return base
 
-    def openai_lines(self, errors: bool) -> Iterator[bytes]:
+    def pending_object(self) -> dict[str, Any]:
+        """The batch object while it is not terminal: no results, no files yet."""
+        obj = self.batch_object()
+        obj["status"] = self.pending_status
+        for name in ("output_file_id", "error_file_id", "results"):
+            if name in obj or self.dialect == "sail":
+                obj[name] = None
+        if "request_status" in obj:
+            obj["request_status"] = {k: {"status": "IN_PROGRESS"} for k in obj["request_status"]}
+        return obj
+
+    def _row_parts(self, n: int, obj: dict[str, Any], end: bytes) -> list[Part]:
+        """The ``n``-th row of a results answer as parts (``oversize`` at ``oversize_at``)."""
+        if self.oversize is not None and n == self.oversize_at:
+            return self.oversize.parts(obj, end)
+        return [orjson.dumps(obj) + end]
+
+    def _ends_here(self, n: int) -> bool:
+        return (
+            self.oversize is not None and self.oversize.kind == "endless" and n == self.oversize_at
+        )
+
+    @property
+    def gzipped_results(self) -> bool:
+        """Whether results answers are gzip-encoded (``gzip``, or an oversized gzip bomb)."""
+        return self.gzip or (self.oversize is not None and self.oversize.kind == "gzip_bomb")
+
+    def openai_lines(self, errors: bool) -> Iterator[Part]:
+        n = 0
         for i in self.order():
             failed = self.row_status(i) != "completed"
             if failed != errors:
@@ -141,10 +312,14 @@ class SimBatch:
                     "body": self.response_body(i),
                 }
                 line["error"] = None
-            yield orjson.dumps(line) + b"\n"
+            yield from self._row_parts(-1 if errors else n, line, b"\n")
+            if not errors and self._ends_here(n):
+                return
+            n += 1
 
-    def sference_lines(self) -> Iterator[bytes]:
-        for i in self.order() if self.no_custom_id_every == 0 else range(self.n_rows):
+    def sference_lines(self) -> Iterator[Part]:
+        missing = self.no_custom_id_every or None in self.custom_ids.values()
+        for n, i in enumerate(range(self.n_rows) if missing else self.order()):
             status = self.row_status(i)
             row: dict[str, Any] = {"status": status}
             cid = self.custom_id(i)
@@ -156,9 +331,11 @@ class SimBatch:
             else:
                 row["result_json"] = None
                 row["error_json"] = {"code": "row_failed", "message": f"row {i} failed"}
-            yield orjson.dumps(row) + b"\n"
+            yield from self._row_parts(n, row, b"\n")
+            if self._ends_here(n):
+                return
 
-    def sail_document(self) -> Iterator[bytes]:
+    def sail_document(self) -> Iterator[Part]:
         obj = self.batch_object()
         if not self.inline:
             obj["results"] = None
@@ -175,15 +352,17 @@ class SimBatch:
             else:
                 entry["response"] = None
                 entry["error"] = {"code": "failed", "message": f"row {i} failed"}
-            yield (b"," if n else b"") + orjson.dumps(entry)
+            if n:
+                yield b","
+            yield from self._row_parts(n, entry, b"")
+            if self._ends_here(n):
+                return
         yield b"]}"
 
     def row_object(self, custom_id: str) -> tuple[int, dict[str, Any] | None]:
         """(status code, body) of a per-row GET (Sail fallback, Valar)."""
-        if not custom_id.startswith("row-") or not custom_id[4:].isdigit():
-            return 404, None
-        i = int(custom_id[4:])
-        if i >= self.n_rows or self.row_status(i) != "completed":
+        i = self.index_of(custom_id)
+        if i is None or self.row_status(i) != "completed":
             return 404, None
         self.served[custom_id] = self.served.get(custom_id, 0) + 1
         if self.served[custom_id] <= self.row_failures.get(custom_id, 0):
@@ -191,8 +370,10 @@ class SimBatch:
         return 200, self.response_body(i)
 
 
-async def blocks(lines: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Join small pieces into ~256 KiB blocks for a streaming response."""
+async def blocks(lines: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """Join small pieces into ~256 KiB blocks for a streaming response. After each block the
+    event loop runs once: a client that went away (e.g. at a size cap) stops the stream
+    there, instead of after the whole generated answer."""
     buffer: list[bytes] = []
     size = 0
     for piece in lines:
@@ -201,5 +382,6 @@ async def blocks(lines: Iterator[bytes]) -> AsyncIterator[bytes]:
         if size >= _BLOCK:
             yield b"".join(buffer)
             buffer, size = [], 0
+            await asyncio.sleep(0)
     if buffer:
         yield b"".join(buffer)

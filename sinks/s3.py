@@ -7,9 +7,12 @@ Layout under ``{prefix}{provider}/``:
   envelope per line, one object per numbered chunk (object metadata ``rows``);
 - ``batches/{batch_id}/_manifest.json``: written last, from the summary envelope, listing
   every part with its row count;
-- ``bodies/{key}.json``: a body parked for the Kafka sink's claim check.
+- ``bodies/{key}.json``: a body parked for the Kafka sink's claim check (a batch row's
+  ``{batch_id}/{custom_id}`` with the custom_id part percent-encoded as one segment).
 
 Every key is derived from the envelope, so a rerun overwrites instead of duplicating.
+Response and batch ids are the safe ids nopoll checked before fetching them; a custom_id
+comes from provider data, so it is percent-encoded (:func:`key_segment`).
 Credentials come from the standard AWS chain unless the config gives keys.
 """
 
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ipaddress
 import logging
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Literal, TypeVar
@@ -32,9 +37,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from receiver.envelope import Envelope
 from receiver.exceptions import SinkError
+from receiver.providers.client import safe_id
 from sinks.base import SinkBase, SinkConfig
 
-__all__ = ["MANIFEST_SCHEMA", "S3Sink", "S3SinkConfig"]
+__all__ = ["MANIFEST_SCHEMA", "S3Sink", "S3SinkConfig", "key_segment"]
 
 log = logging.getLogger("nopoll.sinks.s3")
 
@@ -48,6 +54,19 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PART_NAME = re.compile(r"(\d{5,})\.jsonl")
+_MAX_SEGMENT = 200
+
+
+def key_segment(text: str) -> str:
+    """``text`` (a custom_id, from provider data) as one key segment: UTF-8 percent-encoded
+    except ``A-Z a-z 0-9 - . _ ~``, so ``/``, ``..``, spaces, control characters and
+    non-ASCII never shape the key and distinct texts never share one. An encoding over 200
+    bytes is cut to 120 and followed by ``!`` and the SHA-256 of ``text`` (``!`` is always
+    encoded otherwise, so a cut segment cannot equal an uncut one)."""
+    encoded = urllib.parse.quote(text, safe="")
+    if len(encoded) <= _MAX_SEGMENT:
+        return encoded
+    return f"{encoded[:120]}!{hashlib.sha256(text.encode()).hexdigest()}"
 
 
 class S3SinkConfig(SinkConfig):
@@ -148,7 +167,9 @@ class S3Sink(SinkBase):
         """The key an envelope's object is written to: the response object for
         ``response``, the manifest for ``batch``. Batch rows live inside parts."""
         if env.kind == "response":
-            return self._key(f"{env.provider}/responses/{env.response_id or env.key}.json")
+            return self._key(
+                f"{env.provider}/responses/{self._id(env.response_id or env.key)}.json"
+            )
         if env.kind == "batch":
             return self.manifest_key(env.provider, env.batch_id or env.key)
         raise SinkError(
@@ -158,7 +179,7 @@ class S3Sink(SinkBase):
 
     def batch_prefix(self, provider: str, batch_id: str) -> str:
         """The folder of one batch's parts and manifest (ends with ``/``)."""
-        return self._key(f"{provider}/batches/{batch_id}/")
+        return self._key(f"{provider}/batches/{self._id(batch_id)}/")
 
     def part_key(self, provider: str, batch_id: str, part: int) -> str:
         """The key of part ``part`` of a batch: ``.../part-00000.jsonl``."""
@@ -169,8 +190,20 @@ class S3Sink(SinkBase):
         return f"{self.batch_prefix(provider, batch_id)}_manifest.json"
 
     def claim_key(self, env: Envelope) -> str:
-        """Where :meth:`put_claim` parks an envelope's body (slashes in the key kept)."""
-        return self._key(f"{env.provider}/bodies/{env.key}.json")
+        """Where :meth:`put_claim` parks an envelope's body: ``bodies/{key}.json``, a batch
+        row's as ``bodies/{batch_id}/{key_segment(rest of its key)}.json``."""
+        batch = f"{env.batch_id}/" if env.kind == "batch_row" and env.batch_id else None
+        if batch is not None and env.key.startswith(batch):
+            rest = key_segment(env.key[len(batch) :])
+            return self._key(f"{env.provider}/bodies/{self._id(env.batch_id)}/{rest}.json")
+        return self._key(f"{env.provider}/bodies/{self._id(env.key)}.json")
+
+    def _id(self, value: str | None) -> str:
+        """A response or batch id as a key segment: ids are checked before any fetch; one
+        that is not safe (it cannot come from nopoll's own pipeline) is refused."""
+        if value is None or not safe_id(value):
+            raise SinkError(f"unsafe id {str(value)[:80]!r} for an object key", sink=self.name)
+        return value
 
     def _key(self, rest: str) -> str:
         key = f"{self.config.prefix}{rest}"

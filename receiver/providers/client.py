@@ -5,6 +5,13 @@ ids that passed :func:`safe_id`, redirects are never followed, and nothing taken
 callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
 are retried a few times in place, honouring ``Retry-After``; what still fails raises
 :class:`~receiver.exceptions.TransientProviderError` so the job is retried later.
+
+What a provider sends is capped: a JSON answer read whole at ``http.max_response_bytes``
+(its Content-Length, the bytes on the wire, and the bytes after decoding), a line of a
+streamed JSONL answer at ``http.max_line_bytes``. Reading stops as soon as a cap is
+passed, with a permanent :class:`~receiver.exceptions.ProviderError` naming it. gzip and
+deflate are decoded here, in steps of at most 64 KiB, instead of by httpx (whose decoders
+inflate a whole network chunk in one call): a gzip bomb costs the cap, not its ratio.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from receiver.config import HttpConfig, ProviderConfig
 from receiver.exceptions import ProviderError, TransientProviderError
+from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
 __all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
 
@@ -113,7 +121,12 @@ class ProviderClient:
         self.config = config
         self._http = http
         self._on_request = on_request
-        headers = {"user-agent": "nopoll/0.1", "accept": "application/json"}
+        headers = {
+            "user-agent": "nopoll/0.1",
+            "accept": "application/json",
+            # Decoded here with bounded steps (see Decoder); never br or zstd.
+            "accept-encoding": "gzip, deflate",
+        }
         if config.api_key is not None:
             headers["authorization"] = f"Bearer {config.api_key.get_secret_value()}"
         self._headers = httpx.Headers(headers)
@@ -141,6 +154,14 @@ class ProviderClient:
         backoff = min(4.0, 0.25 * 2.0 ** (state.attempt_number - 1))
         return max(backoff, retry_after or 0.0)
 
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            stop=stop_after_attempt(self._http.attempts),
+            wait=self._wait,
+            retry=retry_if_exception(self._worth_retrying_now),
+            reraise=True,
+        )
+
     def _worth_retrying_now(self, exc: BaseException) -> bool:
         if not isinstance(exc, TransientProviderError):
             return False
@@ -149,21 +170,15 @@ class ProviderClient:
 
     async def get_json(self, path: str) -> dict[str, Any]:
         """GET ``{base_url}/{path}`` and return its JSON object, retrying transient failures."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._http.attempts),
-            wait=self._wait,
-            retry=retry_if_exception(self._worth_retrying_now),
-            reraise=True,
-        )
-        async for attempt in retrying:
+        async for attempt in self._retrying():
             with attempt:
                 return await self._get_once(path)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _get_once(self, path: str) -> dict[str, Any]:
-        response = await self._request(path, read=True)
+        _, content = await self._request(path, read=True)
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise ProviderError(
                 "answer is not JSON", provider=self.name, path=path, status=200
@@ -174,16 +189,20 @@ class ProviderClient:
             )
         return data
 
-    async def _request(self, path: str, *, read: bool) -> httpx.Response:
-        """One GET, measured; a 200 comes back (its body read when ``read``, else open for
-        streaming), anything else raises, transient or not."""
+    async def _request(self, path: str, *, read: bool) -> tuple[httpx.Response, bytearray]:
+        """One GET, measured; a 200 comes back (its body read, within the cap, when ``read``,
+        else open for streaming), anything else raises, transient or not."""
         started = time.perf_counter()
         status: int | None = None
+        content = bytearray()
         try:
             response = await self._send(path)
             if read:
                 try:
-                    await response.aread()
+                    if response.status_code == 200:
+                        content = await self._read_capped(response, path)
+                    else:
+                        await self._drain(response)
                 finally:
                     await response.aclose()
             status = response.status_code
@@ -199,7 +218,7 @@ class ProviderClient:
             if self._on_request is not None:
                 self._on_request(self.name, status, time.perf_counter() - started)
         if status == 200:
-            return response
+            return response, content
         if not read:
             await response.aclose()
         if status in _RETRY_STATUS:
@@ -212,23 +231,84 @@ class ProviderClient:
             )
         raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
 
+    def _error(self, path: str, message: str) -> ProviderError:
+        return ProviderError(message, provider=self.name, path=path, status=200)
+
+    @property
+    def http(self) -> HttpConfig:
+        """The HTTP settings: timeouts, retries and the caps on what a provider sends."""
+        return self._http
+
+    def too_large(self, path: str, what: str, setting: str, detail: str = "") -> ProviderError:
+        """The permanent error for ``what`` passing the cap ``http.{setting}``."""
+        cap = getattr(self._http, setting)
+        message = f"{what} larger than http.{setting} ({cap} bytes)"
+        return self._error(path, f"{message}: {detail}" if detail else message)
+
+    def _decoder(self, response: httpx.Response, path: str) -> Decoder:
+        value = response.headers.get("content-encoding", "")
+        codings = [c.strip().lower() for c in value.split(",")]
+        codings = [c for c in codings if c not in ("", "identity")]
+        if len(codings) > 1 or (codings and codings[0] not in ENCODINGS):
+            raise self._error(path, f"unsupported Content-Encoding {value[:40]!r}")
+        return Decoder(codings[0] if codings else "", lambda m: self._error(path, m))
+
+    async def _decoded(
+        self, response: httpx.Response, decoder: Decoder, path: str, wire_cap: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The decoded body in pieces of at most 64 KiB; ``wire_cap`` caps the bytes read."""
+        wire = 0
+        async for chunk in raw_stream(response):
+            wire += len(chunk)
+            if wire_cap is not None and wire > wire_cap:
+                raise self.too_large(
+                    path, "answer", "max_response_bytes", "more than that on the wire"
+                )
+            for piece in decoder.feed(chunk):
+                yield piece
+        for piece in decoder.end():
+            yield piece
+
+    async def _read_capped(self, response: httpx.Response, path: str) -> bytearray:
+        """The whole decoded body, refused as soon as it passes ``http.max_response_bytes``:
+        by its Content-Length, on the wire, or after decoding."""
+        cap = self._http.max_response_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise self.too_large(
+                path, "answer", "max_response_bytes", f"Content-Length {int(declared)}"
+            )
+        decoder = self._decoder(response, path)
+        content = bytearray()
+        async for piece in self._decoded(response, decoder, path, wire_cap=cap):
+            if len(content) + len(piece) > cap:
+                raise self.too_large(
+                    path, "answer", "max_response_bytes", f"more after {decoder.name} decoding"
+                )
+            content += piece
+        return content
+
+    @staticmethod
+    async def _drain(response: httpx.Response) -> None:
+        """Read a small error body to its end, so the connection can be reused."""
+        read = 0
+        async for chunk in raw_stream(response):
+            read += len(chunk)
+            if read > PIECE:
+                return
+
     async def stream_bytes(self, path: str) -> AsyncIterator[bytes]:
-        """GET ``{base_url}/{path}`` as a byte stream; opening is retried like :meth:`get_json`,
-        a break mid-stream raises TransientProviderError (the batch job resumes later)."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._http.attempts),
-            wait=self._wait,
-            retry=retry_if_exception(self._worth_retrying_now),
-            reraise=True,
-        )
+        """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;
+        opening is retried like :meth:`get_json`, a break mid-stream raises
+        TransientProviderError (the batch job resumes later)."""
         response: httpx.Response | None = None
-        async for attempt in retrying:
+        async for attempt in self._retrying():
             with attempt:
-                response = await self._request(path, read=False)
+                response, _ = await self._request(path, read=False)
         assert response is not None
         try:
-            async for chunk in response.aiter_bytes():
-                yield chunk
+            async for piece in self._decoded(response, self._decoder(response, path), path):
+                yield piece
         except (httpx.TimeoutException, TimeoutError):
             raise TransientProviderError(
                 "stream timed out", provider=self.name, path=path
@@ -241,18 +321,34 @@ class ProviderClient:
             await response.aclose()
 
     async def stream_lines(self, path: str) -> AsyncIterator[bytes]:
-        """The non-empty lines of a streamed JSONL answer, as bytes, never all in memory."""
-        pending = b""
-        async for chunk in self.stream_bytes(path):
-            pending += chunk
-            if b"\n" not in chunk:
-                continue
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
+        """The non-empty lines of a streamed JSONL answer, as bytes, never all in memory; a
+        line longer than ``http.max_line_bytes`` stops the stream as soon as it is."""
+        cap = self._http.max_line_bytes
+        parts: list[bytes] = []  # the start of a line that has not ended yet
+        size = 0
+        number = 1
+        async for piece in self.stream_bytes(path):
+            start = 0
+            while (end := piece.find(b"\n", start)) != -1:
+                line = piece[start:end]
+                if parts:
+                    line = b"".join((*parts, line))
+                    parts.clear()
+                    size = 0
+                if len(line) > cap:
+                    raise self.too_large(path, f"JSONL line {number}", "max_line_bytes")
                 if line.strip():
                     yield line
-        if pending.strip():
-            yield pending
+                number += 1
+                start = end + 1
+            if start < len(piece):
+                size += len(piece) - start
+                if size > cap:
+                    raise self.too_large(path, f"JSONL line {number}", "max_line_bytes")
+                parts.append(piece[start:] if start else piece)
+        line = b"".join(parts)
+        if line.strip():
+            yield line
 
     async def aclose(self) -> None:
         for transport in self._transports:

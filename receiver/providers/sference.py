@@ -1,8 +1,8 @@
 """The ``sference`` dialect.
 
 Batch results: ``GET /batches/{id}``, then ``GET /batches/{id}/results.jsonl``, one row per
-line: ``custom_id`` (optional: the row index is the key then), ``status``, ``result_json``
-(a chat completion, as an object or a JSON string) and ``error_json``.
+line: ``custom_id`` (optional: the key is then ``{batch_id}/~{line index}``), ``status``,
+``result_json`` (a chat completion, as an object or a JSON string) and ``error_json``.
 """
 
 from __future__ import annotations

@@ -43,7 +43,13 @@ def batch_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_pa
 
 
 def expected_keys(batch) -> set[str]:
-    return {f"{batch.batch_id}/{batch.custom_id(i) or i}" for i in range(batch.n_rows)}
+    """``{batch_id}/{custom_id}``; ``{batch_id}/~{i}`` for a row without one (its line index)."""
+    return {
+        f"{batch.batch_id}/{cid}"
+        if (cid := batch.custom_id(i)) is not None
+        else f"{batch.batch_id}/~{i}"
+        for i in range(batch.n_rows)
+    }
 
 
 async def rows_when_summary(pg_url, pg_table, batch_id):

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from receiver.envelope import chat_output_text, envelope_from_response, response_output_text
+from receiver.envelope import (
+    BatchRow,
+    chat_output_text,
+    envelope_from_response,
+    envelope_from_row,
+    response_output_text,
+    row_key,
+)
 from receiver.simulator import make_response
 
 
@@ -87,3 +94,33 @@ def test_chat_completion_text() -> None:
     assert chat_output_text({"choices": [{"message": {"content": "hi"}}]}) == "hi"
     assert chat_output_text({"choices": []}) is None
     assert chat_output_text({}) is None
+
+
+def row(custom_id, index: int):
+    return envelope_from_row(
+        BatchRow(index, custom_id, "completed", body=make_response(f"resp_{index}")),
+        provider="p",
+        batch_id="batch_1",
+        received_at="2026-01-01T00:00:00.000Z",
+        event_id=None,
+    )
+
+
+def test_row_keys_are_one_to_one_with_custom_id_or_index() -> None:
+    """Index-keyed rows are ``~{i}``; a custom_id starting with ``~`` gets one more, so no
+    custom_id can take an index row's key (before: index 3 and custom_id "3" were both
+    ``batch_1/3`` and one overwrote the other in every upserting sink)."""
+    cases = [
+        (None, 3, "batch_1/~3"),
+        ("3", 7, "batch_1/3"),
+        ("~3", 8, "batch_1/~~3"),
+        ("~~3", 9, "batch_1/~~~3"),
+        (None, 0, "batch_1/~0"),
+        ("0", 1, "batch_1/0"),
+        ("a~b", 2, "batch_1/a~b"),
+    ]
+    for custom_id, index, key in cases:
+        e = row(custom_id, index)
+        assert e.key == key == row_key("batch_1", custom_id, index)
+        assert e.custom_id == custom_id and e.batch_id == "batch_1"
+    assert len({row(c, i).key for c, i, _ in cases}) == len(cases)

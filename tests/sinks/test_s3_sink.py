@@ -307,3 +307,70 @@ def test_config_defaults() -> None:
     assert config.prefix == ""
     assert config.multipart_threshold_bytes == config.multipart_part_bytes == 8 * MIB
     assert config.access_key_id is None and config.create_bucket is False
+
+
+HOSTILE = {
+    "../../x": "..%2F..%2Fx",
+    "a/b": "a%2Fb",
+    "a b": "a%20b",
+    "line\nbreak\r": "line%0Abreak%0D",
+    "nul\x00tab\t": "nul%00tab%09",
+    "é/ü": "%C3%A9%2F%C3%BC",
+    "%41": "%2541",
+    "A": "A",
+    "..": "..",
+    "": "",
+    "3": "3",
+    "~3": "~~3",
+    None: "~3",  # a row without custom_id: its index, 3
+    "x" * 600: None,  # over 200 bytes encoded: cut and hashed
+    "x" * 600 + "y": None,
+}
+
+
+async def test_claim_keys_of_hostile_custom_ids_are_safe_and_distinct(
+    make_sink: MakeSink, s3: Any, bucket: str
+) -> None:
+    """A custom_id is provider data: percent-encoded into one segment of the claim key, so
+    it cannot climb out of the batch's folder, split the key, or meet another row's key."""
+    sink = await make_sink()
+    envs = []
+    for custom_id in HOSTILE:
+        body = make_response(f"resp_{len(envs)}", text=repr(custom_id))
+        row = BatchRow(index=3, custom_id=custom_id, status="completed", body=body)
+        envs.append(
+            envelope_from_row(
+                row, provider="sim", batch_id="batch_9", received_at=RECEIVED, event_id=None
+            )
+        )
+    keys = [sink.claim_key(e) for e in envs]
+    assert keys == [sink.claim_key(e) for e in envs]  # deterministic
+    assert len(set(keys)) == len(keys)  # collision-free
+    folder = "nopoll/sim/bodies/batch_9/"
+    for key, (custom_id, segment) in zip(keys, HOSTILE.items(), strict=True):
+        assert key.startswith(folder) and key.endswith(".json"), key
+        name = key[len(folder) : -len(".json")]
+        assert "/" not in name and name.isascii() and name.isprintable(), key
+        assert len(key.encode()) <= 1024
+        if segment is not None:
+            assert name == segment, (custom_id, name)
+        else:
+            assert len(name) == 120 + 1 + 64 and name[120] == "!"
+    for env in envs:
+        url = await sink.put_claim(env)
+        assert json.loads(get(s3, bucket, url.removeprefix(f"s3://{bucket}/"))) == env.body
+    assert keys_under(s3, bucket) == sorted(keys)
+
+
+async def test_unsafe_ids_never_shape_a_key(make_sink: MakeSink) -> None:
+    sink = await make_sink()
+    env = response_env(1)
+    env.response_id = env.key = "../../etc"
+    for call in (
+        lambda: sink.object_key(env),
+        lambda: sink.claim_key(env),
+        lambda: sink.part_key("sim", "../b", 0),
+        lambda: sink.manifest_key("sim", "a/b"),
+    ):
+        with pytest.raises(SinkError, match="unsafe id"):
+            call()
