@@ -2,7 +2,9 @@
 
 A callback gets a 2xx only once its job is durably in Redis; anything else tells the
 provider to retry. Status codes are DESIGN.md's table; every 4xx body says why, and
-nothing a client sends can produce a 500.
+nothing a client sends can produce a 500. How the request itself is read (repeated
+headers, early answers, the body deadline) is :mod:`receiver.wire`. While Redis is down
+callbacks answer 503; that is logged once when it starts and once when it ends.
 
 The webhook route is the hot path, so it is a plain ASGI endpoint (:class:`WebhookEndpoint`)
 in front of the Starlette app: no per-request Request object, routing table or middleware
@@ -11,6 +13,7 @@ stack, about a third of the server's CPU per callback. Everything else is Starle
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -21,6 +24,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -40,7 +44,9 @@ from receiver.queue import (
     batch_job_id,
     response_job_id,
 )
+from receiver.redis_link import RedisLink
 from receiver.verify import Verifier
+from receiver.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
 
@@ -52,15 +58,7 @@ RESPONSE_EVENTS = frozenset(
 BATCH_EVENTS = frozenset({"batch.completed", "batch.failed", "batch.cancelled", "batch.expired"})
 _WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,256}")
 _PREFIX = "/webhooks/"
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-_WANTED = {b"webhook-id", b"webhook-timestamp", b"webhook-signature", b"content-length"}
-
-
-class _Reply(Exception):
-    """Ends a request early with a status and a JSON body."""
-
-    def __init__(self, status: int, payload: dict[str, Any], outcome: str | None = None) -> None:
-        self.status, self.payload, self.outcome = status, payload, outcome or str(status)
+_CONTENT_TYPE = (b"content-type", b"application/json")
 
 
 class WebhookEndpoint:
@@ -73,58 +71,63 @@ class WebhookEndpoint:
         }
         self._enqueuer = enqueuer
         self._max_body = settings.max_body_bytes
+        self._too_large = f"body is larger than {settings.max_body_bytes} bytes"
+        self._deadlines = ReadDeadlines(settings.api.body_timeout_s)
         self._callbacks = metrics.callbacks
         self._verify_seconds = metrics.verify_seconds
         self._enqueue_seconds = metrics.enqueue_seconds
         self._accepted = {p: metrics.callbacks.labels(p, "accepted") for p in self._verifiers}
+        self._link = RedisLink("api")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         provider = scope["path"][len(_PREFIX) :]
         try:
             status, payload = await self._handle(provider, scope, receive)
-        except _Reply as reply:
+        except Reply as reply:
             label = provider if provider in self._verifiers else "unknown"
             self._callbacks.labels(label, reply.outcome).inc()
+            if reply.then is not Then.KEEP_ALIVE:
+                await answer_and_close(reply, receive, send)
+                return
             status, payload = reply.status, reply.payload
-        await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS})
-        await send({"type": "http.response.body", "body": orjson.dumps(payload)})
+        body = orjson.dumps(payload)
+        headers = [_CONTENT_TYPE, (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _handle(
         self, provider: str, scope: Scope, receive: Receive
     ) -> tuple[int, dict[str, Any]]:
         verifier = self._verifiers.get(provider)
         if verifier is None:
-            raise _Reply(404, {"error": "unknown provider"})
-        headers: dict[str, str] = {}
-        for name, value in scope["headers"]:
-            if name in _WANTED and name not in headers:
-                headers[name.decode("latin-1")] = value.decode("latin-1")
-        body = await self._read_body(headers.get("content-length"), receive)
+            raise Reply(404, {"error": "unknown provider"}, then=Then.DRAIN_AND_CLOSE)
+        headers, declared = callback_headers(scope["headers"])
+        body = await self._read_body(declared, receive)
 
         started = time.perf_counter()
         try:
             webhook_id = verifier.verify(headers, body)
         except VerificationError as exc:
-            raise _Reply(401, {"error": str(exc)}) from None
+            raise Reply(401, {"error": str(exc)}) from None
         finally:
             self._verify_seconds.observe(time.perf_counter() - started)
         if not _WEBHOOK_ID.fullmatch(webhook_id):
-            raise _Reply(400, {"error": "webhook-id must be 1-256 printable ASCII characters"})
+            raise Reply(400, {"error": "webhook-id must be 1-256 printable ASCII characters"})
 
         try:
             event = orjson.loads(body)  # orjson rejects invalid UTF-8
         except orjson.JSONDecodeError:
-            raise _Reply(400, {"error": "body is not UTF-8 JSON"}) from None
+            raise Reply(400, {"error": "body is not UTF-8 JSON"}) from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise _Reply(400, {"error": "body must be a JSON object with a string 'type'"})
+            raise Reply(400, {"error": "body must be a JSON object with a string 'type'"})
         event_type = event["type"]
         if event_type not in RESPONSE_EVENTS and event_type not in BATCH_EVENTS:
             reason = f"event type {event_type!r} is not handled"
-            raise _Reply(202, {"status": "ignored", "reason": reason}, "ignored")
+            raise Reply(202, {"status": "ignored", "reason": reason}, "ignored")
         data = event.get("data")
         object_id = data.get("id") if isinstance(data, dict) else None
         if not safe_id(object_id):
-            raise _Reply(400, {"error": "data.id must match [A-Za-z0-9_.:-]{1,256}"})
+            raise Reply(400, {"error": "data.id must match [A-Za-z0-9_.:-]{1,256}"})
         assert isinstance(object_id, str)
 
         job = _job(provider, webhook_id, event_type, object_id)
@@ -132,36 +135,54 @@ class WebhookEndpoint:
         try:
             outcome = await self._enqueuer.enqueue(job)
         except (RedisError, OSError) as exc:
-            log.warning("enqueue failed, answering 503: %s", type(exc).__name__)
-            raise _Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
+            self._link.lost(exc)  # logged once per outage, not once per callback
+            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
         except Exception:  # a bug of ours must not look like the client's fault, nor lose it
             log.exception("enqueue failed unexpectedly, answering 503")
-            raise _Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
+            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
         self._enqueue_seconds.observe(time.perf_counter() - started)
+        if not self._link.up:
+            self._link.back()
         if outcome is EnqueueOutcome.DUPLICATE:
-            raise _Reply(200, {"status": "duplicate"}, "duplicate")
+            raise Reply(200, {"status": "duplicate"}, "duplicate")
         self._accepted[provider].inc()
         status = "queued" if outcome is EnqueueOutcome.ENQUEUED else "already_queued"
         return 202, {"status": status, "id": object_id}
 
-    async def _read_body(self, declared: str | None, receive: Receive) -> bytes:
+    async def _read_body(self, declared: bytes | None, receive: Receive) -> bytes:
         limit = self._max_body
-        too_large = _Reply(413, {"error": f"body is larger than {limit} bytes"})
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_large
+            raise Reply(413, {"error": self._too_large}, then=Then.DRAIN_AND_CLOSE)
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Reply(400, {"error": "client disconnected before sending the whole body"})
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        task = asyncio.current_task()
+        assert task is not None
+        self._deadlines.start(task)
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    reason = "client disconnected before sending the whole body"
+                    raise Reply(400, {"error": reason})
+                chunk: bytes = message.get("body", b"")
+                more: bool = message.get("more_body", False)
+                size += len(chunk)
+                if size > limit:
+                    then = Then.DRAIN_AND_CLOSE if more else Then.KEEP_ALIVE
+                    raise Reply(413, {"error": self._too_large}, then=then)
+                if not more:
+                    if not chunks:
+                        return chunk
+                    chunks.append(chunk)
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        except asyncio.CancelledError:
+            if not self._deadlines.expired(task):
+                raise
+            reason = f"body did not arrive whole within {self._deadlines.timeout_s:g} s"
+            raise Reply(408, {"error": reason}, then=Then.CLOSE) from None
+        finally:
+            self._deadlines.stop(task)
 
 
 def _job(provider: str, webhook_id: str, event_type: str, object_id: str) -> CallbackJob:
@@ -280,6 +301,12 @@ def create_app(
             metrics.set_queue_depths(None)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own 404 and 405 (a path or method nopoll does not serve), as JSON."""
+        assert isinstance(exc, HTTPException)
+        payload = orjson.dumps({"error": exc.detail})
+        return Response(payload, exc.status_code, exc.headers, media_type="application/json")
+
     routes = [
         # POSTs never reach this route (see _Dispatch); other methods get Starlette's 405.
         Route("/webhooks/{provider}", not_post, methods=["POST"]),
@@ -287,5 +314,7 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    starlette = Starlette(routes=routes, lifespan=lifespan)
+    starlette = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
     return _Dispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette)
