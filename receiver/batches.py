@@ -1,17 +1,23 @@
 """The batch pipeline: provider rows → envelopes → chunks → every sink, resumable.
 
 One job per batch (on its own arq queue, so its long timeout does not stretch the lock of
-short response jobs). Rows stream in numbered chunks (default 1,000 rows); each sink has
-its own small queue and writer task, so a slow sink holds up only its own queue. Every
-chunk a sink commits is recorded in Redis (``nopoll:batch:<provider>:<id>``); a worker
-killed mid-batch resumes after the last chunk every sink committed, and rewrites are
-idempotent. A sink that keeps failing on a chunk hands that chunk to its own ``deliver``
-job (retried alone, then dead-lettered) and goes on with the next. The ``batch`` summary
-reaches a sink after all of that sink's rows: written by the batch job, or by the last of
-the sink's handed-off deliveries.
+short response jobs). Rows stream in numbered chunks (``batch.chunk_size`` rows, fixed by
+the batch's first run); each sink has its own small queue and writer task, so a slow sink
+holds up only its own queue. Every chunk a sink commits is recorded in the batch's
+:class:`~receiver.batch_state.BatchState`; a worker killed mid-batch resumes after the last
+chunk every sink committed, and rewrites are idempotent. A sink that keeps failing on a
+chunk hands that chunk to its own ``deliver`` job (retried alone, then dead-lettered) and
+goes on with the next. The ``batch`` summary reaches a sink after all of that sink's rows.
+
+A batch that is not terminal yet (``finalizing`` with no output file, ``in_progress``) is
+never summarized: the run stops with :class:`~receiver.exceptions.ResultNotReady` and
+the job is retried later.
 
 The job's in-progress lock is a lease renewed while the job runs, so a killed worker's
-batch is picked up again within ``batch.lease_s``, not after the whole job timeout.
+batch is picked up again within ``batch.lease_s``, not after the whole job timeout. A run
+that cannot renew its lease (Redis unreachable for most of ``lease_s``, or the lease
+taken over) stops before the lease can pass to another worker: two runs of one batch
+never overlap.
 """
 
 from __future__ import annotations
@@ -20,33 +26,42 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import orjson
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix
+from redis.exceptions import RedisError
 
+from receiver.batch_state import BatchState, batch_state_key
+from receiver.batch_writer import DONE, SinkWriter
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
+from receiver.exceptions import NopollError, ResultNotReady
 from receiver.fanout import FanOut
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
-from receiver.queue import JOBS_QUEUE
+from receiver.status import TERMINAL_BATCH, unfinished_status
 
-__all__ = ["BatchOutcome", "BatchRunner", "batch_state_key", "claim_summary"]
+__all__ = ["BatchOutcome", "BatchRunner", "Lease", "LeaseLost", "batch_state_key"]
 
 log = logging.getLogger("nopoll.batches")
-_DONE = object()
 
 
-def batch_state_key(provider: str, batch_id: str) -> str:
-    """The Redis hash holding one batch's progress, hand-offs and pending summaries."""
-    return f"nopoll:batch:{provider}:{batch_id}"
+class Lease(Protocol):
+    """The batch job's hold on its in-progress lock (see :mod:`receiver.arq_worker`)."""
+
+    lost: bool
+
+    async def renew(self, ttl_ms: int) -> bool:
+        """Extend the lock to ``ttl_ms`` from now; False when it is no longer ours."""
+        ...
+
+
+class LeaseLost(NopollError):
+    """The batch run could not keep its lease; it stopped so that no second run overlaps."""
 
 
 @dataclass
@@ -67,58 +82,7 @@ class _Context:
     event_id: str | None
     received_at: str
     tenant: str
-    state_key: str
-
-
-class _SinkWriter:
-    """One sink's share of a batch: its own queue, in order, retried, then handed off."""
-
-    def __init__(self, runner: BatchRunner, name: str, committed: int, state_key: str) -> None:
-        self.runner = runner
-        self.name = name
-        self.committed = committed
-        self.state_key = state_key
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(
-            maxsize=runner.settings.batch.sink_queue_chunks
-        )
-        self.handed_off = 0
-
-    async def run(self) -> None:
-        while True:
-            item = await self.queue.get()
-            if item is _DONE:
-                return
-            number, envelopes = item
-            if number <= self.committed:
-                continue
-            if envelopes:
-                await self._write(number, envelopes)
-            await self.runner.redis.hset(self.state_key, f"c:{self.name}", number)  # type: ignore[misc]
-            self.committed = number
-
-    async def _write(self, number: int, envelopes: list[Envelope]) -> None:
-        sink = self.runner.fanout.sinks[self.name]
-        attempts = self.runner.settings.batch.sink_attempts
-        retry = self.runner.settings.sink_retry
-        for attempt in range(1, attempts + 1):
-            try:
-                await sink.write_part(number, envelopes)
-                return
-            except Exception as exc:
-                if attempt == attempts:
-                    log.warning(
-                        "sink %s failed chunk %d of %s %d times (%s); retrying it on its own",
-                        self.name,
-                        number,
-                        self.state_key,
-                        attempts,
-                        exc,
-                    )
-                    break
-                await asyncio.sleep(min(retry.delay(attempt), 5.0))
-        self.handed_off += 1
-        await self.runner.redis.hincrby(self.state_key, f"h:{self.name}", 1)  # type: ignore[misc]
-        await self.runner.enqueue_delivery(self.name, envelopes, self.state_key, part=number)
+    state: BatchState
 
 
 class BatchRunner:
@@ -139,27 +103,36 @@ class BatchRunner:
         self.dead_letters = dead_letters
         self.metrics = metrics
 
-    async def enqueue_delivery(
-        self, sink: str, envelopes: list[Envelope], state_key: str | None, part: int | None = None
-    ) -> None:
-        """Queue a ``deliver`` job for one sink (retried on its own, then dead-lettered)."""
-        await self.redis.enqueue_job(
-            "deliver",
-            sink=sink,
-            envelopes=[e.to_dict() for e in envelopes],
-            batch_state=state_key,
-            part=part,
-            _job_id=f"deliver:{sink}:{uuid.uuid4().hex}",
-            _queue_name=JOBS_QUEUE,
-            _defer_by=self.settings.sink_retry.delay(1),
-            _job_try=2,
+    def state(self, provider: str, batch_id: str) -> BatchState:
+        return BatchState.of(
+            self.redis,
+            provider,
+            batch_id,
+            ttl_s=self.settings.dedupe_ttl_s,
+            job_expiry_ms=self.settings.job_expiry_s * 1000,
         )
 
-    async def _renew_lease(self, job_id: str) -> None:
-        lease_ms = int(self.settings.batch.lease_s * 1000)
+    async def _hold(self, lease: Lease) -> None:
+        """Renew the lease every third of ``batch.lease_s``; return (which stops the run)
+        when it is taken over, or when it could not be renewed for 80% of ``lease_s``
+        (before it can expire and pass to another worker)."""
+        lease_s = self.settings.batch.lease_s
+        ttl_ms = int(lease_s * 1000)
+        last_ok = time.monotonic()
         while True:
-            await self.redis.pexpire(in_progress_key_prefix + job_id, lease_ms)
-            await asyncio.sleep(self.settings.batch.lease_s / 3)
+            try:
+                if not await lease.renew(ttl_ms):
+                    lease.lost = True
+                    log.warning("batch lease taken over by another run")
+                    return
+                last_ok = time.monotonic()
+                await asyncio.sleep(lease_s / 3)
+            except (RedisError, OSError) as exc:
+                if time.monotonic() - last_ok > 0.8 * lease_s:
+                    lease.lost = True
+                    log.warning("batch lease not renewed for %.0f s (%s)", lease_s * 0.8, exc)
+                    return
+                await asyncio.sleep(min(1.0, lease_s / 10))
 
     async def run(
         self,
@@ -170,34 +143,63 @@ class BatchRunner:
         event_id: str | None,
         received_at: str,
         tenant: str = "default",
-        job_id: str | None = None,
+        lease: Lease | None = None,
         force: bool = False,
         on_progress: Callable[[int], None] | None = None,
     ) -> BatchOutcome:
         """Deliver every row of the batch, then its summary, to every routed sink."""
-        key = batch_state_key(provider, batch_id)
-        raw_state = await self.redis.hgetall(key)  # type: ignore[misc]
-        state = {k.decode(): v.decode() for k, v in raw_state.items()}
+        if lease is None:
+            return await self._run(
+                dialect, provider, batch_id, event_id, received_at, tenant, force, on_progress
+            )
+        work = asyncio.create_task(
+            self._run(
+                dialect, provider, batch_id, event_id, received_at, tenant, force, on_progress
+            )
+        )
+        holder = asyncio.create_task(self._hold(lease))
+        try:
+            await asyncio.wait([work, holder], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            holder.cancel()
+            if not work.done():
+                work.cancel()
+            await asyncio.gather(holder, work, return_exceptions=True)
+        if work.cancelled():  # the holder returned first: the lease is lost
+            raise LeaseLost("lease lost")
+        return work.result()
+
+    async def _run(
+        self,
+        dialect: Dialect,
+        provider: str,
+        batch_id: str,
+        event_id: str | None,
+        received_at: str,
+        tenant: str,
+        force: bool,
+        on_progress: Callable[[int], None] | None,
+    ) -> BatchOutcome:
+        state = self.state(provider, batch_id)
+        sinks = list(self.fanout.sinks)
         outcome = BatchOutcome()
-        if state.get("done") and not force:
+        if force:
+            await state.reset(sinks)
+        progress = await state.load(sinks)
+        if progress.done:
             outcome.already_done = True
             return outcome
-        if force:
-            await self.redis.delete(key)
-            state = {}
-        sinks = list(self.fanout.sinks)
-        committed = {s: int(state.get(f"c:{s}", -1)) for s in sinks}
+        chunk_size = await state.begin(self.settings.batch.chunk_size)
         fetch = BatchFetch(
             batch_id=batch_id,
-            chunk_size=self.settings.batch.chunk_size,
-            skip_before=min(committed.values(), default=-1) + 1,
+            chunk_size=chunk_size,
+            skip_before=min(progress.committed.values(), default=-1) + 1,
         )
         outcome.chunks_skipped = fetch.skip_before
-        writers = {s: _SinkWriter(self, s, committed[s], key) for s in sinks}
+        writers = {s: SinkWriter(self, s, progress.committed[s], state) for s in sinks}
         tasks = [asyncio.create_task(w.run(), name=f"batch-sink-{s}") for s, w in writers.items()]
-        lease = asyncio.create_task(self._renew_lease(job_id)) if job_id else None
         started = time.monotonic()
-        context = _Context(provider, batch_id, event_id, received_at, tenant, key)
+        context = _Context(provider, batch_id, event_id, received_at, tenant, state)
         try:
             try:
                 await self._produce(dialect, fetch, context, writers, tasks, outcome, on_progress)
@@ -211,10 +213,6 @@ class BatchRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if lease is not None:
-                lease.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await lease
 
         summary = batch_summary_envelope(
             fetch.batch,
@@ -222,13 +220,13 @@ class BatchRunner:
             batch_id=batch_id,
             received_at=received_at,
             event_id=event_id,
-            counts=await self._all_counts(key, outcome),
+            counts=dict(await state.counts() or outcome.by_status),
             tenant=tenant,
         )
-        await self._deliver_summary(key, summary)
+        for name in self.fanout.route([summary]):
+            await self._deliver_summary(state, name, summary)
         outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
-        await self.redis.hset(key, "done", "1")  # type: ignore[misc]
-        await self.redis.expire(key, self.settings.dedupe_ttl_s)
+        await state.finish()
         log.info(
             "batch %s/%s: %d rows delivered in %.1fs %s",
             provider,
@@ -244,7 +242,7 @@ class BatchRunner:
         dialect: Dialect,
         fetch: BatchFetch,
         ctx: _Context,
-        writers: dict[str, _SinkWriter],
+        writers: dict[str, SinkWriter],
         tasks: list[asyncio.Task[None]],
         outcome: BatchOutcome,
         on_progress: Callable[[int], None] | None,
@@ -252,6 +250,7 @@ class BatchRunner:
         rows_metric = self.metrics.batch_rows.labels(ctx.provider)
         started = last_log = time.monotonic()
         async for number, rows in dialect.batch_chunks(fetch):
+            self._check_finished(fetch, ctx, partial=True)
             fetched_at = now_rfc3339()
             envelopes = [
                 envelope_from_row(
@@ -269,9 +268,7 @@ class BatchRunner:
             chunk_counts = Counter(e.status for e in envelopes)
             outcome.by_status.update(chunk_counts)
             # Per-chunk counts survive a restart, so the summary also counts skipped chunks.
-            await self.redis.hset(  # type: ignore[misc]
-                ctx.state_key, f"k:{number}", orjson.dumps(chunk_counts).decode()
-            )
+            await ctx.state.record_counts(number, chunk_counts)
             rows_metric.inc(len(envelopes))
             shares = self.fanout.route(envelopes)
             for name, writer in writers.items():
@@ -289,46 +286,39 @@ class BatchRunner:
                     outcome.rows,
                     rate,
                 )
+        self._check_finished(fetch, ctx, partial=False)
 
-    async def _all_counts(self, key: str, outcome: BatchOutcome) -> dict[str, int]:
-        """Rows by status over every chunk of the batch, this run's and earlier runs'."""
-        raw = await self.redis.hgetall(key)  # type: ignore[misc]
-        total: Counter[str] = Counter()
-        for name, value in raw.items():
-            if name.startswith(b"k:"):
-                total.update(orjson.loads(value))
-        return dict(total) if total else dict(outcome.by_status)
+    def _check_finished(self, fetch: BatchFetch, ctx: _Context, *, partial: bool) -> None:
+        """A batch that is not terminal yet is retried later, never summarized. While the
+        object is still streaming (Sail's inline results) an absent status is no verdict."""
+        if partial and "status" not in fetch.batch:
+            return
+        status = unfinished_status(fetch.batch, TERMINAL_BATCH)
+        if status is not None:
+            raise ResultNotReady(
+                provider=ctx.provider, path=f"batches/{ctx.batch_id}", status=status
+            )
 
-    async def _drain(
-        self, writers: dict[str, _SinkWriter], tasks: list[asyncio.Task[None]]
-    ) -> None:
+    async def _deliver_summary(self, state: BatchState, sink: str, summary: Envelope) -> None:
+        """Write the summary now when every row of the sink is in (only this run adds
+        pending chunks, so the check cannot go stale); else park it until the last pending
+        chunk settles. A failed write parks it too, as a delivery of its own. A worker
+        killed before this point runs the batch again: every chunk is skipped and the
+        summary comes here again."""
+        if await state.pending(sink) == 0:
+            try:
+                await self.fanout.sinks[sink].write([summary])
+                return
+            except Exception as exc:
+                log.warning(
+                    "sink %s failed the batch summary (%s); retrying it on its own", sink, exc
+                )
+        await state.park_summary(sink, summary.to_dict())
+
+    async def _drain(self, writers: dict[str, SinkWriter], tasks: list[asyncio.Task[None]]) -> None:
         for writer in writers.values():
-            await _put(writer.queue, _DONE, tasks)
+            await _put(writer.queue, DONE, tasks)
         await asyncio.gather(*tasks)
-
-    async def _deliver_summary(self, key: str, summary: Envelope) -> None:
-        for name in self.fanout.route([summary]):
-            # Park the summary; whoever sees the sink's hand-off count at zero writes it.
-            await self.redis.hset(key, f"s:{name}", orjson.dumps(summary.to_dict()).decode())  # type: ignore[misc]
-            pending = int(await self.redis.hget(key, f"h:{name}") or 0)  # type: ignore[misc]
-            if pending <= 0:
-                await claim_summary(self, key, name)
-
-
-async def claim_summary(runner: BatchRunner, key: str, sink: str) -> None:
-    """Write a parked summary to ``sink`` once (GET+DEL in one transaction claims it)."""
-    async with runner.redis.pipeline(transaction=True) as pipe:
-        pipe.hget(key, f"s:{sink}")
-        pipe.hdel(key, f"s:{sink}")
-        raw, _ = await pipe.execute()
-    if raw is None:
-        return
-    summary = Envelope.from_dict(orjson.loads(raw))
-    try:
-        await runner.fanout.sinks[sink].write([summary])
-    except Exception as exc:
-        log.warning("sink %s failed the batch summary (%s); retrying it on its own", sink, exc)
-        await runner.enqueue_delivery(sink, [summary], None)
 
 
 async def _put(queue: asyncio.Queue[Any], item: Any, tasks: list[asyncio.Task[None]]) -> None:

@@ -3,11 +3,14 @@
 A dead letter holds everything needed to redo the work: the arq function and its
 arguments (a fetch, or a sink delivery with its envelopes), the keys it concerns, how
 many attempts it took and the last error. ``nopoll dlq list`` shows them,
-``nopoll dlq replay`` queues them again (and forgets them once queued).
+``nopoll dlq replay`` queues each one again on the queue of its own function (a batch
+fetch on the batch queue) and forgets it in the same atomic step, so a letter is either
+still kept or its job is durably queued, never neither.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -16,12 +19,24 @@ from typing import Any
 import orjson
 from arq.connections import ArqRedis
 
-from receiver.queue import JOBS_QUEUE
+from receiver.queue import PUT_JOB_LUA, QueuedJob
 
 __all__ = ["DeadLetter", "DeadLetters"]
 
+log = logging.getLogger("nopoll.dlq")
+
 _DATA = "nopoll:dlq"
 _INDEX = "nopoll:dlq:index"
+_REPLAY_LUA = (
+    PUT_JOB_LUA
+    + """
+put_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+redis.call('HDEL', KEYS[4], ARGV[5])
+redis.call('ZREM', KEYS[5], ARGV[5])
+return 1
+"""
+)
+_REPLAY_EXPIRY_MS = 7 * 86_400 * 1000
 
 
 @dataclass(slots=True)
@@ -88,19 +103,26 @@ class DeadLetters:
         ]
 
     async def replay(self, letters: list[DeadLetter]) -> int:
-        """Queue each dead letter's work again (from try 1) and forget it; returns how many."""
+        """Queue each dead letter's work again (from try 1) on its function's queue and forget
+        it in the same atomic step; returns how many. A letter whose work is gone (a delivery
+        whose payload expired) is kept and listed, never queued where nothing would run it."""
         done = 0
         for letter in letters:
-            await self._redis.enqueue_job(
-                letter.function,
-                _job_id=f"replay:{letter.id}",
-                _queue_name=JOBS_QUEUE,
-                **letter.kwargs,
+            job = QueuedJob(letter.function, f"replay:{letter.id}", letter.kwargs)
+            try:
+                job.queue  # noqa: B018 - a function nothing runs must not be queued
+            except ValueError:
+                log.warning("dead letter %s cannot be replayed: %s", letter.id, letter.error)
+                continue
+            await self._redis.eval(  # type: ignore[misc]
+                _REPLAY_LUA,
+                5,
+                *job.keys(),
+                _DATA,
+                _INDEX,
+                *job.args(_REPLAY_EXPIRY_MS),
+                letter.id,
             )
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hdel(_DATA, letter.id)
-                pipe.zrem(_INDEX, letter.id)
-                await pipe.execute()
             done += 1
         return done
 

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from arq.connections import ArqRedis
 from arq.constants import job_key_prefix, result_key_prefix
+from arq.jobs import serialize_job
 from redis import __version__ as redis_version
 from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -36,15 +37,22 @@ except ImportError:  # pragma: no cover - arq installs redis[hiredis]
 
 __all__ = [
     "BATCHES_QUEUE",
+    "DELIVER",
+    "FETCH_BATCH",
+    "FETCH_RESPONSE",
     "HEALTH_CHECK_KEY",
     "JOBS_QUEUE",
+    "PUT_JOB_LUA",
     "CallbackJob",
     "EnqueueOutcome",
     "Enqueuer",
+    "QueuedJob",
     "arq_pool",
     "batch_job_id",
     "job_deserializer",
     "job_serializer",
+    "put_job",
+    "queue_for",
     "redis_client",
     "response_job_id",
 ]
@@ -56,6 +64,35 @@ HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
 BATCHES_QUEUE = "nopoll:batches"
 """Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
 SEEN_PREFIX = "nopoll:seen:"
+
+FETCH_RESPONSE = "fetch_response"
+"""Job: fetch one finished response and fan it out."""
+FETCH_BATCH = "fetch_batch"
+"""Job: stream a finished batch's rows into the sinks."""
+DELIVER = "deliver"
+"""Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
+_QUEUE_OF = {FETCH_RESPONSE: JOBS_QUEUE, DELIVER: JOBS_QUEUE, FETCH_BATCH: BATCHES_QUEUE}
+
+
+def queue_for(function: str) -> str:
+    """The queue whose workers run ``function`` (a job on another queue would never run)."""
+    try:
+        return _QUEUE_OF[function]
+    except KeyError:
+        raise ValueError(f"unknown job function {function!r}") from None
+
+
+PUT_JOB_LUA = """
+local function put_job(job_key, result_key, queue, payload, expiry_ms, score, job_id)
+  if redis.call('EXISTS', job_key, result_key) > 0 then return 0 end
+  redis.call('SET', job_key, payload, 'PX', expiry_ms)
+  redis.call('ZADD', queue, score, job_id)
+  return 1
+end
+"""
+"""A Lua function other scripts include: arq's ``enqueue_job`` (skip when a job or result
+with that id exists, else the job key and its score), so a job can be queued in the same
+atomic step as the state change that asks for it."""
 
 _ENQUEUE_LUA = """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
@@ -97,6 +134,43 @@ class CallbackJob:
     job_id: str
     kwargs: dict[str, Any]
     queue: str = JOBS_QUEUE
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job to put on its function's queue, in arq's own format (arq's ``serialize_job``)."""
+
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    defer_s: float = 0.0
+    job_try: int | None = None
+
+    @property
+    def queue(self) -> str:
+        return queue_for(self.function)
+
+    def keys(self) -> list[str]:
+        """KEYS for :data:`PUT_JOB_LUA`'s ``put_job``: job key, result key, queue."""
+        return [job_key_prefix + self.job_id, result_key_prefix + self.job_id, self.queue]
+
+    def args(self, expiry_ms: int) -> list[Any]:
+        """ARGV for ``put_job``: payload, expiry, score, job id."""
+        now_ms = int(time.time() * 1000)
+        payload = serialize_job(
+            self.function, (), self.kwargs, self.job_try, now_ms, serializer=job_serializer
+        )
+        return [payload, expiry_ms, now_ms + int(self.defer_s * 1000), self.job_id]
+
+
+_PUT_ONE = (
+    PUT_JOB_LUA + "return put_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])"
+)
+
+
+async def put_job(redis: Redis, job: QueuedJob, *, expiry_ms: int) -> bool:
+    """Queue ``job`` on its function's queue unless a job with its id exists; True if queued."""
+    return bool(await redis.eval(_PUT_ONE, 3, *job.keys(), *job.args(expiry_ms)))  # type: ignore[misc]
 
 
 def response_job_id(provider: str, response_id: str) -> str:
@@ -189,8 +263,8 @@ class Enqueuer:
         now = str(now_ms)
         commands = []
         for job, _ in batch:
-            payload = job_serializer(
-                {"t": 1, "f": job.function, "a": [], "k": job.kwargs, "et": now_ms}
+            payload = serialize_job(
+                job.function, (), job.kwargs, 1, now_ms, serializer=job_serializer
             )
             commands.append(
                 (

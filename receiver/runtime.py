@@ -3,6 +3,11 @@
 On SIGTERM or SIGINT the API stops accepting and finishes in-flight requests, the
 worker stops picking jobs, waits up to ``worker.shutdown_wait_s`` for running ones and
 cancels the rest (arq runs a cancelled job again later), then everything is closed.
+
+Redis going away ends nothing: the API answers 503 and the workers wait for it
+(:mod:`receiver.redis_link`). Once Redis first answers, its settings are checked: a
+``maxmemory-policy`` that may evict queued jobs stops the process with exit status 2
+(unless ``redis_policy_check: warn``); no persistence is a warning.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from receiver.app import create_app
 from receiver.arq_worker import build_workers
 from receiver.config import Settings
 from receiver.embedded import EmbeddedRedis
+from receiver.exceptions import ConfigError
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue import HEALTH_CHECK_KEY, redis_client
+from receiver.redis_link import RedisLink, redis_settings_problems
 
 __all__ = ["redis_url_for", "run"]
 
@@ -109,6 +116,8 @@ async def _run(
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=10,
+            # beyond this many connections uvicorn answers 503: the provider retries later
+            limit_concurrency=settings.api.limit_concurrency,
         )
         servers.append(_Server(config))
         tasks.append(asyncio.create_task(servers[-1].serve(), name="api"))
@@ -124,8 +133,11 @@ async def _run(
         servers.append(_Server(probe))
         tasks.append(asyncio.create_task(servers[-1].serve(), name="worker health"))
 
+    refused: list[str] = []
+    checker = asyncio.create_task(_check_redis(redis, settings, refused, stopping))
     stop_waiter = asyncio.create_task(stopping.wait())
     done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    checker.cancel()
     failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
     log.info("shutting down")
     for server in servers:
@@ -139,11 +151,31 @@ async def _run(
             await w.close()
     if not api:
         await redis.aclose()
+    if refused:
+        raise ConfigError("; ".join(refused))
     for task in failed:
         raise task.exception()  # type: ignore[misc]
     for result in results:
         if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
             raise result
+
+
+async def _check_redis(
+    redis: Any, settings: Settings, refused: list[str], stopping: asyncio.Event
+) -> None:
+    """Once Redis answers, check the settings the guarantees rest on (see module docs)."""
+    await RedisLink("start-up check").wait(redis)
+    refusals, warnings = await redis_settings_problems(redis)
+    for warning in warnings:
+        log.warning("%s", warning)
+    if refusals and settings.redis_policy_check == "refuse":
+        for refusal in refusals:
+            log.error("%s", refusal)
+        refused.extend(refusals)
+        stopping.set()
+    else:
+        for refusal in refusals:
+            log.warning("%s", refusal)
 
 
 async def _gather_stopping(

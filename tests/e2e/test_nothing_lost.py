@@ -1,0 +1,534 @@
+"""Loss paths found by trying nopoll from the outside, each pinned against real servers:
+replayed batch dead letters, unfinished provider objects, job deadlines, jobs arq gives
+up on, a changed chunk size, a dead chunk's summary, and a batch lease that slips."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+import redis as redis_sync
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+
+from receiver.arq_worker import Lease
+from receiver.batches import BatchRunner, LeaseLost
+from receiver.deadletter import DeadLetters
+from receiver.envelope import now_rfc3339
+from receiver.exceptions import TransientProviderError
+from receiver.fanout import FanOut, ManagedSink
+from receiver.metrics import Metrics
+from receiver.providers import ProviderClient, dialect_for
+from receiver.queue import (
+    BATCHES_QUEUE,
+    FETCH_RESPONSE,
+    JOBS_QUEUE,
+    QueuedJob,
+    arq_pool,
+    batch_job_id,
+    put_job,
+    response_job_id,
+)
+from receiver.routing import Router
+from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
+from tests.servers import TcpProxy, running_api, running_worker
+from tests.subscriber import Subscriber
+
+BATCH = {"chunk_size": 200, "lease_s": 2, "sink_attempts": 2, "max_jobs": 2}
+
+
+@pytest.fixture
+def stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
+    """Factory: (settings, simulator) for one provider ``sim`` in ``dialect``."""
+
+    def make(dialect: str = "openai", *, sinks: dict | None = None, **overrides):
+        sim = provider_sim(api_key="sk-test-not-a-real-key")
+        settings = make_settings(
+            sim.base_url,
+            redis_url=redis_url,
+            sinks=sinks or {"warehouse": {"type": "sql", "url": pg_url, "table": pg_table}},
+            batch=overrides.pop("batch", BATCH),
+            **overrides,
+        )
+        provider = settings.providers["sim"].model_copy(update={"dialect": dialect})
+        return settings.model_copy(update={"providers": {"sim": provider}}), sim
+
+    return make
+
+
+async def letters(redis_url: str, **selector) -> list:
+    pool = arq_pool(redis_url)
+    try:
+        return await DeadLetters(pool).find(**selector)
+    finally:
+        await pool.aclose()
+
+
+async def replay_all(redis_url: str) -> int:
+    pool = arq_pool(redis_url)
+    try:
+        store = DeadLetters(pool)
+        return await store.replay(await store.find())
+    finally:
+        await pool.aclose()
+
+
+async def summary_rows(pg_url: str, pg_table: str, batch_id: str) -> list[dict]:
+    async def done() -> list[dict] | None:
+        rows = await pg_rows(pg_url, pg_table)
+        return rows if any(r["kind"] == "batch" and r["key"] == batch_id for r in rows) else None
+
+    return await wait_for(done, timeout=60, interval=0.2)
+
+
+# --- replaying a batch dead letter --------------------------------------------------------
+
+
+async def test_replayed_batch_dead_letter_runs_on_the_batch_queue(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack("sference")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        # the provider does not know the batch yet: a permanent 404, kept as a dead letter
+        r = await post(base, *signed_callback("batch_late", event_type="batch.completed"))
+        assert r.status_code == 202
+
+        async def one_letter() -> list | None:
+            found = await letters(redis_url, sink="fetch")
+            return found or None
+
+        [letter] = await wait_for(one_letter, timeout=30)
+        assert letter.function == "fetch_batch" and "HTTP 404" in letter.error
+        sim.add_batch("sference", "batch_late", 450, failed_every=7)
+        assert await replay_all(redis_url) == 1
+        rows = await summary_rows(pg_url, pg_table, "batch_late")
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 450
+    assert await letters(redis_url) == []
+
+
+async def test_a_letter_of_an_unknown_function_is_kept_not_queued(redis_url, redis_sync_client):
+    pool = arq_pool(redis_url)
+    try:
+        store = DeadLetters(pool)
+        await store.add(
+            sink="fetch",
+            provider="sim",
+            keys=["x"],
+            attempts=1,
+            error="arq gave up",
+            function="",
+            kwargs={"job_id": "deliver:gone"},
+        )
+        found = await store.find()
+        assert await store.replay(found) == 0
+        assert len(await store.find()) == 1  # still kept, still listed
+    finally:
+        await pool.aclose()
+    assert redis_sync_client.zcard(JOBS_QUEUE) == 0 == redis_sync_client.zcard(BATCHES_QUEUE)
+
+
+# --- unfinished provider objects ----------------------------------------------------------
+
+
+async def test_an_in_progress_response_is_fetched_again_not_stored(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack()
+    sim.add_response("resp_eventual", pending_times=2, text="finally")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        r = await post(base, *signed_callback("resp_eventual"))
+        assert r.status_code == 202
+        rows = await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=30)
+    assert [(r["status"], r["output_text"]) for r in rows] == [("completed", "finally")]
+    assert sim.request_count("/v1/responses/resp_eventual") == 3
+
+
+async def test_a_response_that_never_finishes_is_a_dead_letter_naming_its_status(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack()
+    sim.add_response("resp_stuck", pending_times=1000, pending_status="queued")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        r = await post(base, *signed_callback("resp_stuck"))
+        assert r.status_code == 202
+
+        async def one_letter() -> list | None:
+            return await letters(redis_url, key="resp_stuck") or None
+
+        [letter] = await wait_for(one_letter, timeout=30)
+    assert "not finished yet (status 'queued')" in letter.error
+    assert await pg_rows(pg_url, pg_table) == []
+
+
+async def test_a_finalizing_openai_batch_is_retried_until_it_is_terminal(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack("openai")
+    # finalizing, output_file_id null, twice; then completed with its files
+    sim.add_batch("openai", "batch_fin", 500, failed_every=9, pending_times=2)
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        r = await post(base, *signed_callback("batch_fin", event_type="batch.completed"))
+        assert r.status_code == 202
+        rows = await summary_rows(pg_url, pg_table, "batch_fin")
+    summary = next(r for r in rows if r["kind"] == "batch")
+    assert summary["status"] == "completed"
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 500
+    assert sim.request_count("/v1/batches/batch_fin") == 3
+
+
+# --- the job deadline ---------------------------------------------------------------------
+
+
+async def test_a_slow_fetch_plus_a_slow_sink_past_the_job_time_limit_is_retried(
+    stack, redis_url, signed_callback, webhook_secret
+):
+    subscriber = await Subscriber(webhook_secret, delay_s=1.3).start()
+    try:
+        settings, sim = stack(
+            sinks={
+                "hook": {
+                    "type": "http",
+                    "url": subscriber.url(),
+                    "secret": webhook_secret,
+                    "timeout_s": 1.6,
+                }
+            },
+            worker={"poll_delay_s": 0.01, "response_job_timeout_s": 4, "shutdown_wait_s": 2},
+            http={"attempts": 2, "connect_timeout_s": 1, "read_timeout_s": 2},
+        )
+        # try 1: 1.4 s, a 500, 1.4 s more, then the sink's 1.3 s: past the 4 s limit
+        sim.add_response("resp_late", fail_times=1, fail_status=500, delay_s=1.4)
+        async with (
+            running_api(settings, redis_url) as (base, _),
+            running_worker(settings, redis_url),
+        ):
+            r = await post(base, *signed_callback("resp_late"))
+            assert r.status_code == 202
+
+            async def delivered_twice() -> bool:
+                return len(subscriber.deliveries) >= 2
+
+            await wait_for(delivered_twice, timeout=30)
+            await asyncio.sleep(2)
+    finally:
+        await subscriber.stop()
+    assert {d.payload["key"] for d in subscriber.deliveries} == {"resp_late"}
+    assert await letters(redis_url) == []
+
+
+def test_a_sink_timeout_as_long_as_the_job_is_refused_at_start_up(make_settings):
+    from receiver.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r"sinks\.files\.timeout_s \(60 s\) must be below"):
+        make_settings(
+            sinks={"files": {"type": "jsonl", "dir": "/tmp/x", "timeout_s": 60}},
+            worker={"response_job_timeout_s": 60},
+        )
+    # unset timeouts follow a short job time limit down instead of contradicting it
+    settings = make_settings(worker={"response_job_timeout_s": 6}, http={})
+    assert settings.sinks["files"].timeout_s == 3 and settings.http.read_timeout_s == 3
+
+
+# --- what arq would fail for good ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["expired", "max_tries"])
+async def test_a_job_arq_gives_up_on_becomes_a_dead_letter_and_replays(
+    stack, redis_url, redis_sync_client, pg_url, pg_table, fault
+):
+    settings, sim = stack()
+    sim.add_response("resp_arq", text="rescued")
+    job_id = response_job_id("sim", "resp_arq")
+    kwargs = {"provider": "sim", "response_id": "resp_arq", "received_at": now_rfc3339()}
+    pool = arq_pool(redis_url)
+    try:
+        await put_job(pool, QueuedJob(FETCH_RESPONSE, job_id, kwargs), expiry_ms=60_000)
+    finally:
+        await pool.aclose()
+    if fault == "expired":
+        redis_sync_client.delete(job_key_prefix + job_id)  # the payload is gone
+    else:
+        redis_sync_client.set(retry_key_prefix + job_id, 1000)  # far past any try limit
+    async with running_worker(settings, redis_url):
+
+        async def one_letter() -> list | None:
+            return await letters(redis_url, key="resp_arq") or None
+
+        [letter] = await wait_for(one_letter, timeout=20)
+        assert letter.function == "fetch_response"
+        assert ("expired" if fault == "expired" else "retries exceeded") in letter.error
+        assert await replay_all(redis_url) == 1
+        rows = await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=20)
+    assert [r["output_text"] for r in rows] == ["rescued"]
+
+
+# --- a chunk size changed between two runs of a batch --------------------------------------
+
+
+def _runner(settings, redis):
+    metrics = Metrics()
+    sinks = {n: ManagedSink(n, c, metrics) for n, c in settings.sinks.items()}
+    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    runner = BatchRunner(
+        settings, redis=redis, fanout=fanout, dead_letters=DeadLetters(redis), metrics=metrics
+    )
+    client = ProviderClient("sim", settings.providers["sim"], settings.http)
+    return runner, dialect_for(settings.providers["sim"].dialect, client), fanout
+
+
+async def _run_batch(settings, redis_url: str, batch_id: str, **kwargs):
+    pool = arq_pool(redis_url)
+    runner, dialect, fanout = _runner(settings, pool)
+    try:
+        return await runner.run(
+            dialect,
+            provider="sim",
+            batch_id=batch_id,
+            event_id=None,
+            received_at=now_rfc3339(),
+            **kwargs,
+        )
+    finally:
+        await dialect.client.aclose()
+        await fanout.aclose()
+        await pool.aclose()
+
+
+@pytest.mark.parametrize("second_chunk_size", [300, 70])
+async def test_a_resume_after_the_chunk_size_changed_writes_every_row_exactly_once(
+    stack, redis_url, redis_sync_client, tmp_path, second_chunk_size
+):
+    files = {"files": {"type": "jsonl", "dir": str(tmp_path / "out")}}
+    settings, sim = stack("valar", sinks=files)
+    # row 650 (chunk 3 at 200 rows per chunk) fails every try of the first run
+    batch = sim.add_batch("valar", "batch_resize", 1000, row_failures={"row-000650": 2})
+    with pytest.raises(TransientProviderError):
+        await _run_batch(settings, redis_url, "batch_resize")
+    assert redis_sync_client.hget("nopoll:batch:sim:batch_resize", "c:files") == b"2"
+
+    resized = settings.model_copy(
+        update={"batch": settings.batch.model_copy(update={"chunk_size": second_chunk_size})}
+    )
+    outcome = await _run_batch(resized, redis_url, "batch_resize")
+    assert outcome.chunks_skipped == 3  # the first run's three 200-row chunks
+    keys = [r["key"] for r in jsonl_rows(tmp_path / "out") if r["kind"] == "batch_row"]
+    assert len(keys) == len(set(keys)) == batch.n_rows
+
+
+# --- a dead chunk holds its batch summary back ----------------------------------------------
+
+
+async def test_a_dead_lettered_chunk_keeps_the_summary_parked_until_its_replay(
+    stack, redis_url, signed_callback, webhook_secret
+):
+    subscriber = await Subscriber(webhook_secret, status=400).start()  # refuses everything
+    try:
+        sinks = {"hook": {"type": "http", "url": subscriber.url(), "secret": webhook_secret}}
+        settings, sim = stack("sference", sinks=sinks)
+        sim.add_batch("sference", "batch_held", 400)
+        async with (
+            running_api(settings, redis_url) as (base, _),
+            running_worker(settings, redis_url),
+        ):
+            r = await post(base, *signed_callback("batch_held", event_type="batch.completed"))
+            assert r.status_code == 202
+
+            async def two_letters() -> list | None:
+                found = await letters(redis_url, sink="hook")
+                return found if len(found) == 2 else None
+
+            await wait_for(two_letters, timeout=30)
+            await asyncio.sleep(1.5)
+            accepted = [d for d in subscriber.deliveries if d.verified]
+            kinds = {e["kind"] for d in accepted for e in _envelopes(d.payload)}
+            assert "batch" not in kinds  # no summary while its rows are dead letters
+
+            subscriber.status = 200
+            assert await replay_all(redis_url) == 2
+
+            async def summary_sent() -> bool:
+                return any(
+                    e["kind"] == "batch"
+                    for d in subscriber.deliveries[len(accepted) :]
+                    for e in _envelopes(d.payload)
+                )
+
+            await wait_for(summary_sent, timeout=30)
+    finally:
+        await subscriber.stop()
+    after = [e for d in subscriber.deliveries[len(accepted) :] for e in _envelopes(d.payload)]
+    rows = [e["key"] for e in after if e["kind"] == "batch_row"]
+    assert len(set(rows)) == 400
+    assert after[-1]["kind"] == "batch"  # the summary came after every row
+
+
+def _envelopes(payload) -> list[dict]:
+    return payload if isinstance(payload, list) else [payload]
+
+
+# --- the batch lease -----------------------------------------------------------------------
+
+
+async def _watch_lock(redis_url: str, key: str, stop: asyncio.Event) -> list[int]:
+    """PTTL of the lock every 50 ms until ``stop`` (-2: it expired)."""
+    seen: list[int] = []
+    client = redis_sync.Redis.from_url(redis_url)
+    try:
+        while not stop.is_set():
+            seen.append(int(await asyncio.to_thread(client.pttl, key)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+    finally:
+        client.close()
+    return seen
+
+
+def _redis_port(redis_url: str) -> tuple[str, int]:
+    hostport = redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.partition(":")
+    return host, int(port or 6379)
+
+
+async def _leased_run(stack, redis_url, tmp_path, cut_s: float | None):
+    files = {"files": {"type": "jsonl", "dir": str(tmp_path / "out")}}
+    settings, sim = stack("valar", sinks=files)
+    sim.add_batch("valar", "batch_lease", 3000, row_delay_s=0.05)
+    job_id = batch_job_id("sim", "batch_lease")
+    lock = in_progress_key_prefix + job_id
+    direct = redis_sync.Redis.from_url(redis_url)
+    direct.set(lock, "token-1", px=2000)
+    proxy = TcpProxy(*_redis_port(redis_url))
+    await proxy.up()
+    db = redis_url.rsplit("/", 1)[1]
+    leased = arq_pool(f"redis://127.0.0.1:{proxy.port}/{db}")
+    lease = Lease(leased, job_id, "token-1")
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_watch_lock(redis_url, lock, stop))
+    run = asyncio.create_task(_run_batch(settings, redis_url, "batch_lease", lease=lease))
+    try:
+        await asyncio.sleep(1.0)
+        await proxy.down()
+        if cut_s is not None:
+            await asyncio.sleep(cut_s)
+            await proxy.up()
+        try:
+            result = await asyncio.wait_for(run, 60)
+        except LeaseLost as exc:
+            result = exc
+        ttl_then = direct.pttl(lock)
+    finally:
+        stop.set()
+        ttls = await watcher
+        await proxy.down()
+        await leased.aclose()
+        direct.close()
+    return result, lease, ttl_then, ttls
+
+
+async def test_one_failed_lease_renewal_does_not_let_the_lock_expire_under_a_running_batch(
+    stack, redis_url, tmp_path
+):
+    outcome, _, _, ttls = await _leased_run(stack, redis_url, tmp_path, cut_s=0.7)
+    assert not isinstance(outcome, LeaseLost) and outcome.rows == 3000
+    assert ttls and min(ttls) > 0, "the batch's lock expired while it was still running"
+
+
+async def test_a_batch_that_cannot_renew_its_lease_stops_before_the_lock_expires(
+    stack, redis_url, tmp_path
+):
+    started = time.monotonic()
+    outcome, lease, ttl_then, _ = await _leased_run(stack, redis_url, tmp_path, cut_s=None)
+    assert isinstance(outcome, LeaseLost) and lease.lost
+    assert time.monotonic() - started < 10
+    assert ttl_then > 0, "the run outlived its lock: a second run could have started"
+
+
+async def test_a_batch_whose_lock_was_taken_over_stops_and_leaves_the_job_to_the_new_owner(
+    stack, redis_url, redis_sync_client, signed_callback
+):
+    settings, sim = stack("valar", sinks={"files": {"type": "jsonl", "dir": "/tmp/nopoll-x"}})
+    sim.add_batch("valar", "batch_taken", 3000, row_delay_s=0.05)
+    job_id = batch_job_id("sim", "batch_taken")
+    lock = in_progress_key_prefix + job_id
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        r = await post(base, *signed_callback("batch_taken", event_type="batch.completed"))
+        assert r.status_code == 202
+
+        async def running() -> bool:
+            return bool(redis_sync_client.exists(lock))
+
+        await wait_for(running, timeout=20)
+        redis_sync_client.set(lock, "another-worker", px=60_000)  # another run owns it now
+        fetched = sim.request_count("/v1/batches/batch_taken/")
+        await asyncio.sleep(3)  # lease_s 2: the holder renews every 0.67 s
+        stalled = sim.request_count("/v1/batches/batch_taken/")
+        await asyncio.sleep(1)
+        # this run stopped; the new owner's lock and the job are untouched
+        assert sim.request_count("/v1/batches/batch_taken/") == stalled > fetched
+        assert redis_sync_client.get(lock) == b"another-worker"
+        assert redis_sync_client.exists(job_key_prefix + job_id)
+
+
+# --- one bad row fails alone, end to end -----------------------------------------------------
+
+
+async def test_a_row_postgres_refuses_is_a_dead_letter_alone_and_the_rest_land(
+    stack, redis_url, signed_callback, pg_url, pg_table, tmp_path
+):
+    sinks = {
+        "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
+        "files": {"type": "jsonl", "dir": str(tmp_path / "out")},
+    }
+    settings, sim = stack(sinks=sinks)
+    sim.add_response("resp_nul", text="before\x00after")
+    huge = sim.add_response("resp_huge")
+    huge.body["usage"]["input_tokens"] = 2**40  # beyond the INTEGER column
+    for i in range(5):
+        sim.add_response(f"resp_ok_{i}")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        ids = ["resp_nul", "resp_huge", *(f"resp_ok_{i}" for i in range(5))]
+        for rid in ids:
+            assert (await post(base, *signed_callback(rid))).status_code == 202
+
+        async def settled() -> list | None:
+            found = await letters(redis_url)
+            rows = await pg_rows(pg_url, pg_table)
+            return found if found and len(rows) == 6 else None
+
+        [letter] = await wait_for(settled, timeout=30)
+    rows = {r["key"]: r for r in await pg_rows(pg_url, pg_table)}
+    assert rows["resp_nul"]["output_text"] == "before\ufffdafter"
+    assert "resp_huge" not in rows
+    assert letter.sink == "warehouse" and letter.keys == ["resp_huge"]
+    assert "refused 1 row" in letter.error
+    # the other sink took every result, the refused one included
+    assert {r["key"] for r in jsonl_rows(tmp_path / "out")} == set(ids)
+
+
+async def test_a_refused_batch_row_holds_the_summary_and_fails_no_other_row(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    settings, sim = stack("valar")
+    batch = sim.add_batch("valar", "batch_bad_row", 600)
+    plain = batch.response_body
+
+    def body(i: int) -> dict:
+        out = plain(i)
+        if i == 321:
+            out["usage"]["output_tokens"] = 2**40
+        return out
+
+    batch.response_body = body  # type: ignore[method-assign]
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        r = await post(base, *signed_callback("batch_bad_row", event_type="batch.completed"))
+        assert r.status_code == 202
+
+        async def one_letter() -> list | None:
+            return await letters(redis_url, sink="warehouse") or None
+
+        [letter] = await wait_for(one_letter, timeout=30)
+        await asyncio.sleep(1.5)
+        rows = await pg_rows(pg_url, pg_table)
+    assert letter.keys == ["batch_bad_row/row-000321"]
+    assert len(rows) == 599 and all(r["kind"] == "batch_row" for r in rows)  # no summary yet
