@@ -147,16 +147,14 @@ class BatchRunner:
         force: bool = False,
         on_progress: Callable[[int], None] | None = None,
     ) -> BatchOutcome:
-        """Deliver every row of the batch, then its summary, to every routed sink."""
-        if lease is None:
-            return await self._run(
-                dialect, provider, batch_id, event_id, received_at, tenant, force, on_progress
-            )
-        work = asyncio.create_task(
-            self._run(
-                dialect, provider, batch_id, event_id, received_at, tenant, force, on_progress
-            )
+        """Deliver every row of the batch, then its summary, to every routed sink. With a
+        ``lease``, the run stops (:class:`LeaseLost`) when the lease cannot be kept."""
+        run = self._run(
+            dialect, provider, batch_id, event_id, received_at, tenant, force, on_progress
         )
+        if lease is None:
+            return await run
+        work = asyncio.create_task(run)
         holder = asyncio.create_task(self._hold(lease))
         try:
             await asyncio.wait([work, holder], return_when=asyncio.FIRST_COMPLETED)
