@@ -176,9 +176,7 @@ async def test_api_answers_503_beyond_its_concurrency_limit(procs, tmp_path, pro
     try:
         for _ in range(3):  # three senders that never finish their bodies
             _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"POST /webhooks/sim HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
-            )
+            writer.write(b"POST /webhooks/sim HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{")
             await writer.drain()
             stalled.append(writer)
         await asyncio.sleep(0.3)
