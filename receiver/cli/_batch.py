@@ -1,0 +1,101 @@
+"""``nopoll fetch-batch``: fetch a batch's results now, with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from receiver.cli._common import add_config_option, load, run_async, setup_logging
+from receiver.config import Settings
+from receiver.exceptions import ConfigError
+
+
+async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from receiver.batches import BatchRunner
+    from receiver.deadletter import DeadLetters
+    from receiver.envelope import now_rfc3339
+    from receiver.fanout import FanOut, ManagedSink
+    from receiver.metrics import Metrics
+    from receiver.providers import ProviderClient, dialect_for, safe_id
+    from receiver.queue import arq_pool
+    from receiver.routing import Router
+
+    provider = settings.providers.get(args.provider)
+    if provider is None:
+        known = ", ".join(sorted(settings.providers)) or "none"
+        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    if not safe_id(args.batch_id):
+        raise ConfigError("batch id must match [A-Za-z0-9_.:-]{1,256}")
+    metrics = Metrics()
+    sinks = {n: ManagedSink(n, c, metrics) for n, c in settings.sinks.items()}
+    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    pool = arq_pool(url, expires_ms=settings.job_expiry_s * 1000)
+    client = ProviderClient(args.provider, provider, settings.http)
+    runner = BatchRunner(
+        settings, redis=pool, fanout=fanout, dead_letters=DeadLetters(pool), metrics=metrics
+    )
+    try:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.completed:,.0f} rows"),
+            TextColumn("{task.fields[rate]:,.0f} rows/s"),
+            TimeElapsedColumn(),
+            refresh_per_second=2,
+        ) as bar:
+            task = bar.add_task(f"{args.provider}/{args.batch_id}", total=None, rate=0.0)
+            started = time.monotonic()
+
+            def progress(rows: int) -> None:
+                bar.advance(task, rows)
+                done = bar.tasks[0].completed
+                bar.update(task, rate=done / max(1e-6, time.monotonic() - started))
+
+            outcome = await runner.run(
+                dialect_for(provider.dialect, client),
+                provider=args.provider,
+                batch_id=args.batch_id,
+                event_id=None,
+                received_at=now_rfc3339(),
+                force=args.force,
+                on_progress=progress,
+            )
+    finally:
+        await client.aclose()
+        await fanout.aclose()
+        await pool.aclose()
+    if outcome.already_done:
+        print(f"batch {args.batch_id} was already delivered; --force fetches it again")
+        return 0
+    elapsed = time.monotonic() - started
+    print(
+        f"{outcome.rows} rows delivered in {elapsed:.1f} s "
+        f"({outcome.rows / max(elapsed, 1e-6):,.0f} rows/s): {dict(outcome.by_status)}"
+    )
+    if outcome.chunks_skipped:
+        print(f"resumed after {outcome.chunks_skipped} chunk(s) every sink had already committed")
+    if outcome.handed_off:
+        print(f"chunks still being retried by the worker: {outcome.handed_off}")
+    return 0
+
+
+def _cmd_fetch_batch(args: argparse.Namespace) -> int:
+    from receiver.runtime import redis_url_for
+
+    settings = load(args)
+    setup_logging(settings, "warning")
+    with redis_url_for(settings) as url:
+        return run_async(_fetch_batch(args, settings, url))
+
+
+def register(sub: Any) -> None:
+    """Add this module's commands to the ``nopoll`` parser."""
+    p = sub.add_parser("fetch-batch", help="fetch a batch's results now (e.g. a missed callback)")
+    add_config_option(p)
+    p.add_argument("provider", help="provider name from the config")
+    p.add_argument("batch_id")
+    p.add_argument("--force", action="store_true", help="fetch again even if already delivered")
+    p.set_defaults(func=_cmd_fetch_batch)

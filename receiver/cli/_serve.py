@@ -1,0 +1,50 @@
+"""``nopoll serve|api|worker``: run the API, the worker, or both."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from receiver.cli._common import add_config_option, load, setup_logging
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from receiver.runtime import run
+
+    settings = load(args)
+    setup_logging(settings)
+    api = args.command in ("serve", "api")
+    worker = args.command in ("serve", "worker")
+    health_port = getattr(args, "health_port", None)
+    run(
+        settings,
+        api=api,
+        worker=worker,
+        health=(args.health_host, health_port) if health_port else None,
+        host=getattr(args, "host", "127.0.0.1"),
+        port=getattr(args, "port", 8000),
+    )
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add this module's commands to the ``nopoll`` parser."""
+    for name, help_ in (
+        ("serve", "run the API and the worker in one process"),
+        ("api", "run the API only"),
+    ):
+        p = sub.add_parser(name, help=help_)
+        add_config_option(p)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=8000)
+        p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("worker", help="run the worker only")
+    add_config_option(p)
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve GET /healthz and /metrics of this worker process on this port",
+    )
+    p.add_argument("--health-host", default="127.0.0.1", help="address for --health-port")
+    p.set_defaults(func=_cmd_run)
