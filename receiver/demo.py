@@ -5,14 +5,21 @@ sinks) as a child process, completes N background responses whose callbacks arri
 signed (a few of them twice, as providers do on retries), waits for every row to land
 in SQLite, and prints rows landed, duplicates, provider requests per result and the
 callback-to-row latency. Exits non-zero when any result is missing.
+
+The demo folder (a temporary one unless ``--data-dir`` is given) is removed at the end
+unless ``--keep`` or ``--data-dir`` keeps it. Its ``nopoll.yaml`` holds the demo's webhook
+secret itself (the file is mode 0600), so a kept folder works with every command with no
+environment: ``nopoll dlq list --config <folder>/nopoll.yaml``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -21,10 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from receiver.simulator import ProviderSimulator, send_callback
@@ -46,6 +55,37 @@ def _percentile(values: list[float], q: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
+
+
+def _answers_in_words(first: Counter[int], again: Counter[int]) -> str:
+    """``200 callbacks accepted (202), 20 duplicates answered 200``, and anything else."""
+    parts = [f"{first.pop(202, 0)} callbacks accepted (202)"]
+    parts += [f"{n} answered {code}" for code, n in sorted(first.items())]
+    parts.append(f"{again.pop(200, 0)} duplicates answered 200 (none fetched again)")
+    parts += [f"{n} duplicates answered {code}" for code, n in sorted(again.items())]
+    return ", ".join(parts)
+
+
+def _write_config(root: Path, base_url: str, secret: str) -> Path:
+    """The demo's config, usable as it is by every command: the secret is in the file
+    (mode 0600, created so from the start) rather than in a variable nobody will set."""
+    config = root / "nopoll.yaml"
+    text = (
+        "# Written by `nopoll demo`. The webhook secret is in this file (mode 0600) so this\n"
+        "# folder works with every command without environment variables; the provider\n"
+        "# simulator at base_url stopped with the demo.\n"
+        f"data_dir: {json.dumps(str(root))}\n"
+        "providers:\n"
+        "  sim:\n"
+        "    dialect: openai\n"
+        f"    base_url: {json.dumps(base_url)}\n"
+        f"    webhook_secrets: [{json.dumps(secret)}]\n"
+    )
+    config.unlink(missing_ok=True)
+    fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return config
 
 
 def _landed(db: Path) -> dict[str, float]:
@@ -74,22 +114,21 @@ async def _drive(
             sim.add_response(rid, text="positive" if i % 2 else "negative")
     sent_at: dict[str, float] = {}
     seen: dict[str, float] = {}
-    statuses: dict[int, int] = {}
-    duplicates = 0
+    statuses: Counter[int] = Counter()
+    again_statuses: Counter[int] = Counter()
     sem = asyncio.Semaphore(32)
 
     async with httpx.AsyncClient(timeout=10) as client:
 
         async def one(i: int, rid: str) -> None:
-            nonlocal duplicates
             async with sem:
                 msg_id = f"msg_demo_{i:06d}"
                 sent_at[rid] = time.monotonic()
                 r = await send_callback(client, url, secret, rid, msg_id=msg_id)
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                statuses[r.status_code] += 1
                 if i % _DUPLICATE_EVERY == 0:  # the provider retries: same webhook-id again
                     again = await send_callback(client, url, secret, rid, msg_id=msg_id)
-                    duplicates += again.status_code == 200
+                    again_statuses[again.status_code] += 1
 
         with Progress(
             TextColumn("[bold]{task.description}"),
@@ -119,11 +158,13 @@ async def _drive(
     missing = [k for k in ids if k not in seen]
     provider_requests = sim.request_count("/v1/responses/")
     console.print()
-    console.print(f"[bold]rows landed[/]        {len(seen)}/{n} in SQLite ({db})")
-    console.print(f"[bold]callback answers[/]   {dict(sorted(statuses.items()))}")
     console.print(
-        f"[bold]duplicates[/]         {duplicates} re-sent callbacks answered 200, "
-        "none fetched again"
+        f"[bold]rows landed[/]        {len(seen)}/{n} in SQLite ({escape(str(db))})",
+        soft_wrap=True,
+    )
+    console.print(
+        f"[bold]callback answers[/]   {_answers_in_words(statuses, again_statuses)}",
+        soft_wrap=True,
     )
     console.print(
         f"[bold]provider requests[/]  {provider_requests / max(1, len(seen)):.2f} per result"
@@ -145,25 +186,22 @@ def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> i
     if n < 1:
         console.print("[red]--n must be at least 1[/]")
         return 2
-    root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="nopoll-demo-"))
+    root = Path(data_dir).resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nopoll-demo-"))
     root.mkdir(parents=True, exist_ok=True)
+    kept = keep or data_dir is not None
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     port = _free_port()
     process: subprocess.Popen[bytes] | None = None
     with ProviderSimulator() as sim:
-        config = root / "nopoll.yaml"
-        config.write_text(
-            f"data_dir: {root}\n"
-            "providers:\n"
-            "  sim:\n"
-            "    dialect: openai\n"
-            f"    base_url: {sim.base_url}\n"
-            "    webhook_secrets: ['${DEMO_WEBHOOK_SECRET}']\n"
-        )
-        env = {**os.environ, "DEMO_WEBHOOK_SECRET": secret}
+        config = _write_config(root, sim.base_url, secret)
+        env = dict(os.environ)
         env.pop("NOPOLL_CONFIG", None)
         log = (root / "nopoll.log").open("wb")
-        console.print(f"[bold]nopoll demo[/]: {n} background responses, data in {root}")
+        console.print(
+            f"[bold]nopoll demo[/]: {n} background responses, data in {escape(str(root))}",
+            soft_wrap=True,
+        )
+        outcome: int | None = None
         try:
             process = subprocess.Popen(
                 [
@@ -193,11 +231,13 @@ def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> i
                     break
                 time.sleep(0.1)
             if not ready:
-                console.print(f"[red]nopoll did not become ready; see {root / 'nopoll.log'}[/]")
-                return 1
-            return asyncio.run(
-                _drive(n, f"{base}/webhooks/sim", secret, sim, root / "results.db", console)
-            )
+                where = escape(str(root / "nopoll.log"))
+                console.print(f"[red]nopoll did not become ready; see {where}[/]", soft_wrap=True)
+                outcome = 1
+            else:
+                outcome = asyncio.run(
+                    _drive(n, f"{base}/webhooks/sim", secret, sim, root / "results.db", console)
+                )
         finally:
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -207,7 +247,40 @@ def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> i
                     process.kill()
                     process.wait(5)
             log.close()
-            if not keep and data_dir is None:
+            if kept:
+                _say_kept(console, root, config)
+            elif outcome:  # a failed run keeps its folder: nopoll.log says why
+                console.print(
+                    f"the demo failed; its folder {escape(str(root))} is kept for nopoll.log",
+                    soft_wrap=True,
+                )
+            else:
                 shutil.rmtree(root, ignore_errors=True)
-            elif keep:
-                console.print(f"results kept in {root}")
+                console.print(
+                    f"the demo folder {escape(str(root))} is removed; "
+                    "use --keep (or --data-dir DIR) to keep it",
+                    soft_wrap=True,
+                )
+    return outcome
+
+
+def _say_kept(console: Console, root: Path, config: Path) -> None:
+    """What a kept demo folder holds and the exact commands that use it."""
+    db = root / "results.db"
+    console.print(f"[bold]kept[/] {escape(str(root))}:", soft_wrap=True)
+    for name, what in (
+        ("nopoll.yaml", "the config, with the demo's webhook secret in it (file mode 0600)"),
+        ("results.db", "the SQLite sink"),
+        ("results/", "the JSONL sink"),
+        ("redis/", "the embedded Redis data"),
+        ("nopoll.log", "the log of nopoll serve"),
+    ):
+        console.print(f"  {name:12} {what}")
+    console.print("use it with any command, no environment needed:")
+    for command in (
+        f"nopoll dlq list --config {shlex.quote(str(config))}",
+        f"nopoll config check --config {shlex.quote(str(config))}",
+        f"sqlite3 {shlex.quote(str(db))} "
+        '"SELECT key, status, output_text FROM nopoll_results LIMIT 5"',
+    ):
+        console.print(f"  {escape(command)}", soft_wrap=True, highlight=False)

@@ -12,6 +12,8 @@ nopoll's own code).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 import socket
 import threading
 import time
@@ -33,7 +35,14 @@ from starlette.routing import Route
 if TYPE_CHECKING:
     from receiver.simulator_batches import Oversize
 
-__all__ = ["ProviderSimulator", "SimResponse", "make_response", "send_callback", "sign_callback"]
+__all__ = [
+    "ProviderSimulator",
+    "SimResponse",
+    "generated_response",
+    "make_response",
+    "send_callback",
+    "sign_callback",
+]
 
 
 def make_response(
@@ -76,10 +85,28 @@ def make_response(
     }
 
 
+_GENERATED_TEXTS = ("positive", "negative", "neutral")
+
+
+def generated_response(response_id: str) -> dict[str, Any]:
+    """The completed response an auto-responding simulator serves for an id it was never
+    told about: the same body for the same id, every time."""
+    digest = hashlib.sha256(response_id.encode()).digest()
+    body = make_response(
+        response_id,
+        text=_GENERATED_TEXTS[digest[0] % len(_GENERATED_TEXTS)],
+        metadata={"completion_window": "24h", "simulated": "true"},
+    )
+    body["created_at"] = 1_750_000_000 + int.from_bytes(digest[1:4], "big")
+    return body
+
+
 def sign_callback(
-    secret: str, msg_id: str, body: bytes, timestamp: int | None = None
+    secret: str | bytes, msg_id: str, body: bytes, timestamp: int | None = None
 ) -> dict[str, str]:
-    """Standard Webhooks headers for ``body``, signed by the standardwebhooks package."""
+    """Standard Webhooks headers for ``body``, signed by the standardwebhooks package.
+
+    ``secret`` is a ``whsec_...`` string or the raw HMAC key as bytes."""
     ts = int(time.time()) if timestamp is None else timestamp
     signature = Webhook(secret).sign(msg_id, datetime.fromtimestamp(ts, tz=UTC), body.decode())
     return {
@@ -110,6 +137,7 @@ class SimResponse:
 
 
 _BEHAVIOUR = {f.name for f in fields(SimResponse)} - {"body", "served"}
+_GENERATED_ID = re.compile(r"resp_[A-Za-z0-9_.:-]{1,251}")
 
 
 @dataclass
@@ -119,22 +147,42 @@ class _State:
     requests: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
     default_delay_s: float = 0.0
+    auto_respond: bool = False
 
 
 class ProviderSimulator:
-    """Run with ``with ProviderSimulator() as sim:``; ``sim.base_url`` ends in ``/v1``."""
+    """Run with ``with ProviderSimulator() as sim:``; ``sim.base_url`` ends in ``/v1``.
 
-    def __init__(self, *, api_key: str | None = None, port: int = 0) -> None:
-        self.state = _State()
+    With ``auto_respond=True``, ``GET /v1/responses/resp_...`` for an id it was never told
+    about answers :func:`generated_response` instead of 404 (``nopoll simulate`` uses it, so
+    any id a user sends a test callback for can be fetched).
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        auto_respond: bool = False,
+    ) -> None:
+        self.state = _State(auto_respond=auto_respond)
         self._api_key = api_key
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Accepted sockets inherit this: without it, keep-alive answers wait ~40 ms for
         # the client's delayed ACK (Nagle), and a 1 ms endpoint looks like a 40 ms one.
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.bind(("127.0.0.1", port))
+        try:
+            self._sock.bind((host, port))
+        except OSError:
+            self._sock.close()
+            raise
         self.port: int = self._sock.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        # A wildcard address is reachable here as the loopback address.
+        shown = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        self.base_url = f"http://{f'[{shown}]' if ':' in shown else shown}:{self.port}/v1"
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -188,6 +236,8 @@ class ProviderSimulator:
                 return Response(
                     b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
                 )
+            if sim is None and state.auto_respond and _GENERATED_ID.fullmatch(rid):
+                return json_answer(generated_response(rid))
             if sim is None:
                 return Response(
                     b'{"error":{"message":"no such response"}}', 404, media_type="application/json"

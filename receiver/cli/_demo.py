@@ -19,7 +19,14 @@ def register(sub: Any) -> None:
         "--n", type=int, default=200, help="background responses to complete (default 200)"
     )
     p.add_argument(
-        "--data-dir", default=None, help="where to keep results (default: a temporary folder)"
+        "--data-dir",
+        default=None,
+        help="the demo folder, kept afterwards (default: a temporary folder, removed at the end)",
     )
-    p.add_argument("--keep", action="store_true", help="keep the data folder afterwards")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the demo folder: its nopoll.yaml (with the demo's webhook secret, mode 0600) "
+        "works with every command",
+    )
     p.set_defaults(func=_cmd_demo)

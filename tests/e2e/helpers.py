@@ -48,8 +48,12 @@ async def post(base: str, body: bytes, headers: dict) -> httpx.Response:
         return await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
 
 
+NOPOLL = Path(sys.executable).parent / "nopoll"
+"""The installed ``nopoll`` command, as users run it."""
+
+
 class Processes:
-    """Starts nopoll commands; stops each one by its PID at the end of the test."""
+    """Starts the installed ``nopoll`` command; stops each one by its PID at the end."""
 
     def __init__(self, tmp: Path, env: dict[str, str]) -> None:
         self.tmp, self.env, self.started = tmp, env, []
@@ -57,7 +61,7 @@ class Processes:
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         with (self.tmp / f"nopoll-{len(self.started)}.log").open("wb") as log:
             p = subprocess.Popen(
-                [sys.executable, "-m", "receiver", *args],
+                [str(NOPOLL), *args],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
