@@ -3,29 +3,48 @@
 ``load_settings(path)`` returns a :class:`Settings`; every problem raises
 :class:`~receiver.exceptions.ConfigError` naming the exact key (``providers.x.base_url``)
 and what is wrong, never the offending value (it may be a secret).
+
+``load_settings(path, require_env=False)`` is the lenient load of read-only commands
+(``nopoll dlq list``, ``nopoll config check --redacted``): a ``${VAR}`` that is not set stays
+in the value as a visible placeholder and becomes a note ("NAME is not set (needed to
+run)") in :attr:`Settings.notes`; a value that is invalid only because of such a
+placeholder is not checked. Every other mistake is still an error.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import os
 import re
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from receiver.config_source import (
+    Interpolation,
+    dotted,
+    format_errors,
+    is_secret_key,
+    problems,
+    read_raw,
+    redact_url,
+    validate_lenient,
+)
 from receiver.exceptions import ConfigError
 
 __all__ = [
@@ -38,12 +57,13 @@ __all__ = [
     "Settings",
     "WorkerConfig",
     "decode_webhook_secret",
+    "is_secret_key",
     "load_settings",
+    "redact_url",
 ]
 
 DIALECTS = ("openai", "sference", "sail", "valar")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Model(BaseModel):
@@ -69,13 +89,27 @@ def decode_webhook_secret(secret: str) -> bytes:
     return key
 
 
+def _check_webhook_secret(secret: SecretStr) -> SecretStr:
+    if secret.get_secret_value():  # empty: a rotation slot, dropped by ProviderConfig
+        decode_webhook_secret(secret.get_secret_value())
+    return secret
+
+
+_WebhookSecret = Annotated[SecretStr, AfterValidator(_check_webhook_secret)]
+"""One entry of ``webhook_secrets``, checked on its own so an error names its index."""
+
+
 class ProviderConfig(_Model):
-    """One inference provider: where to fetch results and how its callbacks are signed."""
+    """One inference provider: where to fetch results and how its callbacks are signed.
+
+    ``webhook_secrets`` empty (the default): this provider sends no callbacks, and
+    ``/webhooks/<name>`` answers 404 for it.
+    """
 
     dialect: Literal["openai", "sference", "sail", "valar"]
     base_url: str
     api_key: SecretStr | None = None
-    webhook_secrets: list[SecretStr] = Field(min_length=1)
+    webhook_secrets: list[_WebhookSecret] = Field(default_factory=list)
     tolerance_s: int = Field(default=300, ge=1, le=86_400)
     max_concurrency: int = Field(default=32, ge=1, le=1024)
 
@@ -86,20 +120,17 @@ class ProviderConfig(_Model):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
 
-    @field_validator("webhook_secrets", mode="before")
-    @classmethod
-    def _drop_empty(cls, value: Any) -> Any:
-        # "${OLD_SECRET:-}" for a rotation slot that is empty most of the time
-        if isinstance(value, list):
-            return [v for v in value if not (isinstance(v, str) and v == "")]
-        return value
-
     @field_validator("webhook_secrets")
     @classmethod
-    def _secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
-        for secret in value:
-            decode_webhook_secret(secret.get_secret_value())
-        return value
+    def _drop_empty(cls, value: list[SecretStr]) -> list[SecretStr]:
+        # "${OLD_SECRET:-}" for a rotation slot that is empty most of the time
+        kept = [secret for secret in value if secret.get_secret_value()]
+        if value and not kept:
+            raise ValueError(
+                "every entry is empty; write [] (or leave the key out) for a provider "
+                "that sends no callbacks"
+            )
+        return kept
 
     def secret_keys(self) -> list[bytes]:
         """The HMAC keys of every accepted webhook secret (several while rotating)."""
@@ -190,8 +221,10 @@ class RouteMatch(_Model):
     def _metadata_keys(self) -> RouteMatch:
         for key in self.model_extra or {}:
             if not key.startswith("metadata."):
+                close = difflib.get_close_matches(key, type(self).model_fields, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
                 raise ValueError(
-                    f"unknown match key {key!r}: "
+                    f"unknown match key {key!r}: {hint}"
                     "use provider, kind, status, model or metadata.<key>"
                 )
         return self
@@ -230,6 +263,9 @@ class Settings(_Model):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
     """JSON lines (with event, response and batch ids) or readable text."""
+
+    _unset: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
+    _notes: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("providers", "sinks")
     @classmethod
@@ -305,6 +341,17 @@ class Settings(_Model):
         """True when no redis_url is set: nopoll starts its own Redis-compatible server."""
         return not self.redis_url.get_secret_value()
 
+    @property
+    def unset_env(self) -> Mapping[str, tuple[str, ...]]:
+        """After a lenient load: each key (``providers.x.api_key``) whose value still holds
+        a ``${VAR}`` placeholder, with the names of its unset variables. Empty otherwise."""
+        return types.MappingProxyType(self._unset)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """After a lenient load: what must still be set before nopoll can run."""
+        return self._notes
+
 
 def _default_sinks(data_dir: Path) -> dict[str, Any]:
     return {
@@ -313,65 +360,36 @@ def _default_sinks(data_dir: Path) -> dict[str, Any]:
     }
 
 
-def _interpolate(value: Any, env: Mapping[str, str], path: str) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: _interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_interpolate(v, env, f"{path}.{i}") for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def replace(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in env:
-            return env[name]
-        if default is not None:
-            return default
-        raise ConfigError(
-            f"{path}: environment variable {name} is not set "
-            f"(write ${{{name}:-default}} to give a default)"
-        )
-
-    return _VAR.sub(replace, value)
-
-
-def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
-    return "\n".join(lines)
-
-
 def load_settings(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    require_env: bool = True,
 ) -> Settings:
-    """Read, interpolate and validate the config file (``None``: the embedded defaults)."""
+    """Read, interpolate and validate the config file (``None``: the embedded defaults).
+
+    ``require_env=False`` is the lenient load of read-only commands: unset variables
+    become :attr:`Settings.notes` instead of errors (see the module docstring).
+    """
     env = os.environ if env is None else env
     source = str(path) if path is not None else "the built-in defaults"
-    raw: Any = {}
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"config file {path} is not valid YAML{where}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {path}: the top level must be a mapping")
-    raw = _interpolate(raw, env, "")
+    raw: Any = read_raw(path) if path is not None else {}
+    interpolation = Interpolation(env, require_env=require_env)
+    raw = interpolation.apply(raw)
     if overrides:
         raw = {**raw, **overrides}
-    try:
-        return Settings.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from None
+    unset = interpolation.unset
+    if not unset:
+        try:
+            return Settings.model_validate(raw)
+        except ValidationError as exc:
+            raise ConfigError(format_errors(problems(exc, Settings), source)) from None
+    settings = validate_lenient(raw, set(unset), source, Settings, ProviderConfig)
+    settings._unset = {dotted(loc): tuple(n for n, _ in found) for loc, found in unset.items()}
+    settings._notes = tuple(
+        f"{dotted(loc)}: {name} {problem} (needed to run)"
+        for loc, found in unset.items()
+        for name, problem in found
+    )
+    return settings

@@ -6,6 +6,7 @@ same way. A sink whose driver is not installed turns into an install hint, not a
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
@@ -46,7 +47,10 @@ def sink_class(sink_type: str) -> type[SinkBase]:
     target = _target(sink_type)
     if target is None:
         known = sorted({*BUILTIN_SINKS, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
-        raise ConfigError(f"unknown sink type {sink_type!r} (known: {', '.join(known)})")
+        raise ConfigError(
+            f"unknown sink type {sink_type!r}{_did_you_mean(sink_type, known)} "
+            f"(known: {', '.join(known)})"
+        )
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -78,10 +82,22 @@ def validate_sink_config(name: str, raw: Any) -> SinkConfig:
     try:
         return cls.config_model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors(include_input=False, include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        msg = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"sinks.{name}.{loc}: {msg}" if loc else f"sinks.{name}: {msg}") from None
+        errors = exc.errors(include_input=False, include_url=False)
+        # an unknown key first: it is usually a typo of the field reported missing
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+        lines = []
+        for err in errors:
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+                msg = "unknown key" + _did_you_mean(loc, list(cls.config_model.model_fields), ";")
+            lines.append(f"sinks.{name}.{loc}: {msg}" if loc else f"sinks.{name}: {msg}")
+        raise ConfigError("\n  ".join(lines)) from None
+
+
+def _did_you_mean(word: str, known: list[str], sep: str = ":") -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"{sep} did you mean {close[0]!r}?" if close else ""
 
 
 def create_sink(name: str, config: SinkConfig) -> Sink:

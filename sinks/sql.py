@@ -2,7 +2,15 @@
 
 The table (``nopoll_results`` by default) has the envelope's columns with primary key
 ``(provider, key)``; every write is an upsert, so replays never duplicate. The sink
-creates and migrates its own table (additive columns, a recorded schema version).
+creates and migrates its own table (additive columns, a recorded schema version), also
+when several sinks or processes open the same database at once: on SQLite the migration
+holds the write lock from its first statement (``BEGIN IMMEDIATE``), on Postgres an
+advisory lock.
+
+An envelope field with no value (``error``, ``body``) is SQL NULL on both databases,
+never the JSON text ``'null'``, so ``WHERE error IS NULL`` means the same everywhere.
+Schema version 2 turns the JSON ``null`` that version 1 stored on SQLite (and any found on
+Postgres) into NULL, once, in place.
 
 Postgres refuses U+0000 in ``text`` and in ``jsonb``: there, and only there, every NUL
 character is stored as U+FFFD, in the text columns and in the keys and values of the
@@ -17,10 +25,12 @@ other failure is a plain :class:`~receiver.exceptions.SinkError` for the whole w
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import logging
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +39,7 @@ import orjson
 import sqlalchemy as sa
 from pydantic import SecretStr, field_validator
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlmodel import Column, Field, SQLModel
 
 from receiver.envelope import Envelope
@@ -41,8 +51,11 @@ __all__ = ["SCHEMA_VERSION", "NopollResult", "SqlSink", "SqlSinkConfig", "result
 
 log = logging.getLogger("nopoll.sinks.sql")
 
-SCHEMA_VERSION = 1
-_JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+SCHEMA_VERSION = 2
+"""1: the first table. 2: JSON columns hold SQL NULL for no value, never JSON ``null``."""
+_JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+_JSON_COLUMNS = ("error", "metadata", "body")
+_SQL_NULL_SINCE = 2  # the schema version from which no value is SQL NULL
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -107,6 +120,11 @@ class SqlSinkConfig(SinkConfig):
             value = "sqlite+aiosqlite://" + value.split("://", 1)[1]
         if not value.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
             raise ValueError("must be a postgresql:// or sqlite:/// URL")
+        if value.startswith("postgresql") and not _installed("asyncpg"):
+            raise ValueError(
+                "a postgresql:// URL needs the asyncpg driver, which is not installed: "
+                "pip install 'nopoll[postgres]'"
+            )
         return value
 
     @field_validator("table")
@@ -115,6 +133,13 @@ class SqlSinkConfig(SinkConfig):
         if not _IDENT.match(value):
             raise ValueError("must be a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return value
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _parse_time(value: str) -> datetime:
@@ -216,6 +241,7 @@ class SqlSink(SinkBase):
     def __init__(self, name: str, config: SqlSinkConfig) -> None:
         super().__init__(name, config)
         self.table = results_table(config.table)
+        self._schema = _schema_table(self.table.metadata)
         self._engine: AsyncEngine | None = None
         self._upsert: Any = None
         self._pool: Any = None
@@ -280,11 +306,8 @@ class SqlSink(SinkBase):
         )
 
     async def _migrate(self) -> None:
-        schema = _schema_table(self.table.metadata)
-        async with self.engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                # Several workers may start at once; serialize their DDL.
-                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(727274)"))
+        schema = self._schema
+        async with self._ddl_transaction() as conn:
             await conn.run_sync(self.table.metadata.create_all, checkfirst=True)
             existing = await conn.run_sync(
                 lambda c: {col["name"] for col in sa.inspect(c).get_columns(self.table.name)}
@@ -298,6 +321,8 @@ class SqlSink(SinkBase):
                     sa.select(schema.c.version).where(schema.c.table_name == self.table.name)
                 )
             ).scalar()
+            if version is None or version < _SQL_NULL_SINCE:
+                await conn.execute(sa.text(_null_json_sql(conn.dialect.name, self.table.name)))
             if version is None:
                 await conn.execute(
                     schema.insert().values(table_name=self.table.name, version=SCHEMA_VERSION)
@@ -310,6 +335,29 @@ class SqlSink(SinkBase):
                     .where(schema.c.table_name == self.table.name)
                     .values(version=SCHEMA_VERSION)
                 )
+
+    @contextlib.asynccontextmanager
+    async def _ddl_transaction(self) -> AsyncIterator[AsyncConnection]:
+        """One transaction for the whole migration, serialized with every other sink and
+        process migrating the same database, so a table is created exactly once."""
+        if self.engine.dialect.name == "postgresql":
+            async with self.engine.begin() as conn:
+                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(727274)"))
+                yield conn
+            return
+        # pysqlite begins a transaction only at the first write, after the table checks: a
+        # second sink could check too, then both create. BEGIN IMMEDIATE takes the write
+        # lock first (waiting for it up to the busy timeout).
+        async with self.engine.connect() as plain:
+            conn = await plain.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(Exception):  # a broken connection: keep the cause
+                    await conn.exec_driver_sql("ROLLBACK")
+                raise
+            await conn.exec_driver_sql("COMMIT")
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
         if envelopes:
@@ -378,6 +426,16 @@ class SqlSink(SinkBase):
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
+
+
+def _null_json_sql(dialect: str, table: str) -> str:
+    """The JSON ``null`` an older version stored for no value, as SQL NULL: one pass."""
+    literal = "'null'::jsonb" if dialect == "postgresql" else "'null'"
+    sets = ", ".join(
+        f'"{c}" = CASE WHEN "{c}" = {literal} THEN NULL ELSE "{c}" END' for c in _JSON_COLUMNS
+    )
+    where = " OR ".join(f'"{c}" = {literal}' for c in _JSON_COLUMNS)
+    return f'UPDATE "{table}" SET {sets} WHERE {where}'
 
 
 async def _prefer_lz4(conn: Any, table: str) -> None:

@@ -1,14 +1,71 @@
-"""``nopoll config check``: validate a config file and say what it configures."""
+"""``nopoll config check``: validate a config file and say what it configures.
+
+``--redacted`` prints the effective configuration (defaults included) as YAML with every
+secret masked, for a bug report; it needs no secret in the environment.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from receiver.cli._common import add_config_option, load
+from pydantic import BaseModel, SecretStr
+
+from receiver.cli._common import add_config_option, config_path, load
+from receiver.config import Settings, is_secret_key, redact_url
+
+_MASK = "***"
+
+
+def _redacted(value: Any, loc: tuple[str | int, ...], unset: Mapping[str, Any]) -> Any:
+    """``value`` as plain YAML data, every secret masked; a secret that is still an unset
+    ``${VAR}`` shows as such."""
+    if isinstance(value, BaseModel):
+        fields = {name: getattr(value, name) for name in type(value).model_fields}
+        fields.update(value.model_extra or {})
+        return {k: _redacted(v, (*loc, k), unset) for k, v in fields.items()}
+    if isinstance(value, Mapping):
+        return {str(k): _redacted(v, (*loc, str(k)), unset) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v, (*loc, i), unset) for i, v in enumerate(value)]
+    if isinstance(value, Path):
+        return str(value)
+    if not isinstance(value, str | SecretStr):
+        return value
+    text = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if ".".join(map(str, loc)) in unset and text.startswith("${") and text.endswith("}"):
+        return f"{text} (not set)"
+    if is_secret_key(loc):
+        return _MASK if text else ""
+    if "://" in text:
+        return redact_url(text)
+    if isinstance(value, SecretStr):
+        return _MASK if text else ""
+    return text
+
+
+def _print_redacted(settings: Settings, source: str) -> None:
+    import yaml
+
+    data = _redacted(settings, (), settings.unset_env)
+    print(f"# the effective configuration of {source}, every secret masked")
+    print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
 
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
+    if args.redacted:
+        settings = load(args, require_env=False)
+        _print_redacted(settings, config_path(args) or "the built-in defaults")
+        if settings.notes:
+            print(
+                f"nopoll: config valid but for {len(settings.notes)} unset variable(s) "
+                "(notes above)",
+                file=sys.stderr,
+            )
+        return 0
     settings = load(args)
     print("config OK")
     print(
@@ -16,9 +73,14 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
         + (f"embedded (under {settings.data_dir})" if settings.embedded_redis else "external")
     )
     for name, p in settings.providers.items():
+        callbacks = (
+            f"{len(p.webhook_secrets)} webhook secret(s)"
+            if p.webhook_secrets
+            else "no callbacks (no webhook_secrets)"
+        )
         print(
             f"  provider {name}: dialect {p.dialect}, {p.base_url}, "
-            f"{len(p.webhook_secrets)} webhook secret(s), tolerance {p.tolerance_s}s"
+            f"{callbacks}, tolerance {p.tolerance_s}s"
         )
     for name, s in settings.sinks.items():
         print(f"  sink {name}: {s.type}")
@@ -36,4 +98,10 @@ def register(sub: Any) -> None:
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     p = cfg_sub.add_parser("check", help="validate a config file and print what it configures")
     add_config_option(p)
+    p.add_argument(
+        "--redacted",
+        action="store_true",
+        help="print the effective configuration with every secret masked (for bug reports); "
+        "unset variables are notes, not errors",
+    )
     p.set_defaults(func=_cmd_config_check)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from receiver.cli import main
@@ -58,10 +61,93 @@ def test_list_and_replay(tmp_path, redis_url, redis_sync_client, capsys):
     assert "resp_b" in out and "resp_a" not in out
 
     assert main(["dlq", "replay", "--config", cfg, "--sink", "fetch"]) == 0
-    assert "1 dead letter(s) queued again" in capsys.readouterr().out
+    assert "1 dead letter(s) queued again in" in capsys.readouterr().out
     assert len(redis_sync_client.zrange(JOBS_QUEUE, 0, -1)) == 1
     assert main(["dlq", "replay", "--config", cfg]) == 0  # no selector: every one left
-    assert "1 dead letter(s) queued again" in capsys.readouterr().out
+    assert "1 dead letter(s) queued again in" in capsys.readouterr().out
     assert main(["dlq", "list", "--config", cfg]) == 0
-    assert "no dead letters" in capsys.readouterr().out
+    assert f"no dead letters in {redis_url}" in capsys.readouterr().out
     assert len(redis_sync_client.zrange(JOBS_QUEUE, 0, -1)) == 2
+
+
+# --- the installed command, as a new user runs it ---------------------------------------
+
+NOPOLL = str(Path(sys.executable).parent / "nopoll")
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """Only what any shell has: no NOPOLL_* variable, no provider secret."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    return {**{k: os.environ[k] for k in keep if k in os.environ}, **extra}
+
+
+def nopoll(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [NOPOLL, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_list_without_config_in_an_empty_folder_refuses_and_creates_nothing(tmp_path):
+    result = nopoll("dlq", "list", cwd=tmp_path, env=bare_env())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "no dead letters" not in result.stdout
+    err = result.stderr
+    assert "no config" in err
+    assert str(tmp_path / "nopoll-data") in err  # where it would look
+    assert "--config" in err and "NOPOLL_CONFIG" in err
+    assert list(tmp_path.iterdir()) == []  # no ./nopoll-data for a read-only command
+
+
+def test_list_without_config_uses_a_running_embedded_redis_and_says_so(tmp_path):
+    from receiver.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "nopoll-data")
+    url = server.start()
+    try:
+        result = nopoll("dlq", "list", cwd=tmp_path, env=bare_env())
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"no dead letters in the embedded Redis at {url}" in result.stdout
+
+
+def test_list_says_which_redis_and_needs_no_secret(tmp_path, redis_url):
+    asyncio.run(add_letters(redis_url))
+    cfg = tmp_path / "nopoll.yaml"
+    cfg.write_text(
+        f"redis_url: '{redis_url}'\n"
+        f"data_dir: {tmp_path / 'data'}\n"
+        "providers:\n"
+        "  sference:\n"
+        "    dialect: sference\n"
+        "    base_url: https://api.sference.com/v1\n"
+        "    api_key: ${SFERENCE_API_KEY}\n"
+        '    webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}"]\n'
+    )
+    result = nopoll("dlq", "list", "--config", str(cfg), cwd=tmp_path, env=bare_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"2 dead letter(s) in {redis_url}" in result.stdout
+    assert "SFERENCE_API_KEY is not set (needed to run)" in result.stderr
+    assert not (tmp_path / "data").exists()
+    # replay changes things: it still wants the whole config
+    replay = nopoll("dlq", "replay", "--config", str(cfg), cwd=tmp_path, env=bare_env())
+    assert replay.returncode == 2
+    assert "SFERENCE_API_KEY is not set" in replay.stderr
+
+
+def test_list_with_an_unset_redis_url_says_so(tmp_path):
+    cfg = tmp_path / "nopoll.yaml"
+    cfg.write_text("redis_url: ${REDIS_URL}\n")
+    result = nopoll("dlq", "list", "--config", str(cfg), cwd=tmp_path, env=bare_env())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "redis_url" in result.stderr and "REDIS_URL is not set" in result.stderr
+    assert list(tmp_path.iterdir()) == [cfg]
+
+
+def test_list_with_an_embedded_config_and_no_data_refuses(tmp_path):
+    cfg = tmp_path / "nopoll.yaml"
+    cfg.write_text("data_dir: ./elsewhere\n")
+    result = nopoll("dlq", "list", "--config", str(cfg), cwd=tmp_path, env=bare_env())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert str(tmp_path / "elsewhere") in result.stderr
+    assert list(tmp_path.iterdir()) == [cfg]

@@ -74,7 +74,7 @@ def test_missing_variable_names_key_and_variable(tmp_path: Path) -> None:
         (("sinks: [db]", "sinks: [nowhere]"), r"routes\.0\.sinks: unknown sink 'nowhere'"),
         (("type: jsonl", "type: nosuch"), r"sinks\.files\.type: unknown sink type 'nosuch'"),
         (("metadata.label: eval", "colour: red"), r"unknown match key 'colour'"),
-        (("data_dir:", "unknown_key: 1\ndata_dir:"), r"unknown_key: Extra inputs"),
+        (("data_dir:", "unknown_key: 1\ndata_dir:"), r"unknown_key: unknown key"),
     ],
 )
 def test_invalid_config_names_the_key(
@@ -134,3 +134,157 @@ def test_empty_rotation_slot_is_dropped(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"providers\.sference\.webhook_secrets"):
         load_settings(write(tmp_path, only_empty), env=ENV)
+
+
+# --- a new user's first hour: empty variables, hints, typos, lenient loading -----------
+
+
+def test_set_but_empty_variable_names_key_and_variable(tmp_path: Path) -> None:
+    env = {**ENV, "SFERENCE_WEBHOOK_SECRET": ""}
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD), env=env)
+    message = str(info.value)
+    assert "providers.sference.webhook_secrets.0" in message
+    assert "SFERENCE_WEBHOOK_SECRET is set but empty" in message
+    assert "at least 1 item" not in message
+
+
+def test_explicit_empty_default_stays_allowed(tmp_path: Path) -> None:
+    text = GOOD.replace('"raw-old-secret"', '"${OLD_SECRET:-}"')
+    s = load_settings(write(tmp_path, text), env={**ENV, "OLD_SECRET": ""})
+    assert s.providers["sference"].secret_keys() == [b"hello world"]
+
+
+def test_default_applies_to_an_empty_variable_as_in_the_shell(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, GOOD), env={**ENV, "REDIS_URL": ""})
+    assert s.redis_url.get_secret_value() == "redis://127.0.0.1:6379/1"
+
+
+@pytest.mark.parametrize(
+    ("line", "secret"),
+    [
+        ("api_key: ${SFERENCE_API_KEY}", True),
+        ('webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}", "raw-old-secret"]', True),
+        ('url: "postgresql://app:hunter2@db/results"', True),
+        ("base_url: https://api.sference.com/v1/", False),
+    ],
+)
+def test_missing_variable_hint_never_suggests_a_default_for_a_secret(
+    tmp_path: Path, line: str, secret: bool
+) -> None:
+    replacement = {
+        "api_key: ${SFERENCE_API_KEY}": "api_key: ${NEW_VAR}",
+        'webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}", "raw-old-secret"]': (
+            'webhook_secrets: ["${NEW_VAR}"]'
+        ),
+        'url: "postgresql://app:hunter2@db/results"': 'url: "postgresql://app:${NEW_VAR}@db/r"',
+        "base_url: https://api.sference.com/v1/": "base_url: ${NEW_VAR}",
+    }[line]
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD.replace(line, replacement)), env=ENV)
+    message = str(info.value)
+    assert "NEW_VAR is not set" in message
+    if secret:
+        assert "${NEW_VAR:-" not in message
+        assert "set it in the environment" in message and "never live in the file" in message
+    else:
+        assert "${NEW_VAR:-default}" in message
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        (("webhook_secrets:", "webhook_secret:"), "did you mean 'webhook_secrets'?"),
+        (("routes:", "route:"), "did you mean 'routes'?"),
+        (("data_dir:", "http: {read_timout_s: 3}\ndata_dir:"), "did you mean 'read_timeout_s'?"),
+        (("{type: jsonl, dir:", "{type: jsonl, dirr:"), "did you mean 'dir'?"),
+        (("type: jsonl", "type: jsonll"), "did you mean 'jsonl'?"),
+        (("metadata.label: eval", "provder: x"), "did you mean 'provider'?"),
+    ],
+)
+def test_typo_says_did_you_mean(tmp_path: Path, patch: tuple[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD.replace(*patch)), env=ENV)
+    assert expected in str(info.value)
+
+
+def test_typo_names_its_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD.replace("webhook_secrets:", "webhook_secret:")), env=ENV)
+    assert "providers.sference.webhook_secret: unknown key; did you mean" in str(info.value)
+
+
+def test_webhook_secrets_are_optional(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        '    webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}", "raw-old-secret"]\n', ""
+    )
+    s = load_settings(write(tmp_path, text), env=ENV)
+    assert s.providers["sference"].webhook_secrets == []
+    assert s.providers["sference"].secret_keys() == []
+    empty = load_settings(
+        write(tmp_path, GOOD.replace('["${SFERENCE_WEBHOOK_SECRET}", "raw-old-secret"]', "[]")),
+        env=ENV,
+    )
+    assert empty.providers["sference"].webhook_secrets == []
+    # a given secret is still checked
+    bad = GOOD.replace('"raw-old-secret"', '"whsec_%%%"')
+    with pytest.raises(ConfigError, match=r"providers\.sference\.webhook_secrets"):
+        load_settings(write(tmp_path, bad), env=ENV)
+
+
+LENIENT = """
+redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/1}
+data_dir: {data}
+providers:
+  sference:
+    dialect: sference
+    base_url: ${SFERENCE_BASE_URL}
+    api_key: ${SFERENCE_API_KEY}
+    webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}", "whsec_${ROTATED}"]
+sinks:
+  db: {type: sql, url: "${DATABASE_URL}"}
+  audit: {type: http, url: "https://consumer.example/hook", secret: "${AUDIT_SECRET}"}
+http: {read_timeout_s: "${READ_TIMEOUT}"}
+"""
+
+
+def test_lenient_load_turns_unset_variables_into_notes(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="SFERENCE_BASE_URL is not set"):
+        load_settings(write(tmp_path, LENIENT), env={})
+    s = load_settings(write(tmp_path, LENIENT), env={"ROTATED": ""}, require_env=False)
+    notes = "\n".join(s.notes)
+    for key, name in [
+        ("providers.sference.base_url", "SFERENCE_BASE_URL"),
+        ("providers.sference.api_key", "SFERENCE_API_KEY"),
+        ("providers.sference.webhook_secrets.0", "SFERENCE_WEBHOOK_SECRET"),
+        ("sinks.db.url", "DATABASE_URL"),
+        ("sinks.audit.secret", "AUDIT_SECRET"),
+        ("http.read_timeout_s", "READ_TIMEOUT"),
+    ]:
+        assert f"{key}: {name} is not set (needed to run)" in notes
+        assert s.unset_env[key] == (name,)
+    assert "providers.sference.webhook_secrets.1: ROTATED is set but empty" in notes
+    assert s.providers["sference"].base_url == "${SFERENCE_BASE_URL}"  # a visible placeholder
+    assert s.sinks["db"].type == "sql" and s.sinks["audit"].type == "http"
+    assert s.redis_url.get_secret_value() == "redis://127.0.0.1:6379/1"
+    assert s.http.read_timeout_s == 30.0  # the default, until READ_TIMEOUT is set
+
+
+def test_lenient_load_still_reports_real_mistakes(tmp_path: Path) -> None:
+    text = LENIENT.replace("dialect: sference", "dialect: bogus")
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), env={}, require_env=False)
+    message = str(info.value)
+    assert "providers.sference.dialect" in message
+    assert "base_url" not in message  # unset there: a note, not an error
+    bad_name = LENIENT.replace("  sference:", "  'bad name':")
+    with pytest.raises(ConfigError, match=r"name 'bad name' must match"):
+        load_settings(write(tmp_path, bad_name), env={}, require_env=False)
+    typo = LENIENT.replace("{type: http, url:", "{type: http, urll:")
+    with pytest.raises(ConfigError, match=r"sinks\.audit\.urll: unknown key; did you mean 'url'"):
+        load_settings(write(tmp_path, typo), env={}, require_env=False)
+
+
+def test_strict_load_has_no_notes(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, GOOD), env=ENV)
+    assert s.notes == () and dict(s.unset_env) == {}

@@ -1,0 +1,143 @@
+"""``nopoll config check`` as a user runs it: the installed command, in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+NOPOLL = str(Path(sys.executable).parent / "nopoll")
+
+# What `pip install .` without the postgres extra gives: no asyncpg to import or find.
+HIDE_ASYNCPG = """
+import sys
+
+class _NoAsyncpg:
+    def find_spec(self, name, path=None, target=None):
+        if name == "asyncpg" or name.startswith("asyncpg."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoAsyncpg())
+"""
+
+CONFIG = """
+redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/2}
+data_dir: {data}
+providers:
+  sference:
+    dialect: sference
+    base_url: https://api.sference.com/v1
+    api_key: ${SFERENCE_API_KEY}
+    webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}"]
+  sail:
+    dialect: sail
+    base_url: https://api.sail.example/v1
+    api_key: ${SAIL_API_KEY}
+sinks:
+  warehouse: {type: sql, url: "postgresql://app:${PG_PASSWORD}@db/results"}
+  audit:
+    type: http
+    url: "https://consumer.example/hook?token=${HOOK_TOKEN}"
+    secret: "${AUDIT_SECRET}"
+  files: {type: jsonl, dir: {data}/results}
+"""
+SECRETS = {
+    "SFERENCE_API_KEY": "sk-live-SECRETVALUE1",
+    "SFERENCE_WEBHOOK_SECRET": "whsec_U0VDUkVUVkFMVUUy",
+    "SAIL_API_KEY": "sk-sail-SECRETVALUE3",
+    "PG_PASSWORD": "SECRETVALUE4",
+    "HOOK_TOKEN": "SECRETVALUE5",
+    "AUDIT_SECRET": "SECRETVALUE6",
+}
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    return {**{k: os.environ[k] for k in keep if k in os.environ}, **extra}
+
+
+def nopoll(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [NOPOLL, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+def write(tmp_path: Path, text: str = CONFIG) -> Path:
+    path = tmp_path / "nopoll.yaml"
+    path.write_text(text.replace("{data}", str(tmp_path / "data")))
+    return path
+
+
+def test_postgres_sink_without_asyncpg_fails_at_config_check(tmp_path: Path) -> None:
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_ASYNCPG)
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(
+        "sinks:\n  warehouse: {type: sql, url: 'postgresql://app@127.0.0.1/results'}\n"
+    )
+    env = bare_env(PYTHONPATH=str(hide))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import asyncpg"], env=env, capture_output=True, timeout=60
+    )
+    assert probe.returncode != 0  # the hiding works
+    result = nopoll("config", "check", "--config", str(config), env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "config OK" not in result.stdout
+    assert "sinks.warehouse.url" in result.stderr
+    assert "pip install 'nopoll[postgres]'" in result.stderr
+    assert "Traceback" not in result.stderr
+    # SQLite needs no extra
+    config.write_text("sinks:\n  db: {type: sql, url: 'sqlite:///x.db'}\n")
+    ok = nopoll("config", "check", "--config", str(config), env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_redacted_prints_the_effective_config_without_any_secret(tmp_path: Path) -> None:
+    config = write(tmp_path)
+    result = nopoll(
+        "config",
+        "check",
+        "--redacted",
+        "--config",
+        str(config),
+        env=bare_env(**SECRETS),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout + result.stderr
+    assert "SECRETVALUE" not in out and "U0VDUkVUVkFMVUUy" not in out
+    shown = yaml.safe_load(result.stdout)
+    assert shown["redis_url"] == "redis://127.0.0.1:6379/2"
+    assert shown["providers"]["sference"]["base_url"] == "https://api.sference.com/v1"
+    assert shown["providers"]["sference"]["api_key"] == "***"
+    assert shown["providers"]["sference"]["webhook_secrets"] == ["***"]
+    assert shown["providers"]["sail"]["webhook_secrets"] == []
+    assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://app:***@db/results"
+    assert shown["sinks"]["audit"]["url"] == "https://consumer.example/hook?token=***"
+    assert shown["sinks"]["audit"]["secret"] == "***"
+    assert shown["http"]["read_timeout_s"] == 30.0  # defaults are part of the effective config
+
+
+def test_redacted_needs_no_secret_in_the_environment(tmp_path: Path) -> None:
+    config = write(tmp_path)
+    strict = nopoll("config", "check", "--config", str(config), env=bare_env(), cwd=tmp_path)
+    assert strict.returncode == 2
+    assert "SFERENCE_API_KEY is not set" in strict.stderr
+    result = nopoll(
+        "config", "check", "--redacted", "--config", str(config), env=bare_env(), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for key, name in [
+        ("providers.sference.api_key", "SFERENCE_API_KEY"),
+        ("providers.sference.webhook_secrets.0", "SFERENCE_WEBHOOK_SECRET"),
+        ("sinks.warehouse.url", "PG_PASSWORD"),
+    ]:
+        assert f"{key}: {name} is not set (needed to run)" in result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["providers"]["sference"]["api_key"] == "${SFERENCE_API_KEY} (not set)"
+    assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://app:***@db/results"
