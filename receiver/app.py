@@ -1,7 +1,7 @@
 """The web app: ``POST /webhooks/{provider}``, health, readiness and metrics.
 
 A callback gets a 2xx only once its job is durably in Redis; anything else tells the
-provider to retry. Status codes are DESIGN.md's table; every 4xx body says why, and
+provider to retry. Status codes are docs/http.md's table; every 4xx body says why, and
 nothing a client sends can produce a 500. How the request itself is read (repeated
 headers, early answers, the body deadline) is :mod:`receiver.wire`. While Redis is down
 callbacks answer 503; that is logged once when it starts and once when it ends.
@@ -14,6 +14,7 @@ stack, about a third of the server's CPU per callback. Everything else is Starle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -33,6 +34,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from receiver.config import Settings
 from receiver.envelope import now_rfc3339
 from receiver.exceptions import VerificationError
+from receiver.health import read_sink_health
+from receiver.logs import Throttle
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.providers import safe_id
 from receiver.queue import (
@@ -68,7 +71,10 @@ class WebhookEndpoint:
         self._verifiers = {
             name: Verifier(cfg.secret_keys(), cfg.tolerance_s)
             for name, cfg in settings.providers.items()
+            if cfg.webhook_secrets
         }
+        # Configured, but sends no callbacks (results come by polling): a clear 404.
+        self._no_callbacks = {n for n, cfg in settings.providers.items() if not cfg.webhook_secrets}
         self._enqueuer = enqueuer
         self._max_body = settings.max_body_bytes
         self._too_large = f"body is larger than {settings.max_body_bytes} bytes"
@@ -78,6 +84,7 @@ class WebhookEndpoint:
         self._enqueue_seconds = metrics.enqueue_seconds
         self._accepted = {p: metrics.callbacks.labels(p, "accepted") for p in self._verifiers}
         self._link = RedisLink("api")
+        self._rejections = Throttle(log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         provider = scope["path"][len(_PREFIX) :]
@@ -86,6 +93,8 @@ class WebhookEndpoint:
         except Reply as reply:
             label = provider if provider in self._verifiers else "unknown"
             self._callbacks.labels(label, reply.outcome).inc()
+            if reply.status >= 400:
+                self._log_rejection(label, provider, scope, reply)
             if reply.then is not Then.KEEP_ALIVE:
                 await answer_and_close(reply, receive, send)
                 return
@@ -95,12 +104,30 @@ class WebhookEndpoint:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    def _log_rejection(self, label: str, provider: str, scope: Scope, reply: Reply) -> None:
+        """One line per provider and status every 10 s at most, with the reason."""
+        client = scope.get("client")
+        self._rejections.log(
+            logging.WARNING,
+            (label, reply.status),
+            "callback to /webhooks/%s answered %d: %s (from %s)",
+            provider[:64],
+            reply.status,
+            reply.payload.get("error") or reply.payload.get("reason"),
+            client[0] if client else "unknown",
+        )
+
     async def _handle(
         self, provider: str, scope: Scope, receive: Receive
     ) -> tuple[int, dict[str, Any]]:
         verifier = self._verifiers.get(provider)
         if verifier is None:
-            raise Reply(404, {"error": "unknown provider"}, then=Then.DRAIN_AND_CLOSE)
+            reason = (
+                f"provider {provider!r} takes no callbacks (it has no webhook_secrets)"
+                if provider in self._no_callbacks
+                else "unknown provider"
+            )
+            raise Reply(404, {"error": reason}, then=Then.DRAIN_AND_CLOSE)
         headers, declared = callback_headers(scope["headers"])
         body = await self._read_body(declared, receive)
 
@@ -123,6 +150,7 @@ class WebhookEndpoint:
         event_type = event["type"]
         if event_type not in RESPONSE_EVENTS and event_type not in BATCH_EVENTS:
             reason = f"event type {event_type!r} is not handled"
+            log.debug("callback %s to /webhooks/%s ignored: %s", webhook_id, provider, reason)
             raise Reply(202, {"status": "ignored", "reason": reason}, "ignored")
         data = event.get("data")
         object_id = data.get("id") if isinstance(data, dict) else None
@@ -147,6 +175,8 @@ class WebhookEndpoint:
             raise Reply(200, {"status": "duplicate"}, "duplicate")
         self._accepted[provider].inc()
         status = "queued" if outcome is EnqueueOutcome.ENQUEUED else "already_queued"
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("callback %s: %s %s %s", webhook_id, event_type, object_id, status)
         return 202, {"status": status, "id": object_id}
 
     async def _read_body(self, declared: bytes | None, receive: Receive) -> bytes:
@@ -292,7 +322,12 @@ def create_app(
                 alive = 0
             checks["worker"] = "ok" if alive else "no heartbeat"
         ready = all(v == "ok" for v in checks.values())
-        return _json(200 if ready else 503, {"ready": ready, **checks})
+        body: dict[str, Any] = {"ready": ready, **checks}
+        if checks["redis"] == "ok":
+            # Shown, not required: callbacks queue safely while a sink is retried.
+            with contextlib.suppress(RedisError, OSError):
+                body["sinks"] = await read_sink_health(redis)
+        return _json(200 if ready else 503, body)
 
     async def metrics_endpoint(request: Request) -> Response:
         try:

@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.envelope import now_rfc3339
+from receiver.health import publish_sink_health
 from receiver.jobs import letter_target, rules_for
 from receiver.metrics import Metrics
 from receiver.queue import (
@@ -118,6 +119,13 @@ class NopollWorker(Worker):
     async def heart_beat(self) -> None:
         await super().heart_beat()
         self.last_beat = time.monotonic()
+
+    async def record_health(self) -> None:
+        before = self._last_health_check
+        await super().record_health()
+        fanout = self.ctx.get("fanout")
+        if self._last_health_check != before and fanout is not None:
+            await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
 
     def _alive(self) -> None:
         # Waiting for Redis is this loop's job now: the process is healthy, just idle.
@@ -279,6 +287,8 @@ def build_workers(
 
     short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
     long = [job(fetch_batch, FETCH_BATCH)]
+    # One set of sinks and provider clients for the process's workers (see startup).
+    extra_ctx = {"shared": {}, **(extra_ctx or {})}
     common: dict[str, Any] = {
         "redis_url": redis_url,
         "metrics": metrics,

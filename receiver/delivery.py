@@ -88,6 +88,11 @@ def _kwargs(
     }
 
 
+def _keys(envelopes: list[dict[str, Any]]) -> str:
+    keys = [str(e.get("key")) for e in envelopes[:3]]
+    return ", ".join(keys) + (f" (+{len(envelopes) - 3} more)" if len(envelopes) > 3 else "")
+
+
 def rejection_text(error: SinkRowsRejected) -> str:
     reasons = sorted(set(error.rejected.values()))
     return f"sink {error.sink!r} refused {len(error.rejected)} row(s): " + "; ".join(reasons)[:1500]
@@ -145,5 +150,6 @@ async def deliver(
         )
     if batch_state is not None and settle is not None:
         await batch_state_for(ctx, batch_state).settle(sink, settle)
+    log.info("sink %s took %d result(s) on a retry: %s", sink, len(envelopes), _keys(envelopes))
     ctx["metrics"].jobs.labels(DELIVER, "ok").inc()
     return {"rows": len(envelopes)}

@@ -1,6 +1,6 @@
 """The result envelope (``nopoll.result/v1``) and how provider objects become envelopes.
 
-Every sink receives the same record; DESIGN.md's table is the contract. The functions
+Every sink receives the same record (docs/envelope.md). The functions
 here are pure: they take the provider's JSON and return envelopes, nothing else.
 """
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from receiver.envelope import Envelope
-from receiver.exceptions import SinkError
+from receiver.exceptions import SinkError, SinkRejected
 from receiver.metrics import Metrics
 from receiver.routing import Router
 from sinks.base import Sink, SinkConfig
@@ -33,6 +33,18 @@ class ManagedSink:
         self._lock = asyncio.Lock()
         self.claim_check: Callable[[Envelope], Awaitable[str]] | None = None
         """Where a sink with a size limit (Kafka) puts bodies too large to carry."""
+        self.state = "not opened"
+        """``ok`` after a write went through, ``failing`` after one failed, ``not opened``."""
+        self.error: str | None = None
+        """The last write's error while failing (never a secret: sink errors carry none)."""
+        self.since = time.time()
+        """When ``state`` last changed (Unix seconds)."""
+
+    def _record(self, error: BaseException | None) -> None:
+        state = "ok" if error is None else "failing"
+        if state != self.state:
+            self.state, self.since = state, time.time()
+        self.error = None if error is None else str(error)[:300]
 
     async def _opened(self) -> Sink:
         if self._sink is not None:
@@ -67,15 +79,23 @@ class ManagedSink:
                     await sink.write(envelopes)
         except TimeoutError:
             self._metrics.sink_writes.labels(self.name, "error").inc()
-            raise SinkError(
-                f"write timed out after {self.config.timeout_s:g}s", sink=self.name
-            ) from None
-        except SinkError:
+            error = SinkError(f"write timed out after {self.config.timeout_s:g}s", sink=self.name)
+            self._record(error)
+            raise error from None
+        except SinkRejected:  # the data's fault, not the sink's: it still works
             self._metrics.sink_writes.labels(self.name, "error").inc()
+            self._record(None)
+            raise
+        except SinkError as exc:
+            self._metrics.sink_writes.labels(self.name, "error").inc()
+            self._record(exc)
             raise
         except Exception as exc:
             self._metrics.sink_writes.labels(self.name, "error").inc()
-            raise SinkError(f"{type(exc).__name__}: {exc}"[:500], sink=self.name) from exc
+            error = SinkError(f"{type(exc).__name__}: {exc}"[:500], sink=self.name)
+            self._record(error)
+            raise error from exc
+        self._record(None)
         self._metrics.sink_writes.labels(self.name, "ok").inc()
         self._metrics.sink_rows.labels(self.name).inc(len(envelopes))
         self._metrics.sink_seconds.labels(self.name).observe(time.perf_counter() - started)

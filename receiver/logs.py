@@ -17,18 +17,25 @@ import contextvars
 import logging
 import re
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-__all__ = ["JsonFormatter", "TextFormatter", "bind", "configure_logging"]
+__all__ = ["JsonFormatter", "TextFormatter", "Throttle", "bind", "configure_logging"]
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "nopoll_log_context", default=None
 )
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# uvicorn adds ``color_message``, the message with ANSI colour codes: not for a log file.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 # C0 and C1 controls, DEL, and the Unicode line and paragraph separators: whatever a
 # terminal or a log viewer may take for the end of a line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
@@ -64,6 +71,32 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
+
+
+class Throttle:
+    """At most one line per key every ``every_s`` seconds; the next line of that key says how
+    many were left out meanwhile. Keys should come from a small set (a provider and a
+    status): a flood of rejected requests then costs a few lines, not a full disk."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0, max_keys: int = 1024):
+        self._logger = logger
+        self._every_s = every_s
+        self._max_keys = max_keys
+        self._last: dict[Any, tuple[float, int]] = {}
+
+    def log(self, level: int, key: Any, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        last, skipped = self._last.get(key, (float("-inf"), 0))
+        if now - last < self._every_s:
+            self._last[key] = (last, skipped + 1)
+            return
+        if skipped:
+            msg += " (and %d more like it in the last %.0f s)"
+            args = (*args, skipped, now - last)
+        if len(self._last) >= self._max_keys:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        self._logger.log(level, msg, *args)
 
 
 def _escape(text: str) -> str:

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from receiver.app import create_app
 from receiver.arq_worker import build_workers
 from receiver.config import Settings
+from receiver.describe import describe
 from receiver.embedded import EmbeddedRedis
 from receiver.exceptions import ConfigError
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -85,6 +86,8 @@ async def _run(
     servers: list[_Server] = []
     arq_workers: list[Worker] = []
     redis = redis_client(redis_url)
+    for line in describe(settings, redis_url, api=(host, port) if api else None, worker=worker):
+        log.info("%s", line)
 
     if worker:
         arq_workers = build_workers(
@@ -93,8 +96,6 @@ async def _run(
         for w in arq_workers:
             tasks.append(asyncio.create_task(w.async_run(), name=f"worker {w.queue_name}"))
     if api:
-        if not settings.providers:
-            log.warning("no providers configured: every callback will answer 404")
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: Any) -> AsyncIterator[None]:

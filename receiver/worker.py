@@ -43,24 +43,32 @@ log = logging.getLogger("nopoll.worker")
 
 
 async def startup(ctx: dict[str, Any]) -> None:
-    """Put one pooled client per provider and the (lazily opened) sinks in ``ctx``."""
+    """Put the provider clients and the (lazily opened) sinks in ``ctx``: one set per
+    process, shared by its workers (``ctx["shared"]``), so a sink is opened once."""
     settings: Settings = ctx["settings"]
     metrics: Metrics = ctx["metrics"]
-    ctx["dialects"] = {
-        name: dialect_for(
-            cfg.dialect,
-            ProviderClient(
-                name,
-                cfg,
-                settings.http,
-                transport=ctx.get("provider_transport"),
-                on_request=metrics.observe_provider_request,
-            ),
-        )
-        for name, cfg in settings.providers.items()
-    }
-    sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
-    ctx["fanout"] = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    shared: dict[str, Any] = ctx.setdefault("shared", {})
+    first = "fanout" not in shared
+    if first:  # no await before both are set: a second worker's start-up sees them
+        shared["dialects"] = {
+            name: dialect_for(
+                cfg.dialect,
+                ProviderClient(
+                    name,
+                    cfg,
+                    settings.http,
+                    transport=ctx.get("provider_transport"),
+                    on_request=metrics.observe_provider_request,
+                ),
+            )
+            for name, cfg in settings.providers.items()
+        }
+        sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
+        shared["fanout"] = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+        shared["users"] = 0
+    shared["users"] += 1
+    ctx["dialects"] = shared["dialects"]
+    ctx["fanout"] = shared["fanout"]
     ctx["dead_letters"] = DeadLetters(ctx["redis"])
     ctx["batch_runner"] = BatchRunner(
         settings,
@@ -69,16 +77,21 @@ async def startup(ctx: dict[str, Any]) -> None:
         dead_letters=ctx["dead_letters"],
         metrics=metrics,
     )
-    # Open sinks now so start-up problems show early; a sink that is down is retried later.
-    for name, sink in sinks.items():
-        try:
-            await sink.write([])
-        except Exception as exc:
-            log.warning("sink %s is not ready yet: %s", name, exc)
+    if first:
+        # Open sinks now so start-up problems show early; one that is down is retried later.
+        for name, sink in ctx["fanout"].sinks.items():
+            try:
+                await sink.write([])
+            except Exception as exc:
+                log.warning("sink %s is not ready yet: %s", name, exc)
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
-    """Close provider clients and sinks."""
+    """Close provider clients and sinks once the process's last worker stops."""
+    shared: dict[str, Any] = ctx.get("shared", {})
+    shared["users"] = shared.get("users", 1) - 1
+    if shared["users"] > 0:
+        return
     for dialect in ctx.get("dialects", {}).values():
         await dialect.client.aclose()
     if "fanout" in ctx:
@@ -125,6 +138,15 @@ async def fetch_response(
     failures = await fanout.write(shares)
     if failures:
         await queue_retries(ctx, failures, shares)
+    landed = sorted(set(shares) - set(failures))
+    log.info(
+        "response %s/%s landed (%s) in %s%s",
+        provider,
+        response_id,
+        envelope.status,
+        ", ".join(landed) or "no sink",
+        f"; retrying {', '.join(sorted(failures))} on their own" if failures else "",
+    )
     ctx["metrics"].jobs.labels(FETCH_RESPONSE, "ok").inc()
     return {"sinks": len(shares), "failed": sorted(failures)}
 

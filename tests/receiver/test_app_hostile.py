@@ -1,5 +1,5 @@
 """What a client sends on the webhook route, however odd, against a real uvicorn server:
-repeated headers (DESIGN.md "Details that users rely on") and hostile input. Every 4xx
+repeated headers (docs/http.md) and hostile input. Every 4xx
 says why in ``{"error": ...}``; nothing gives a 500.
 """
 

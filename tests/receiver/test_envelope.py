@@ -1,4 +1,4 @@
-"""Normalizing provider objects into result envelopes (DESIGN.md's rules)."""
+"""Normalizing provider objects into result envelopes (docs/envelope.md's rules)."""
 
 from __future__ import annotations
 

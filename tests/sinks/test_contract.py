@@ -104,7 +104,7 @@ class PostgresBackend(Backend):
 
 
 class JsonlBackend(Backend):
-    idempotent = False  # append-only: a replay adds a line (DESIGN: at least once)
+    idempotent = False  # append-only: a replay adds a line (docs/sinks/jsonl.md: at least once)
 
     def __init__(self, tmp: Path) -> None:
         self.dir = tmp / "jsonl"
