@@ -21,6 +21,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY nopoll ./nopoll
 COPY receiver ./receiver
 COPY sinks ./sinks
 RUN /opt/venv/bin/pip install ".[postgres]"

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from receiver.config import decode_webhook_secret
-from receiver.exceptions import VerificationError
+from nopoll.exceptions import VerificationError
+from nopoll.wire import decode_webhook_secret
 from receiver.verify import Verifier
 
 ARQ_QUEUE = "bench:arq"

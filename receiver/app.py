@@ -31,9 +31,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from nopoll.envelope import now_rfc3339
+from nopoll.exceptions import VerificationError
 from receiver.config import Settings
-from receiver.envelope import now_rfc3339
-from receiver.exceptions import VerificationError
 from receiver.health import read_sink_health
 from receiver.logs import Throttle
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics

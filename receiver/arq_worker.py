@@ -30,9 +30,9 @@ from arq.worker import Function, Worker, func
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from nopoll.envelope import now_rfc3339
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
-from receiver.envelope import now_rfc3339
 from receiver.health import publish_sink_health
 from receiver.jobs import letter_target, rules_for
 from receiver.metrics import Metrics

@@ -8,10 +8,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkRejected, SinkRowsRejected
 from receiver.batch_state import BatchState
 from receiver.delivery import handoff_job, rejection_text
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkRejected, SinkRowsRejected
 from receiver.queue import DELIVER
 
 if TYPE_CHECKING:

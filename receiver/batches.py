@@ -10,7 +10,7 @@ chunk hands that chunk to its own ``deliver`` job (retried alone, then dead-lett
 goes on with the next. The ``batch`` summary reaches a sink after all of that sink's rows.
 
 A batch that is not terminal yet (``finalizing`` with no output file, ``in_progress``) is
-never summarized: the run stops with :class:`~receiver.exceptions.ResultNotReady` and
+never summarized: the run stops with :class:`~nopoll.exceptions.ResultNotReady` and
 the job is retried later.
 
 The job's in-progress lock is a lease renewed while the job runs, so a killed worker's
@@ -34,12 +34,12 @@ from typing import Any, Protocol
 from arq.connections import ArqRedis
 from redis.exceptions import RedisError
 
+from nopoll.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
+from nopoll.exceptions import NopollError, ResultNotReady
 from receiver.batch_state import BatchState, batch_state_key
 from receiver.batch_writer import DONE, SinkWriter
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
-from receiver.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
-from receiver.exceptions import NopollError, ResultNotReady
 from receiver.fanout import FanOut
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
@@ -226,12 +226,12 @@ class BatchRunner:
         outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
         await state.finish()
         log.info(
-            "batch %s/%s: %d rows delivered in %.1fs %s",
+            "batch %s/%s: %d rows delivered in %.1f s (%s)",
             provider,
             batch_id,
             outcome.rows,
             time.monotonic() - started,
-            dict(outcome.by_status),
+            ", ".join(f"{n} {status}" for status, n in sorted(outcome.by_status.items())),
         )
         return outcome
 

@@ -1,7 +1,7 @@
 """The nopoll configuration: one YAML file, ``${VAR}`` interpolation, validated once at start-up.
 
 ``load_settings(path)`` returns a :class:`Settings`; every problem raises
-:class:`~receiver.exceptions.ConfigError` naming the exact key (``providers.x.base_url``)
+:class:`~nopoll.exceptions.ConfigError` naming the exact key (``providers.x.base_url``)
 and what is wrong, never the offending value (it may be a secret).
 
 ``load_settings(path, require_env=False)`` is the lenient load of read-only commands
@@ -13,8 +13,6 @@ placeholder is not checked. Every other mistake is still an error.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import difflib
 import os
 import re
@@ -35,6 +33,8 @@ from pydantic import (
     model_validator,
 )
 
+from nopoll.exceptions import ConfigError
+from nopoll.wire import decode_webhook_secret
 from receiver.config_source import (
     Interpolation,
     dotted,
@@ -45,7 +45,6 @@ from receiver.config_source import (
     redact_url,
     validate_lenient,
 )
-from receiver.exceptions import ConfigError
 
 __all__ = [
     "ApiConfig",
@@ -68,25 +67,6 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def decode_webhook_secret(secret: str) -> bytes:
-    """The HMAC key of a webhook secret.
-
-    ``whsec_<base64>`` is base64-decoded (the Standard Webhooks rule); any other string is
-    used as its UTF-8 bytes (the OpenAI SDK's rule for raw secrets).
-    """
-    if secret.startswith("whsec_"):
-        raw = secret[len("whsec_") :]
-        try:
-            key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError("a 'whsec_' secret must be base64 after the prefix") from None
-    else:
-        key = secret.encode()
-    if not key:
-        raise ValueError("webhook secret is empty")
-    return key
 
 
 def _check_webhook_secret(secret: SecretStr) -> SecretStr:
@@ -277,7 +257,7 @@ class Settings(_Model):
 
     @model_validator(mode="after")
     def _sinks_and_routes(self) -> Settings:
-        from sinks.registry import validate_sink_config
+        from sinks.registry import sink_class, validate_sink_config
 
         if not self.sinks:
             object.__setattr__(self, "sinks", _default_sinks(self.data_dir))
@@ -288,6 +268,17 @@ class Settings(_Model):
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         object.__setattr__(self, "sinks", validated)
+        for name, sink in self.sinks.items():
+            target = getattr(sink, "claim_check", None)
+            if target is None:
+                continue
+            holder = self.sinks.get(target)
+            if holder is None or not hasattr(sink_class(holder.type), "put_claim"):
+                what = f"a {holder.type} sink" if holder is not None else "not a configured sink"
+                raise ValueError(
+                    f"sinks.{name}.claim_check: {target!r} is {what}; name an s3 sink "
+                    "(it keeps the bodies too large for a message)"
+                )
         for i, route in enumerate(self.routes):
             for sink in route.sinks:
                 if sink not in self.sinks:
@@ -377,6 +368,9 @@ def load_settings(
     raw: Any = read_raw(path) if path is not None else {}
     interpolation = Interpolation(env, require_env=require_env)
     raw = interpolation.apply(raw)
+    if interpolation.errors:
+        lines = "\n".join(f"  {e}" for e in interpolation.errors)
+        raise ConfigError(f"invalid configuration in {source}:\n{lines}")
     if overrides:
         raw = {**raw, **overrides}
     unset = interpolation.unset

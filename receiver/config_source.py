@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from receiver.exceptions import ConfigError, SinkUnavailable
+from nopoll.exceptions import ConfigError, SinkUnavailable
 
 __all__ = [
     "Interpolation",
@@ -123,6 +123,8 @@ class Interpolation:
         self.require_env = require_env
         self.unset: dict[Loc, list[tuple[str, str]]] = {}
         """key -> (variable, "is not set" | "is set but empty") for every placeholder left."""
+        self.errors: list[str] = []
+        """In a strict load, every unset variable, so that all are reported at once."""
 
     def apply(self, value: Any, loc: Loc = ()) -> Any:
         if isinstance(value, dict):
@@ -150,7 +152,8 @@ class Interpolation:
             hint = f"set it, or write ${{{name}:-default}} to give a default"
         else:
             hint = f"give it a value, or write ${{{name}:-}} where empty is meant"
-        raise ConfigError(f"{dotted(loc)}: environment variable {name} {problem} ({hint})")
+        self.errors.append(f"{dotted(loc)}: environment variable {name} {problem} ({hint})")
+        return m.group(0)
 
 
 def _unwrap(tp: Any) -> Any:

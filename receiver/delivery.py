@@ -18,9 +18,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batch_state import BatchState
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.fanout import FanOut
 from receiver.jobs import dead_letter, guarded, retry_or_give_up
 from receiver.queue import DELIVER, QueuedJob, put_job
@@ -145,9 +145,7 @@ async def deliver(
     except SinkRejected as exc:
         return await dead_letter(ctx, DELIVER, kwargs, str(exc))
     except SinkError as exc:
-        return await retry_or_give_up(
-            ctx, DELIVER, kwargs, str(exc), getattr(exc, "retry_after_s", None)
-        )
+        return await retry_or_give_up(ctx, DELIVER, kwargs, str(exc), exc.retry_after_s)
     if batch_state is not None and settle is not None:
         await batch_state_for(ctx, batch_state).settle(sink, settle)
     log.info("sink %s took %d result(s) on a retry: %s", sink, len(envelopes), _keys(envelopes))

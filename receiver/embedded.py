@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from receiver.exceptions import NopollError
+from nopoll.exceptions import NopollError
 
 __all__ = ["EmbeddedRedis"]
 

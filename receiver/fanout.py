@@ -12,8 +12,8 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError, SinkRejected
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected
 from receiver.metrics import Metrics
 from receiver.routing import Router
 from sinks.base import Sink, SinkConfig
@@ -119,12 +119,12 @@ class FanOut:
 
     def __init__(self, sinks: Mapping[str, ManagedSink], router: Router, metrics: Metrics) -> None:
         self.sinks = dict(sinks)
-        # Claim-check: sinks with a message size limit put oversized bodies in the S3 sink.
-        s3 = next((s for s in self.sinks.values() if s.config.type == "s3"), None)
-        if s3 is not None:
-            for sink in self.sinks.values():
-                if sink.config.type == "kafka":
-                    sink.claim_check = s3.put_claim
+        # Claim-check: a sink whose config names another (``claim_check: lake``) puts the
+        # bodies too large for it there (validated at start-up).
+        for sink in self.sinks.values():
+            target = getattr(sink.config, "claim_check", None)
+            if target is not None and target in self.sinks:
+                sink.claim_check = self.sinks[target].put_claim
         self._router = router
         self._metrics = metrics
 

@@ -107,7 +107,8 @@ async def dead_letter(
         raise Retry(defer=rules_for(ctx["settings"], function).retry.delay(job_try)) from None
     ctx["metrics"].dead_letters.labels(sink).inc()
     ctx["metrics"].jobs.labels(function, "dead_letter").inc()
-    log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, keys[:3], job_try, error)
+    shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
+    log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
     return {"dead_letter": letter.id}
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from nopoll.envelope import Envelope
 from receiver.config import RouteConfig
-from receiver.envelope import Envelope
 
 __all__ = ["Router"]
 

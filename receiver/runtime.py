@@ -28,12 +28,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from nopoll.exceptions import ConfigError
 from receiver.app import create_app
 from receiver.arq_worker import build_workers
 from receiver.config import Settings
 from receiver.describe import describe
 from receiver.embedded import EmbeddedRedis
-from receiver.exceptions import ConfigError
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems

@@ -20,7 +20,7 @@ import hmac
 import time
 from collections.abc import Mapping, Sequence
 
-from receiver.exceptions import VerificationError
+from nopoll.exceptions import VerificationError
 
 __all__ = ["MAX_SIGNATURES", "Verifier"]
 

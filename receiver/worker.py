@@ -18,17 +18,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from receiver.batches import BatchRunner, LeaseLost
-from receiver.config import Settings
-from receiver.deadletter import DeadLetters
-from receiver.delivery import deliver, queue_retries
-from receiver.envelope import envelope_from_response
-from receiver.exceptions import (
+from nopoll.envelope import envelope_from_response
+from nopoll.exceptions import (
     ProviderError,
     ResultNotReady,
     SinkError,
     TransientProviderError,
 )
+from receiver.batches import BatchRunner, LeaseLost
+from receiver.config import Settings
+from receiver.deadletter import DeadLetters
+from receiver.delivery import deliver, queue_retries
 from receiver.fanout import FanOut, ManagedSink
 from receiver.jobs import dead_letter, guarded, retry_or_give_up
 from receiver.metrics import Metrics
@@ -83,7 +83,13 @@ async def startup(ctx: dict[str, Any]) -> None:
             try:
                 await sink.write([])
             except Exception as exc:
-                log.warning("sink %s is not ready yet: %s", name, exc)
+                log.warning(
+                    "sink %s cannot open yet (%s): its results wait and are retried; check "
+                    "sinks.%s",
+                    name,
+                    exc,
+                    name,
+                )
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
@@ -138,15 +144,20 @@ async def fetch_response(
     failures = await fanout.write(shares)
     if failures:
         await queue_retries(ctx, failures, shares)
-    landed = sorted(set(shares) - set(failures))
-    log.info(
-        "response %s/%s landed (%s) in %s%s",
-        provider,
-        response_id,
-        envelope.status,
-        ", ".join(landed) or "no sink",
-        f"; retrying {', '.join(sorted(failures))} on their own" if failures else "",
-    )
+    landed = ", ".join(sorted(set(shares) - set(failures)))
+    failed = ", ".join(sorted(failures))
+    if not failed:
+        log.info("response %s/%s landed (%s) in %s", provider, response_id, envelope.status, landed)
+    elif landed:
+        log.info(
+            "response %s/%s landed (%s) in %s; %s failed and is retried on its own",
+            *(provider, response_id, envelope.status, landed, failed),
+        )
+    else:
+        log.info(
+            "response %s/%s fetched (%s); %s failed and is retried on its own",
+            *(provider, response_id, envelope.status, failed),
+        )
     ctx["metrics"].jobs.labels(FETCH_RESPONSE, "ok").inc()
     return {"sinks": len(shares), "failed": sorted(failures)}
 
@@ -200,4 +211,5 @@ async def fetch_batch(
     except SinkError as exc:
         return await retry_or_give_up(ctx, FETCH_BATCH, kwargs, str(exc))
     metrics.batches.labels(provider, "already_done" if outcome.already_done else "ok").inc()
+    metrics.jobs.labels(FETCH_BATCH, "ok").inc()
     return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}

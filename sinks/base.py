@@ -2,7 +2,7 @@
 
 A sink is any object with this shape; :class:`SinkBase` adds ``async with`` support.
 Writes must be idempotent (a replay of the same envelopes leaves one copy) and raise
-:class:`~receiver.exceptions.SinkError` (or any exception) on failure: the worker retries
+:class:`~nopoll.exceptions.SinkError` (or any exception) on failure: the worker retries
 each sink on its own and keeps what keeps failing as a dead letter.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from receiver.envelope import Envelope
+    from nopoll.envelope import Envelope
 
 __all__ = ["Sink", "SinkBase", "SinkConfig"]
 

@@ -6,13 +6,13 @@ envelopes of concurrent ``write`` calls and flushes them together: while one flu
 new writes gather for the next. Each caller still gets its own success or error.
 
 One bad row fails alone. ``flush`` is all or nothing and says why it failed:
-:class:`~receiver.exceptions.SinkRejected` when the destination refuses the data of some
+:class:`~nopoll.exceptions.SinkRejected` when the destination refuses the data of some
 envelope (the same rows would be refused again), any other exception when the destination
 itself failed (down, timeout). On the latter every caller of the group gets that error and
 retries its whole write. On a rejection the group is split: by caller first, halves in
 their order, so the latest write of a key still wins as if the callers had written one
 after the other; then the rows of a refused caller's write are bisected until each refused
-envelope stands alone. That caller gets :class:`~receiver.exceptions.SinkRowsRejected`
+envelope stands alone. That caller gets :class:`~nopoll.exceptions.SinkRowsRejected`
 naming only its refused keys, after its other rows were committed; the other callers
 succeed. Each refused row costs at most about 2·log2(n) extra flushes of smaller halves.
 """
@@ -23,10 +23,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from receiver.exceptions import SinkRejected, SinkRowsRejected
+from nopoll.exceptions import SinkRejected, SinkRowsRejected
 
 if TYPE_CHECKING:
-    from receiver.envelope import Envelope
+    from nopoll.envelope import Envelope
 
 __all__ = ["WriteCoalescer"]
 

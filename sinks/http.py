@@ -9,7 +9,8 @@ pairs: a retry of the same envelopes carries the same id and the subscriber can 
 
 A 2xx is success. 408, 429, 5xx, timeouts and connection errors raise
 :class:`HttpSinkError` (the worker retries with backoff, then dead-letters); any other
-4xx raises :class:`SinkRejected` (retrying will not help). See ``docs/sinks/http.md``.
+4xx raises :class:`~nopoll.exceptions.SinkRejected` (retrying will not help). See
+``docs/sinks/http.md``.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ import orjson
 from pydantic import Field, SecretStr, field_validator
 from standardwebhooks.webhooks import Webhook
 
-from receiver.config import decode_webhook_secret
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError
-from receiver.exceptions import SinkRejected as _SinkRejected
-from receiver.providers.client import retry_after_s
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected
+from nopoll.wire import decode_webhook_secret, retry_after_s
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
@@ -57,9 +56,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 
 class HttpSinkError(SinkError):
-    """A POST to the subscriber failed. Raised as such, retrying may help (408, 429, 5xx,
-    3xx, a timeout, a connection error); its subclass :class:`SinkRejected` says it will not.
-    ``status`` is None when no response came; ``retry_after_s`` is the subscriber's
+    """A POST to the subscriber failed and retrying may help (408, 429, 5xx, 3xx, a timeout,
+    a connection error); a 4xx that will not change is :class:`~nopoll.exceptions.SinkRejected`
+    instead. ``status`` is None when no response came; ``retry_after_s`` is the subscriber's
     ``Retry-After`` in seconds, or None."""
 
     def __init__(
@@ -70,16 +69,8 @@ class HttpSinkError(SinkError):
         status: int | None = None,
         retry_after_s: float | None = None,
     ) -> None:
-        super().__init__(message, sink=sink)
+        super().__init__(message, sink=sink, retry_after_s=retry_after_s)
         self.status = status
-        self.retry_after_s = retry_after_s
-
-
-class SinkRejected(HttpSinkError, _SinkRejected):
-    """The subscriber answered a 4xx other than 408 or 429: it refuses the payload (bad
-    signature, unknown route, a body it cannot take), and retrying the same POST will not
-    help. A :class:`receiver.exceptions.SinkRejected`, so the worker dead-letters it at
-    once; replay it after fixing the subscriber or the config."""
 
 
 class HttpSinkConfig(SinkConfig):
@@ -230,7 +221,10 @@ class HttpSink(SinkBase):
         if 300 <= status < 400:
             message += " (redirects are not followed: configure the final URL)"
         raise HttpSinkError(
-            message, sink=self.name, status=status, retry_after_s=retry_after_s(response)
+            message,
+            sink=self.name,
+            status=status,
+            retry_after_s=retry_after_s(response.headers),
         )
 
     async def aclose(self) -> None:

@@ -16,8 +16,8 @@ from typing import Literal
 
 import orjson
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["JsonlSink", "JsonlSinkConfig"]

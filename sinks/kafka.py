@@ -25,8 +25,8 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["ClaimCheck", "KafkaSink", "KafkaSinkConfig"]
@@ -56,7 +56,10 @@ class KafkaSinkConfig(SinkConfig):
     """Bytes the producer gathers per partition before a send (aiokafka's batch size)."""
     max_message_bytes: int = Field(default=1048576, gt=0)
     """The broker's limit on one message (Kafka's default is 1 MiB); larger envelopes go
-    out with ``body_ref`` instead of ``body``."""
+    out with ``body_ref`` instead of ``body`` when ``claim_check`` names an s3 sink."""
+    claim_check: str | None = None
+    """The name of an ``s3`` sink that keeps the bodies of envelopes too large for a
+    message (claim-check); None: such a write fails and becomes a dead letter."""
     enable_idempotence: bool = True
     """Some Kafka-compatible brokers (tansu) lack idempotent producers: turn it off there."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -239,7 +242,7 @@ class KafkaSink(SinkBase):
         if self.claim_check is None:
             raise SinkError(
                 f"message {name} is {size} bytes, over max_message_bytes ({limit}); "
-                "configure an s3 sink to enable claim-check (body_ref in place of body)",
+                "set claim_check to an s3 sink (claim-check: body_ref in place of body)",
                 sink=self.name,
             )
         try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from receiver.exceptions import ConfigError, SinkUnavailable
+from nopoll.exceptions import ConfigError, SinkUnavailable
 from sinks.base import Sink, SinkBase, SinkConfig
 
 __all__ = [
@@ -58,7 +58,7 @@ def sink_class(sink_type: str) -> type[SinkBase]:
         extra = _EXTRAS.get(sink_type, "all")
         raise SinkUnavailable(
             f"the {sink_type!r} sink needs {exc.name or 'a missing package'}: "
-            f"pip install 'nopoll[{extra}]'",
+            f"pip install 'nopoll[{extra}]' (from a clone: pip install '.[{extra}]')",
             sink=sink_type,
         ) from exc
     cls = getattr(module, attr)

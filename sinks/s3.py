@@ -35,9 +35,9 @@ from aiobotocore.session import get_session
 from botocore.exceptions import ClientError, NoCredentialsError
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError
-from receiver.providers.client import safe_id
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError
+from nopoll.wire import safe_id
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["MANIFEST_SCHEMA", "S3Sink", "S3SinkConfig", "key_segment"]

@@ -18,9 +18,9 @@ character is stored as U+FFFD, in the text columns and in the keys and values of
 
 One bad row fails alone: a row the database refuses for its data (a number beyond the
 column's range, a broken constraint) makes the write raise
-:class:`~receiver.exceptions.SinkRowsRejected` naming that row's key, after every other
+:class:`~nopoll.exceptions.SinkRowsRejected` naming that row's key, after every other
 row was committed (see :mod:`sinks.coalesce`). An unreachable database, a timeout or any
-other failure is a plain :class:`~receiver.exceptions.SinkError` for the whole write.
+other failure is a plain :class:`~nopoll.exceptions.SinkError` for the whole write.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlmodel import Column, Field, SQLModel
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError, SinkRejected
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected
 from sinks.base import SinkBase, SinkConfig
 from sinks.coalesce import WriteCoalescer
 
@@ -123,7 +123,7 @@ class SqlSinkConfig(SinkConfig):
         if value.startswith("postgresql") and not _installed("asyncpg"):
             raise ValueError(
                 "a postgresql:// URL needs the asyncpg driver, which is not installed: "
-                "pip install 'nopoll[postgres]'"
+                "pip install 'nopoll[postgres]' (from a clone: pip install '.[postgres]')"
             )
         return value
 

@@ -12,8 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from nopoll.exceptions import ConfigError, NopollError
 from receiver.cli import _batch, _config, _demo, _dlq, _serve, _try
-from receiver.exceptions import ConfigError, NopollError
 
 __all__ = ["main"]
 

@@ -6,17 +6,17 @@ import argparse
 import time
 from typing import Any
 
+from nopoll.exceptions import ConfigError
 from receiver.cli._common import add_config_option, load, run_async, setup_logging
 from receiver.config import Settings
-from receiver.exceptions import ConfigError
 
 
 async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from nopoll.envelope import now_rfc3339
     from receiver.batches import BatchRunner
     from receiver.deadletter import DeadLetters
-    from receiver.envelope import now_rfc3339
     from receiver.fanout import FanOut, ManagedSink
     from receiver.metrics import Metrics
     from receiver.providers import ProviderClient, dialect_for, safe_id

@@ -13,9 +13,9 @@ import asyncio
 import os
 from typing import Any
 
+from nopoll.exceptions import ConfigError, NopollError
 from receiver.cli._common import add_config_option, config_path, load
 from receiver.config import Settings, redact_url
-from receiver.exceptions import ConfigError, NopollError
 
 
 async def _dlq(args: argparse.Namespace, url: str, where: str) -> int:

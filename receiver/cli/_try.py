@@ -19,9 +19,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from nopoll.exceptions import ConfigError
 from receiver.cli._common import add_config_option, load
 from receiver.config import DIALECTS
-from receiver.exceptions import ConfigError
 from receiver.providers import safe_id
 
 if TYPE_CHECKING:
@@ -266,7 +266,25 @@ def _cmd_send_test(args: argparse.Namespace) -> int:
     hint = _row_hint(settings, args.provider, kind, object_id)
     if hint and words.startswith("202 queued"):
         print(f"see it: {hint}")
+    for sink, state in _failing_sinks(url).items():
+        print(f"but sink {sink} is {state}: the result waits and is retried; check sinks.{sink}")
     return 0
+
+
+def _failing_sinks(url: str) -> dict[str, str]:
+    """Sinks the running nopoll reports as failing in ``/readyz`` (none if it cannot say)."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=_TIMEOUT_S, trust_env=False) as client:
+            sinks = client.get(f"{url}/readyz").json().get("sinks") or {}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return {}
+    return {
+        str(name): str(state)
+        for name, state in sinks.items()
+        if isinstance(state, str) and state.startswith("failing")
+    }
 
 
 def register(sub: Any) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import importlib
 
+from nopoll.wire import SAFE_ID, safe_id
 from receiver.providers.base import BatchFetch, Dialect, ResponsesDialect
-from receiver.providers.client import SAFE_ID, ProviderClient, safe_id
+from receiver.providers.client import ProviderClient
 
 __all__ = [
     "DIALECTS",

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 
-from receiver.exceptions import ProviderError
+from nopoll.exceptions import ProviderError
 
 __all__ = ["ENCODINGS", "PIECE", "Decoder", "raw_stream"]
 

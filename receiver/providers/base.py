@@ -1,6 +1,6 @@
 """The dialect contract: fetch one response; list a batch's rows as an async stream.
 
-A dialect turns one provider family's API into :class:`~receiver.envelope.BatchRow`
+A dialect turns one provider family's API into :class:`~nopoll.envelope.BatchRow`
 chunks. Chunks are numbered and their contents are deterministic for a given batch
 (file order, or sorted custom_ids), so a batch job that dies can skip the chunks every
 sink already committed: file dialects read past them without parsing, per-row dialects
@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from receiver.envelope import BatchRow
-from receiver.exceptions import ProviderError
-from receiver.providers.client import ProviderClient, safe_id
+from nopoll.envelope import BatchRow
+from nopoll.exceptions import ProviderError
+from nopoll.wire import safe_id
+from receiver.providers.client import ProviderClient
 
 __all__ = [
     "BatchFetch",

@@ -4,21 +4,19 @@
 ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
 callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
 are retried a few times in place, honouring ``Retry-After``; what still fails raises
-:class:`~receiver.exceptions.TransientProviderError` so the job is retried later.
+:class:`~nopoll.exceptions.TransientProviderError` so the job is retried later.
 
 What a provider sends is capped: a JSON answer read whole at ``http.max_response_bytes``
 (its Content-Length, the bytes on the wire, and the bytes after decoding), a line of a
 streamed JSONL answer at ``http.max_line_bytes``. Reading stops as soon as a cap is
-passed, with a permanent :class:`~receiver.exceptions.ProviderError` naming it. gzip and
+passed, with a permanent :class:`~nopoll.exceptions.ProviderError` naming it. gzip and
 deflate are decoded here, in steps of at most 64 KiB, instead of by httpx (whose decoders
 inflate a whole network chunk in one call): a gzip bomb costs the cap, not its ratio.
 """
 
 from __future__ import annotations
 
-import email.utils
 import itertools
-import re
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -28,13 +26,13 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from nopoll.exceptions import ProviderError, TransientProviderError
+from nopoll.wire import SAFE_ID, retry_after_s, safe_id
 from receiver.config import HttpConfig, ProviderConfig
-from receiver.exceptions import ProviderError, TransientProviderError
 from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
 __all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
 
-SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
@@ -58,29 +56,6 @@ def _timeout_text(exc: BaseException) -> str:
     if cause is not None and "Connector" in type(cause).__name__:
         return f"connection failed ({type(cause).__name__})"
     return "timed out"
-
-
-def safe_id(value: object) -> bool:
-    """True when ``value`` may go into a provider URL path as one segment."""
-    return (
-        isinstance(value, str) and SAFE_ID.fullmatch(value) is not None and value.strip(".") != ""
-    )
-
-
-def retry_after_s(response: httpx.Response) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (seconds or an HTTP date), or None."""
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _transports(http: HttpConfig) -> list[httpx.AsyncBaseTransport]:
@@ -227,8 +202,11 @@ class ProviderClient:
                 provider=self.name,
                 path=path,
                 status=status,
-                retry_after_s=retry_after_s(response),
+                retry_after_s=retry_after_s(response.headers),
             )
+        if status in (401, 403):
+            reason = f"the provider refused the API key: check providers.{self.name}.api_key"
+            raise ProviderError(reason, provider=self.name, path=path, status=status)
         raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
 
     def _error(self, path: str, message: str) -> ProviderError:

@@ -13,10 +13,10 @@ from typing import Any
 
 import ijson
 
-from receiver.envelope import BatchRow
-from receiver.exceptions import ProviderError
+from nopoll.envelope import BatchRow
+from nopoll.exceptions import ProviderError
+from nopoll.wire import safe_id
 from receiver.providers.base import BatchFetch, Chunk, ResponsesDialect, rows_by_custom_id
-from receiver.providers.client import safe_id
 
 __all__ = ["SailDialect", "row_from_item"]
 

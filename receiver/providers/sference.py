@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from receiver.envelope import BatchRow
+from nopoll.envelope import BatchRow
 from receiver.providers.base import (
     BatchFetch,
     Chunk,

@@ -197,7 +197,7 @@ def test_build_context_holds_what_the_dockerfile_copies_and_nothing_else() -> No
             for source in sources:
                 assert any(f == source or f.startswith(source + "/") for f in context), source
     tops = {f.split("/")[0] for f in context}
-    assert tops <= {"pyproject.toml", "README.md", "receiver", "sinks"}, tops
+    assert tops <= {"pyproject.toml", "README.md", "nopoll", "receiver", "sinks"}, tops
     assert not [f for f in context if "__pycache__" in f or f.endswith(".pyc")]
 
 
@@ -292,7 +292,7 @@ def test_installed_image_runs_api_worker_probes_and_helm_test(
 ) -> None:
     # Only what the image's builder installs: nopoll with the postgres extra, no test tools.
     probe_install = (
-        "import asyncpg, receiver, sinks, importlib.util as u; "
+        "import asyncpg, nopoll, receiver, sinks, importlib.util as u; "
         "print(u.find_spec('pytest'), u.find_spec('ruff'), u.find_spec('mypy'))"
     )
     check = _run(image_venv, ["python", "-c", probe_install], {}, tmp_path)

@@ -45,6 +45,7 @@ async def test_batch_and_oversized_response_reach_every_sink(
             "enable_idempotence": False,
             "max_message_bytes": 80_000,
             "max_batch_size": 80_000,
+            "claim_check": "lake",
         },
         "files": {"type": "jsonl", "dir": str(tmp_path / "results")},
     }

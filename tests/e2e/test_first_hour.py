@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 
 import httpx
 import pytest
 
-from tests.e2e.helpers import await_ready, wait_for, write_config
+from tests.e2e.helpers import NOPOLL, await_ready, wait_for, write_config
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -85,6 +86,25 @@ async def test_readyz_shows_a_sink_that_cannot_start_without_failing_readiness(
     assert r.status_code == 200  # callbacks still queue safely
     assert sinks["warehouse"].startswith("failing: ") and "nobody" not in sinks["warehouse"]
     assert sinks["files"] in ("ok", "not opened")
+    # send-test says so right after its 202
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(NOPOLL),
+            "send-test",
+            "--config",
+            str(config),
+            "sim",
+            "--url",
+            f"http://127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=procs.env,
+    )
+    assert result.returncode == 0 and "202 queued" in result.stdout, result.stderr
+    assert "but sink warehouse is failing: " in result.stdout
 
 
 async def test_a_provider_without_webhook_secrets_answers_404_saying_why(

@@ -12,11 +12,11 @@ import pytest
 import redis as redis_sync
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
+from nopoll.envelope import now_rfc3339
+from nopoll.exceptions import TransientProviderError
 from receiver.arq_worker import Lease
 from receiver.batches import BatchRunner, LeaseLost
 from receiver.deadletter import DeadLetters
-from receiver.envelope import now_rfc3339
-from receiver.exceptions import TransientProviderError
 from receiver.fanout import FanOut, ManagedSink
 from receiver.metrics import Metrics
 from receiver.providers import ProviderClient, dialect_for
@@ -218,7 +218,7 @@ async def test_a_slow_fetch_plus_a_slow_sink_past_the_job_time_limit_is_retried(
 
 
 def test_a_sink_timeout_as_long_as_the_job_is_refused_at_start_up(make_settings):
-    from receiver.exceptions import ConfigError
+    from nopoll.exceptions import ConfigError
 
     with pytest.raises(ConfigError, match=r"sinks\.files\.timeout_s \(60 s\) must be below"):
         make_settings(

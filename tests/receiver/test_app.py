@@ -13,7 +13,7 @@ import orjson
 import pytest
 from arq.jobs import deserialize_job
 
-from receiver.config import decode_webhook_secret
+from nopoll.wire import decode_webhook_secret
 from receiver.queue import JOBS_QUEUE, job_deserializer
 from tests.servers import ValkeyProcess, running_api
 

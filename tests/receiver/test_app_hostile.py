@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from receiver.config import decode_webhook_secret
+from nopoll.wire import decode_webhook_secret
 from receiver.queue import JOBS_QUEUE
 from receiver.verify import MAX_SIGNATURES
 from tests.receiver.rawhttp import raw_request

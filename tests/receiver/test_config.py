@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from nopoll.exceptions import ConfigError
 from receiver.cli import main
 from receiver.config import load_settings
-from receiver.exceptions import ConfigError
 
 GOOD = """
 redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/1}
@@ -288,3 +288,34 @@ def test_lenient_load_still_reports_real_mistakes(tmp_path: Path) -> None:
 def test_strict_load_has_no_notes(tmp_path: Path) -> None:
     s = load_settings(write(tmp_path, GOOD), env=ENV)
     assert s.notes == () and dict(s.unset_env) == {}
+
+
+@pytest.mark.parametrize(
+    ("target", "what"),
+    [("files", "a jsonl sink"), ("nowhere", "not a configured sink")],
+)
+def test_claim_check_must_name_an_s3_sink(tmp_path: Path, target: str, what: str) -> None:
+    sinks = {
+        "files": {"type": "jsonl", "dir": str(tmp_path)},
+        "bus": {
+            "type": "kafka",
+            "bootstrap_servers": "k:9092",
+            "topic": "t",
+            "claim_check": target,
+        },
+    }
+    with pytest.raises(ConfigError, match=rf"sinks\.bus\.claim_check: '{target}' is {what}"):
+        load_settings(None, env={}, overrides={"sinks": sinks})
+
+
+def test_every_unset_variable_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "providers:\n  sim:\n    dialect: openai\n    base_url: http://127.0.0.1:9/v1\n"
+        "    api_key: ${SIM_API_KEY}\n    webhook_secrets: ['${SIM_WEBHOOK_SECRET}']\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    message = str(info.value)
+    assert message.startswith(f"invalid configuration in {path}:")
+    assert "SIM_API_KEY is not set" in message and "SIM_WEBHOOK_SECRET is not set" in message

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from receiver.envelope import (
+from nopoll.envelope import (
     BatchRow,
     chat_output_text,
     envelope_from_response,

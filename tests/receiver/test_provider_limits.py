@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from nopoll.envelope import BatchRow
+from nopoll.exceptions import ProviderError, TransientProviderError
 from receiver.config import HttpConfig, ProviderConfig
-from receiver.envelope import BatchRow
-from receiver.exceptions import ProviderError, TransientProviderError
 from receiver.providers import BatchFetch, ProviderClient, ResponsesDialect, dialect_for
 from receiver.simulator_batches import Oversize
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from nopoll.envelope import envelope_from_response
+from nopoll.exceptions import ConfigError
 from receiver.config import RouteConfig, load_settings
-from receiver.envelope import envelope_from_response
-from receiver.exceptions import ConfigError
 from receiver.fanout import FanOut, ManagedSink
 from receiver.metrics import Metrics
 from receiver.routing import Router

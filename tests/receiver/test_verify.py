@@ -12,8 +12,8 @@ import pytest
 import svix.webhooks
 from standardwebhooks.webhooks import Webhook
 
-from receiver.config import decode_webhook_secret
-from receiver.exceptions import VerificationError
+from nopoll.exceptions import VerificationError
+from nopoll.wire import decode_webhook_secret
 from receiver.verify import Verifier
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()

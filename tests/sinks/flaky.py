@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from receiver.envelope import Envelope
+from nopoll.envelope import Envelope
 from sinks.jsonl import JsonlSink, JsonlSinkConfig
 
 

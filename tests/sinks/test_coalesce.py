@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError, SinkRejected, SinkRowsRejected
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from sinks.coalesce import WriteCoalescer
 
 

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 import sqlalchemy as sa
 
-from receiver.envelope import Envelope, envelope_from_response
-from receiver.exceptions import SinkError
+from nopoll.envelope import Envelope, envelope_from_response
+from nopoll.exceptions import SinkError
 from receiver.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SCHEMA_VERSION

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from receiver import exceptions
-from receiver.envelope import Envelope, envelope_from_response
-from receiver.exceptions import ConfigError, SinkError
+from nopoll import exceptions
+from nopoll.envelope import Envelope, envelope_from_response
+from nopoll.exceptions import ConfigError, SinkError
 from receiver.simulator import make_response
 from sinks.http import HttpSink, HttpSinkError, SinkRejected
 from sinks.registry import create_sink, validate_sink_config
@@ -149,7 +149,7 @@ async def test_status_classification(
     with pytest.raises(SinkError) as info:
         await sink.write([envelope(1)])
     exc = info.value
-    assert isinstance(exc, HttpSinkError)
+    assert isinstance(exc, HttpSinkError) is not rejected  # one SinkRejected, nopoll's
     assert isinstance(exc, SinkRejected) is rejected
     assert isinstance(exc, exceptions.SinkRejected) is rejected  # what the worker checks
     assert exc.status == status and exc.retry_after_s is None

@@ -17,8 +17,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from receiver.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
-from receiver.exceptions import ConfigError, SinkError
+from nopoll.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
+from nopoll.exceptions import ConfigError, SinkError
 from receiver.simulator import make_response
 from sinks.kafka import KafkaSink, KafkaSinkConfig
 from sinks.registry import create_sink, validate_sink_config

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from nopoll.exceptions import ConfigError
 from receiver.config import load_settings
-from receiver.exceptions import ConfigError
 from sinks.registry import create_sink, validate_sink_config
 
 
@@ -39,7 +39,7 @@ async def test_entry_point_sink_is_configured_and_written(installed_plugin, tmp_
     config = settings.sinks["mine"]
     assert type(config).__name__ == "FlakySinkConfig"
     sink = create_sink("mine", config)
-    from receiver.envelope import envelope_from_response
+    from nopoll.envelope import envelope_from_response
     from receiver.simulator import make_response
 
     env = envelope_from_response(

@@ -13,14 +13,14 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from receiver.envelope import (
+from nopoll.envelope import (
     BatchRow,
     Envelope,
     batch_summary_envelope,
     envelope_from_response,
     envelope_from_row,
 )
-from receiver.exceptions import ConfigError, SinkError
+from nopoll.exceptions import ConfigError, SinkError
 from receiver.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
 from sinks.s3 import MANIFEST_SCHEMA, S3Sink, S3SinkConfig

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from receiver.envelope import Envelope
-from receiver.exceptions import SinkError, SinkRejected, SinkRowsRejected
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SqlSink
 from tests.servers import TcpProxy

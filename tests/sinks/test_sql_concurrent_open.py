@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import asyncio, logging, sys, time
 from pathlib import Path
-from receiver.envelope import envelope_from_response
+from nopoll.envelope import envelope_from_response
 from receiver.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
 

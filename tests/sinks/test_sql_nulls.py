@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from receiver.envelope import Envelope
+from nopoll.envelope import Envelope
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SCHEMA_VERSION
 from tests.sinks.test_contract import envelope

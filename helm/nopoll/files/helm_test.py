@@ -20,7 +20,8 @@ import httpx
 import orjson
 from standardwebhooks.webhooks import Webhook
 
-from receiver.config import decode_webhook_secret, load_settings
+from nopoll.wire import decode_webhook_secret
+from receiver.config import load_settings
 
 _WAIT_S = 60.0
 

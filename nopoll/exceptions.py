@@ -88,11 +88,13 @@ class ResultNotReady(TransientProviderError):
 
 
 class SinkError(NopollError):
-    """A sink failed to open or to write; carries the sink's name."""
+    """A sink failed to open or to write; carries the sink's name, and how long the
+    destination asked to wait before the next try (``retry_after_s``, None: no advice)."""
 
-    def __init__(self, message: str, *, sink: str) -> None:
+    def __init__(self, message: str, *, sink: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.sink = sink
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         return f"sink {self.sink!r}: {self.args[0]}"
