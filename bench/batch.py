@@ -49,7 +49,7 @@ def free_port() -> int:
 
 
 def start_sim(port: int, specs: list[str]) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "receiver.simulator", "--port", str(port)]
+    args = [sys.executable, "-m", "receiver.demo.simulator", "--port", str(port)]
     for spec in specs:
         args += ["--batch", spec]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -2,11 +2,11 @@
 
 Usage: ``python bench/e2e.py [--rate 200] [--seconds 20]``
 
-Starts the provider simulator (``receiver.simulator.ProviderSimulator``, a real HTTP
+Starts the provider simulator (``receiver.demo.simulator.ProviderSimulator``, a real HTTP
 server on 127.0.0.1 in a thread) and ``nopoll serve`` (API + worker in one process) with
 Redis database 13 and one sink, ``{type: sql, url: postgresql://...test, table:
 bench_results}``; waits for ``/readyz``; then sends ``response.completed`` callbacks at a
-steady rate with ``receiver.simulator.send_callback`` (signed by ``standardwebhooks``),
+steady rate with ``receiver.demo.simulator.send_callback`` (signed by ``standardwebhooks``),
 one new response id each, recording when each was sent. A poller asks Postgres every
 few milliseconds which of the outstanding keys have a row and records when each shows
 up. Prints p50/p90/p99 of callback-to-row latency, rows landed / sent, and provider
@@ -119,7 +119,7 @@ async def send_all(
     """
     import httpx
 
-    from receiver.simulator import send_callback
+    from receiver.demo.simulator import send_callback
 
     async def one(client: httpx.AsyncClient, rid: str) -> None:
         run.pending[rid] = None
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             "times per request (~90 us each); this sender uses a stand-in module"
         )
 
-    from receiver.simulator import ProviderSimulator
+    from receiver.demo.simulator import ProviderSimulator
 
     total = max(1, math.floor(args.rate * args.seconds))
     nonce = uuid.uuid4().hex[:10]

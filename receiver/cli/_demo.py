@@ -7,7 +7,7 @@ from typing import Any
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from receiver.demo import run_demo
+    from receiver.demo.run import run_demo
 
     return run_demo(n=args.n, data_dir=args.data_dir, keep=args.keep)
 

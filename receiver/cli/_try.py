@@ -92,7 +92,7 @@ def _instructions(
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from receiver.simulator import ProviderSimulator
+    from receiver.demo.simulator import ProviderSimulator
 
     api_key = "sk-sim-" + secrets.token_hex(20)
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -209,7 +209,7 @@ def _cmd_send_test(args: argparse.Namespace) -> int:
     import httpx
     import orjson
 
-    from receiver.simulator import sign_callback
+    from receiver.demo.simulator import sign_callback
 
     settings = load(args)
     source = args.config or os.environ.get("NOPOLL_CONFIG") or "the built-in defaults"

@@ -10,7 +10,7 @@ from nopoll.envelope import (
     response_output_text,
     row_key,
 )
-from receiver.simulator import make_response
+from receiver.demo.simulator import make_response
 
 
 def env(body: dict):

@@ -24,8 +24,8 @@ import pytest
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError, TransientProviderError
 from receiver.config import HttpConfig, ProviderConfig
+from receiver.demo.answers import Oversize
 from receiver.providers import BatchFetch, ProviderClient, ResponsesDialect, dialect_for
-from receiver.simulator_batches import Oversize
 
 MIB = 1024 * 1024
 CAP = 1 * MIB

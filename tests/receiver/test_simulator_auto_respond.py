@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from receiver.simulator import generated_response
+from receiver.demo.simulator import generated_response
 
 
 def test_unknown_response_ids_are_404_by_default(provider_sim):

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from nopoll.envelope import Envelope, envelope_from_response
 from nopoll.exceptions import SinkError
-from receiver.simulator import make_response
+from receiver.demo.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SCHEMA_VERSION
 

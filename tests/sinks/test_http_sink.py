@@ -14,7 +14,7 @@ import pytest
 from nopoll import exceptions
 from nopoll.envelope import Envelope, envelope_from_response
 from nopoll.exceptions import ConfigError, SinkError
-from receiver.simulator import make_response
+from receiver.demo.simulator import make_response
 from sinks.http import HttpSink, HttpSinkError, SinkRejected
 from sinks.registry import create_sink, validate_sink_config
 from tests.servers import free_port

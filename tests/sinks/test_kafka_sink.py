@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer
 
 from nopoll.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
 from nopoll.exceptions import ConfigError, SinkError
-from receiver.simulator import make_response
+from receiver.demo.simulator import make_response
 from sinks.kafka import KafkaSink, KafkaSinkConfig
 from sinks.registry import create_sink, validate_sink_config
 from tests.kafka_broker import TansuBroker

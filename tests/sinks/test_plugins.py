@@ -40,7 +40,7 @@ async def test_entry_point_sink_is_configured_and_written(installed_plugin, tmp_
     assert type(config).__name__ == "FlakySinkConfig"
     sink = create_sink("mine", config)
     from nopoll.envelope import envelope_from_response
-    from receiver.simulator import make_response
+    from receiver.demo.simulator import make_response
 
     env = envelope_from_response(
         make_response("resp_p"), provider="sim", received_at="2026-01-01T00:00:00.000Z"

@@ -21,7 +21,7 @@ from nopoll.envelope import (
     envelope_from_row,
 )
 from nopoll.exceptions import ConfigError, SinkError
-from receiver.simulator import make_response
+from receiver.demo.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
 from sinks.s3 import MANIFEST_SCHEMA, S3Sink, S3SinkConfig
 from tests.servers import free_port

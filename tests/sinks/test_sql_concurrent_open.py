@@ -23,7 +23,7 @@ CHILD = """
 import asyncio, logging, sys, time
 from pathlib import Path
 from nopoll.envelope import envelope_from_response
-from receiver.simulator import make_response
+from receiver.demo.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from receiver.simulator import ProviderSimulator, send_callback
+from receiver.demo.simulator import ProviderSimulator, send_callback
 
 __all__ = ["run_demo"]
 

@@ -4,7 +4,7 @@ Used by ``nopoll demo``, the tests and the benchmarks. It serves
 ``GET /v1/responses/{id}`` for responses it was told about, can fail a response a set
 number of times first (429 with Retry-After, 500, a slow answer, still in progress), can
 send it gzip-encoded or too large (padded, endless, a gzip bomb: see
-:class:`~receiver.simulator_batches.Oversize`), counts every request it gets, and sends
+:class:`~receiver.demo.answers.Oversize`), counts every request it gets, and sends
 Standard Webhooks-signed callbacks (signed by the ``standardwebhooks`` package, not by
 nopoll's own code).
 """
@@ -12,28 +12,29 @@ nopoll's own code).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
 import orjson
 import uvicorn
-from standardwebhooks.webhooks import Webhook
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from receiver.simulator_batches import Oversize
+from receiver.demo.answers import Oversize, answer, json_answer
+from receiver.demo.batches import SimBatch
+from receiver.demo.responses import (
+    generated_response,
+    make_response,
+    send_callback,
+    sign_callback,
+)
 
 __all__ = [
     "ProviderSimulator",
@@ -43,78 +44,6 @@ __all__ = [
     "send_callback",
     "sign_callback",
 ]
-
-
-def make_response(
-    response_id: str,
-    *,
-    status: str = "completed",
-    text: str | None = "positive",
-    model: str = "sim-model-1",
-    incomplete_reason: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    with_reasoning: bool = True,
-) -> dict[str, Any]:
-    """A Responses API object as providers return it."""
-    output: list[dict[str, Any]] = []
-    if with_reasoning:
-        output.append({"id": f"rs_{response_id}", "type": "reasoning", "summary": []})
-    if text is not None:
-        output.append(
-            {
-                "id": f"msg_{response_id}",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": status,
-        "background": True,
-        "model": model,
-        "output": output,
-        "usage": {"input_tokens": 21, "output_tokens": 7, "total_tokens": 28},
-        "metadata": metadata if metadata is not None else {"completion_window": "24h"},
-        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-        "error": error,
-    }
-
-
-_GENERATED_TEXTS = ("positive", "negative", "neutral")
-
-
-def generated_response(response_id: str) -> dict[str, Any]:
-    """The completed response an auto-responding simulator serves for an id it was never
-    told about: the same body for the same id, every time."""
-    digest = hashlib.sha256(response_id.encode()).digest()
-    body = make_response(
-        response_id,
-        text=_GENERATED_TEXTS[digest[0] % len(_GENERATED_TEXTS)],
-        metadata={"completion_window": "24h", "simulated": "true"},
-    )
-    body["created_at"] = 1_750_000_000 + int.from_bytes(digest[1:4], "big")
-    return body
-
-
-def sign_callback(
-    secret: str | bytes, msg_id: str, body: bytes, timestamp: int | None = None
-) -> dict[str, str]:
-    """Standard Webhooks headers for ``body``, signed by the standardwebhooks package.
-
-    ``secret`` is a ``whsec_...`` string or the raw HMAC key as bytes."""
-    ts = int(time.time()) if timestamp is None else timestamp
-    signature = Webhook(secret).sign(msg_id, datetime.fromtimestamp(ts, tz=UTC), body.decode())
-    return {
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(ts),
-        "webhook-signature": signature,
-        "content-type": "application/json",
-    }
 
 
 @dataclass
@@ -200,7 +129,6 @@ class ProviderSimulator:
 
     def add_batch(self, dialect: str, batch_id: str, n_rows: int, **kwargs: Any) -> Any:
         """Register a finished batch in ``dialect``'s shape (see :class:`SimBatch`)."""
-        from receiver.simulator_batches import SimBatch
 
         batch = SimBatch(dialect=dialect, batch_id=batch_id, n_rows=n_rows, **kwargs)
         with self.state.lock:
@@ -222,7 +150,6 @@ class ProviderSimulator:
         api_key = self._api_key
 
         async def get_response(request: Request) -> Response:
-            from receiver.simulator_batches import json_answer
 
             rid = request.path_params["rid"]
             with state.lock:
@@ -273,7 +200,6 @@ class ProviderSimulator:
             )
 
         async def get_batch(request: Request) -> Response:
-            from receiver.simulator_batches import answer, json_answer
 
             if not authorized(request):
                 return Response(
@@ -295,7 +221,6 @@ class ProviderSimulator:
             return json_answer(batch.batch_object(), gzip=batch.gzip)
 
         async def get_batch_part(request: Request) -> Response:
-            from receiver.simulator_batches import answer, json_answer
 
             if not authorized(request):
                 return Response(
@@ -324,7 +249,6 @@ class ProviderSimulator:
             return json_answer(body, oversize=batch.row_oversize.get(part), gzip=batch.gzip)
 
         async def get_file(request: Request) -> Response:
-            from receiver.simulator_batches import answer
 
             if not authorized(request):
                 return Response(
@@ -390,35 +314,13 @@ class ProviderSimulator:
         self.stop()
 
 
-async def send_callback(
-    client: httpx.AsyncClient,
-    url: str,
-    secret: str,
-    response_id: str,
-    *,
-    event_type: str = "response.completed",
-    msg_id: str | None = None,
-) -> httpx.Response:
-    """POST one signed ``response.*`` callback, as a provider would."""
-    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
-    body = orjson.dumps(
-        {
-            "id": f"evt_{uuid.uuid4().hex}",
-            "type": event_type,
-            "created_at": int(time.time()),
-            "data": {"id": response_id},
-        }
-    )
-    return await client.post(url, content=body, headers=sign_callback(secret, msg_id, body))
-
-
 def main(argv: list[str] | None = None) -> None:
-    """``python -m receiver.simulator --port P --batch sference:batch_1:100000:body_bytes=10000``:
+    """``python -m receiver.demo.simulator --port P --batch DIALECT:ID:ROWS[:option=value,...]``:
     run the simulator alone (for benchmarks) until SIGTERM."""
     import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m receiver.simulator")
+    parser = argparse.ArgumentParser(prog="python -m receiver.demo.simulator")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--api-key", default=None)
     parser.add_argument(

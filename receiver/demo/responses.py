@@ -1,0 +1,113 @@
+"""What a provider returns and sends: Responses objects and signed callbacks.
+
+Callbacks are signed by the ``standardwebhooks`` package, never by nopoll's own code, so
+tests check nopoll's verification against an independent implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+from standardwebhooks.webhooks import Webhook
+
+__all__ = ["generated_response", "make_response", "send_callback", "sign_callback"]
+
+
+def make_response(
+    response_id: str,
+    *,
+    status: str = "completed",
+    text: str | None = "positive",
+    model: str = "sim-model-1",
+    incomplete_reason: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    with_reasoning: bool = True,
+) -> dict[str, Any]:
+    """A Responses API object as providers return it."""
+    output: list[dict[str, Any]] = []
+    if with_reasoning:
+        output.append({"id": f"rs_{response_id}", "type": "reasoning", "summary": []})
+    if text is not None:
+        output.append(
+            {
+                "id": f"msg_{response_id}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "background": True,
+        "model": model,
+        "output": output,
+        "usage": {"input_tokens": 21, "output_tokens": 7, "total_tokens": 28},
+        "metadata": metadata if metadata is not None else {"completion_window": "24h"},
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "error": error,
+    }
+
+
+_GENERATED_TEXTS = ("positive", "negative", "neutral")
+
+
+def generated_response(response_id: str) -> dict[str, Any]:
+    """The completed response an auto-responding simulator serves for an id it was never
+    told about: the same body for the same id, every time."""
+    digest = hashlib.sha256(response_id.encode()).digest()
+    body = make_response(
+        response_id,
+        text=_GENERATED_TEXTS[digest[0] % len(_GENERATED_TEXTS)],
+        metadata={"completion_window": "24h", "simulated": "true"},
+    )
+    body["created_at"] = 1_750_000_000 + int.from_bytes(digest[1:4], "big")
+    return body
+
+
+def sign_callback(
+    secret: str | bytes, msg_id: str, body: bytes, timestamp: int | None = None
+) -> dict[str, str]:
+    """Standard Webhooks headers for ``body``, signed by the standardwebhooks package.
+
+    ``secret`` is a ``whsec_...`` string or the raw HMAC key as bytes."""
+    ts = int(time.time()) if timestamp is None else timestamp
+    signature = Webhook(secret).sign(msg_id, datetime.fromtimestamp(ts, tz=UTC), body.decode())
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": signature,
+        "content-type": "application/json",
+    }
+
+
+async def send_callback(
+    client: httpx.AsyncClient,
+    url: str,
+    secret: str,
+    response_id: str,
+    *,
+    event_type: str = "response.completed",
+    msg_id: str | None = None,
+) -> httpx.Response:
+    """POST one signed ``response.*`` callback, as a provider would."""
+    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
+    body = orjson.dumps(
+        {
+            "id": f"evt_{uuid.uuid4().hex}",
+            "type": event_type,
+            "created_at": int(time.time()),
+            "data": {"id": response_id},
+        }
+    )
+    return await client.post(url, content=body, headers=sign_callback(secret, msg_id, body))
