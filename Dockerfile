@@ -8,7 +8,7 @@
 #     nopoll:0.1.0 api --config /etc/nopoll/nopoll.yaml --host 0.0.0.0 --port 8000
 #
 # The builder stage installs nopoll (with the postgres extra, without dev or test tools)
-# into a virtualenv; the runtime stage copies only that virtualenv into a clean slim image.
+# into a virtualenv, every dependency at the version constraints.txt pins; the runtime stage copies only that virtualenv into a clean slim image.
 # It runs as UID/GID 10001 and writes only to /data (data_dir, the working directory) and
 # /tmp (HOME), so it runs with a read-only root filesystem.
 
@@ -20,11 +20,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY nopoll ./nopoll
 COPY receiver ./receiver
 COPY sinks ./sinks
-RUN /opt/venv/bin/pip install ".[postgres]"
+# constraints.txt pins every dependency (./scripts/lock): a later build installs the same.
+RUN /opt/venv/bin/pip install -c constraints.txt ".[postgres]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="nopoll" \

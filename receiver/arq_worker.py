@@ -1,36 +1,17 @@
-"""arq's Worker, made to keep nopoll's promises: one-round-trip claims, leases, outages.
+"""nopoll's arq workers: the seam's :class:`~receiver._arq.SeamWorker` with nopoll's policy.
 
-- Claims: arq claims each polled job with its own optimistic transaction (WATCH, EXISTS,
-  ZSCORE, MULTI/PSETEX/EXEC: about four round trips per job). :class:`NopollWorker` claims
-  every polled job in one Lua call with the same rule (not in progress, score due) and the
-  same in-progress key; its value is a token naming this claim, so a batch job's
-  :class:`Lease` can renew the lock only while it is still its own.
-- Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
-  for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
-  finish was cut off by the outage has its lock released once Redis is back, so it runs
-  again at once instead of after its lock expires.
-- Nothing dropped: whatever arq would fail for good (an expired job, too many tries, an
-  unknown function) is kept as a dead letter first.
+:class:`NopollWorker` keeps what arq gives up on as a dead letter and publishes sink
+health at each heartbeat; :func:`build_workers` wires the two workers of a process (short
+jobs, batches) with each job's own deadline below arq's timeout.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
-import time
-import uuid
 from typing import Any
 
-import orjson
-from arq.constants import in_progress_key_prefix
-from arq.utils import poll, timestamp_ms
-from arq.worker import Function, Worker, func
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
 from nopoll.envelope import now_rfc3339
+from receiver._arq import Function, SeamWorker, arq_pool, func, job_deserializer, job_serializer
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.health import publish_sink_health
@@ -43,12 +24,10 @@ from receiver.queue import (
     FETCH_RESPONSE,
     HEALTH_CHECK_KEY,
     JOBS_QUEUE,
-    arq_pool,
-    job_deserializer,
-    job_serializer,
 )
-from receiver.redis_link import RedisLink
 from receiver.worker import deliver, fetch_batch, fetch_response, shutdown, startup
+
+__all__ = ["NopollWorker", "build_workers"]
 
 log = logging.getLogger("nopoll.worker")
 
@@ -56,173 +35,27 @@ _ARQ_SLACK = 5
 """arq's own try limit sits this far above ours, so our code always sees the last try
 and keeps it as a dead letter (arq would drop it with only a log line)."""
 
-__all__ = ["Lease", "NopollWorker", "build_workers"]
 
-_CLAIM = """
-local claimed = {}
-local now = tonumber(ARGV[1])
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= now and redis.call('EXISTS', KEYS[2] .. id) == 0 then
-    redis.call('PSETEX', KEYS[2] .. id, ARGV[2], ARGV[3])
-    claimed[#claimed + 1] = id
-    claimed[#claimed + 1] = score
-  end
-end
-return claimed
-"""
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+class NopollWorker(SeamWorker):
+    """A seam worker that keeps every job arq gives up on, and reports sink health."""
 
-
-class Lease:
-    """A claimed job's in-progress lock, held by the token its claim wrote."""
-
-    def __init__(self, redis: Redis, job_id: str, token: str) -> None:
-        self.redis = redis
-        self.key = in_progress_key_prefix + job_id
-        self.token = token
-        self.lost = False
-        """Set by whoever finds the lock no longer ours; arq's finish is then skipped."""
-
-    async def renew(self, ttl_ms: int) -> bool:
-        """Extend the lock to ``ttl_ms`` from now; False when another claim holds it."""
-        return bool(await self.redis.eval(_RENEW, 1, self.key, self.token, str(ttl_ms)))  # type: ignore[misc]
-
-    async def release(self) -> bool:
-        """Drop the lock if it is still ours (the job can be claimed again at once)."""
-        return bool(await self.redis.eval(_RELEASE, 1, self.key, self.token))  # type: ignore[misc]
-
-
-class NopollWorker(Worker):
-    """An arq Worker with one-call claims, leases, outage riding and no silent failures."""
-
-    def __init__(self, *args: Any, claim_ttl_s: float | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._claim_script: Any = None
-        self._claim_ttl_s = claim_ttl_s
-        self._worker_id = uuid.uuid4().hex[:12]
-        self.leases: dict[str, Lease] = {}
-        """Running jobs' locks, by job id (``ctx["leases"]``: a batch job renews its own)."""
-        self._orphans: set[str] = set()
-        self.link = RedisLink(f"worker {self.queue_name}")
-        self.last_beat: float | None = None
-        """When this process last turned its poll loop (``nopoll worker --health-port``)."""
-
-    async def heart_beat(self) -> None:
-        await super().heart_beat()
-        self.last_beat = time.monotonic()
-
-    async def record_health(self) -> None:
-        before = self._last_health_check
-        await super().record_health()
-        fanout = self.ctx.get("fanout")
-        if self._last_health_check != before and fanout is not None:
-            await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
-
-    def _alive(self) -> None:
-        # Waiting for Redis is this loop's job now: the process is healthy, just idle.
-        self.last_beat = time.monotonic()
-
-    async def main(self) -> None:
-        """arq's main loop, but a Redis outage pauses it instead of ending the process."""
-        self.ctx["redis"] = self.pool
-        self.ctx["leases"] = self.leases
-        log.info("worker for %s: %s", self.queue_name, ", ".join(self.functions))
-        await self.link.wait(self.pool, on_try=self._alive)
-        if self.on_startup:
-            await self.on_startup(self.ctx)
-        async for _ in poll(self.poll_delay_s):
-            try:
-                await self._poll_iteration()
-            except (RedisError, OSError) as exc:
-                self.link.lost(exc)
-                await self.link.wait(self.pool, on_try=self._alive)
-                await self._release_orphans()
-
-    async def run_job(self, job_id: str, score: int) -> None:
-        try:
-            await super().run_job(job_id, score)
-        except (RedisError, OSError) as exc:
-            # The job's start or finish could not reach Redis: it is still queued; its
-            # lock is released once Redis is back so it runs again at once.
-            self.link.lost(exc)
-            self._orphans.add(job_id)
-        except Exception:
-            log.exception("job %s: arq could not run or finish it; it runs again later", job_id)
-            self.leases.pop(job_id, None)
-
-    async def _release_orphans(self) -> None:
-        for job_id in list(self._orphans):
-            lease = self.leases.pop(job_id, None)
-            self._orphans.discard(job_id)
-            if lease is not None and not lease.lost:
-                with contextlib.suppress(RedisError, OSError):
-                    await lease.release()
-
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        free = self.max_jobs - self.job_counter
-        if free <= 0 or not job_ids:
-            return
-        if self._claim_script is None:
-            self._claim_script = self.pool.register_script(_CLAIM)
-        ids = [j.decode() for j in job_ids[:free]]
-        ttl_s = self._claim_ttl_s or self.in_progress_timeout_s
-        now = timestamp_ms()
-        token = f"{self._worker_id}:{now}"
-        claimed = await self._claim_script(
-            keys=[self.queue_name, in_progress_key_prefix],
-            args=[now, int(ttl_s * 1000), token, *ids],
-        )
-        for i in range(0, len(claimed), 2):
-            job_id = claimed[i].decode()
-            score = int(float(claimed[i + 1]))
-            self.leases[job_id] = Lease(self.pool, job_id, token)
-            await self.sem.acquire()
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            self.tasks[job_id] = task
-
-    async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
-        lease = self.leases.pop(job_id, None)
-        if lease is not None and lease.lost:
-            return  # another run owns the job now: touch nothing of it
-        await super().finish_job(job_id, *args, **kwargs)
-
-    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
-        """arq gives up on a job (expired, too many tries, unknown function, undecodable):
-        keep it as a dead letter first."""
-        lease = self.leases.pop(job_id, None)
-        if lease is not None and lease.lost:
-            return
-        await self._keep_failed(job_id, result_data)
-        await super().finish_failed_job(job_id, result_data)
-
-    async def _keep_failed(self, job_id: str, result_data: bytes | None) -> None:
-        result: dict[str, Any] = {}
-        if result_data:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                result = orjson.loads(result_data)
-        function = str(result.get("f") or "")
-        kwargs = result.get("k") if isinstance(result.get("k"), dict) else {}
-        if function not in self.functions or not kwargs:
+    async def give_up(
+        self,
+        job_id: str,
+        function: str | None,
+        kwargs: dict[str, Any] | None,
+        tries: int,
+        reason: str,
+    ) -> None:
+        if function is None or kwargs is None:
             function, kwargs = _from_job_id(job_id)
         sink, provider, keys = letter_target(function, kwargs)
-        letters = DeadLetters(self.pool)
-        letter = await letters.add(
+        letter = await DeadLetters(self.pool).add(
             sink=sink or "fetch",
             provider=provider,
             keys=keys,
-            attempts=int(result.get("t") or 0),
-            error=f"arq gave up on job {job_id}: {result.get('r') or 'unknown reason'}",
+            attempts=tries,
+            error=reason,
             function=function,
             kwargs=kwargs,
         )
@@ -231,20 +64,10 @@ class NopollWorker(Worker):
             metrics.dead_letters.labels(sink or "fetch").inc()
         log.error("dead letter %s: arq gave up on job %s", letter.id, job_id)
 
-    async def close(self) -> None:
-        """arq's close, minus its Redis calls' ability to skip closing the sinks."""
-        if not self._handle_signals:
-            self.handle_sig(signal.SIGUSR1)
-        if not self._pool:
-            return
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        with contextlib.suppress(RedisError, OSError):
-            await self.pool.delete(self.health_check_key)
-        if self.on_shutdown:
-            await self.on_shutdown(self.ctx)
-        with contextlib.suppress(RedisError, OSError):
-            await self.pool.close(close_connection_pool=True)
-        self._pool = None
+    async def health_checked(self) -> None:
+        fanout = self.ctx.get("fanout")
+        if fanout is not None:
+            await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
 
 
 def _from_job_id(job_id: str) -> tuple[str, dict[str, Any]]:
@@ -276,7 +99,7 @@ def build_workers(
     *,
     handle_signals: bool = True,
     extra_ctx: dict[str, Any] | None = None,
-) -> list[Worker]:
+) -> list[NopollWorker]:
     """The arq Workers: short jobs on :data:`JOBS_QUEUE`, batches on :data:`BATCHES_QUEUE`."""
     w = settings.worker
     tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
@@ -336,7 +159,7 @@ def _worker(
     handle_signals: bool,
     extra_ctx: dict[str, Any] | None,
     tries: int,
-) -> Worker:
+) -> NopollWorker:
     w = settings.worker
     # Batches arrive a few a day: their queue need not be polled 50 times a second.
     poll_delay = w.poll_delay_s if queue == JOBS_QUEUE else max(w.poll_delay_s, 0.25)

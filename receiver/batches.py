@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from nopoll.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
@@ -92,7 +92,7 @@ class BatchRunner:
         self,
         settings: Settings,
         *,
-        redis: ArqRedis,
+        redis: Redis,
         fanout: FanOut,
         dead_letters: DeadLetters,
         metrics: Metrics,

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from receiver.queue import PUT_JOB_LUA, QueuedJob
 
@@ -58,7 +58,7 @@ class DeadLetter:
 class DeadLetters:
     """The dead-letter store on the shared Redis."""
 
-    def __init__(self, redis: ArqRedis) -> None:
+    def __init__(self, redis: Redis) -> None:
         self._redis = redis
 
     async def add(

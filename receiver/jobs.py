@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from arq import Retry
 from redis.exceptions import RedisError
 
+from receiver._arq import Retry
 from receiver.config import RetryConfig, Settings
 from receiver.deadletter import DeadLetters
 from receiver.logs import bind

@@ -20,13 +20,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-import orjson
-from arq.connections import ArqRedis
-from arq.constants import job_key_prefix, result_key_prefix
-from arq.jobs import serialize_job
 from redis import __version__ as redis_version
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
+
+from receiver._arq import JOB_KEY, RESULT_KEY, job_payload
 
 try:
     import hiredis
@@ -47,10 +45,7 @@ __all__ = [
     "EnqueueOutcome",
     "Enqueuer",
     "QueuedJob",
-    "arq_pool",
     "batch_job_id",
-    "job_deserializer",
-    "job_serializer",
     "put_job",
     "queue_for",
     "redis_client",
@@ -103,16 +98,6 @@ return 1
 """
 
 
-def job_serializer(obj: Any) -> bytes:
-    """arq job serializer: JSON (orjson), never pickle."""
-    return orjson.dumps(obj, default=str)
-
-
-def job_deserializer(data: bytes) -> Any:
-    """arq job deserializer: JSON only."""
-    return orjson.loads(data)
-
-
 class EnqueueOutcome(IntEnum):
     """What the enqueue script did with one callback."""
 
@@ -138,7 +123,8 @@ class CallbackJob:
 
 @dataclass(frozen=True, slots=True)
 class QueuedJob:
-    """A job to put on its function's queue, in arq's own format (arq's ``serialize_job``)."""
+    """A job to put on its function's queue, in arq's own format
+    (:func:`receiver._arq.job_payload`)."""
 
     function: str
     job_id: str
@@ -152,14 +138,12 @@ class QueuedJob:
 
     def keys(self) -> list[str]:
         """KEYS for :data:`PUT_JOB_LUA`'s ``put_job``: job key, result key, queue."""
-        return [job_key_prefix + self.job_id, result_key_prefix + self.job_id, self.queue]
+        return [JOB_KEY + self.job_id, RESULT_KEY + self.job_id, self.queue]
 
     def args(self, expiry_ms: int) -> list[Any]:
         """ARGV for ``put_job``: payload, expiry, score, job id."""
         now_ms = int(time.time() * 1000)
-        payload = serialize_job(
-            self.function, (), self.kwargs, self.job_try, now_ms, serializer=job_serializer
-        )
+        payload = job_payload(self.function, self.kwargs, self.job_try, now_ms)
         return [payload, expiry_ms, now_ms + int(self.defer_s * 1000), self.job_id]
 
 
@@ -192,22 +176,6 @@ def redis_client(url: str, *, timeout_s: float = 2.0) -> Redis:
         health_check_interval=30,
     )
     return client
-
-
-def arq_pool(url: str, *, queue: str = JOBS_QUEUE, expires_ms: int | None = None) -> ArqRedis:
-    """An arq Redis pool that speaks JSON jobs."""
-    kwargs: dict[str, Any] = {}
-    if expires_ms is not None:
-        kwargs["expires_extra_ms"] = expires_ms
-    pool = ArqRedis(
-        connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=5, socket_timeout=10),
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-        default_queue_name=queue,
-        **kwargs,
-    )
-    pool.auto_close_connection_pool = True  # aclose() also closes the pool we made
-    return pool
 
 
 class Enqueuer:
@@ -263,17 +231,15 @@ class Enqueuer:
         now = str(now_ms)
         commands = []
         for job, _ in batch:
-            payload = serialize_job(
-                job.function, (), job.kwargs, 1, now_ms, serializer=job_serializer
-            )
+            payload = job_payload(job.function, job.kwargs, 1, now_ms)
             commands.append(
                 (
                     "EVALSHA",
                     self._sha,
                     "4",
                     f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
-                    job_key_prefix + job.job_id,
-                    result_key_prefix + job.job_id,
+                    JOB_KEY + job.job_id,
+                    RESULT_KEY + job.job_id,
                     job.queue,
                     self._dedupe_ttl_ms,
                     payload,

@@ -22,15 +22,15 @@ from typing import Any
 
 import orjson
 import uvicorn
-from arq.worker import Worker
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from nopoll.exceptions import ConfigError
+from receiver._arq import stop_workers, wait_stopped
 from receiver.app import create_app
-from receiver.arq_worker import build_workers
+from receiver.arq_worker import NopollWorker, build_workers
 from receiver.config import Settings
 from receiver.describe import describe
 from receiver.embedded import EmbeddedRedis
@@ -84,7 +84,7 @@ async def _run(
 
     tasks: list[asyncio.Task[Any]] = []
     servers: list[_Server] = []
-    arq_workers: list[Worker] = []
+    arq_workers: list[NopollWorker] = []
     redis = redis_client(redis_url)
     for line in describe(settings, redis_url, api=(host, port) if api else None, worker=worker):
         log.info("%s", line)
@@ -143,9 +143,10 @@ async def _run(
     log.info("shutting down")
     for server in servers:
         server.should_exit = True
-    for w in arq_workers:
-        w.handle_sig_wait_for_completion(signal.SIGTERM)
-    results = await _gather_stopping(tasks, arq_workers, settings.worker.shutdown_wait_s + 30)
+    stop_workers(arq_workers, wait=True)
+    results = await wait_stopped(
+        tasks, arq_workers, settings.worker.shutdown_wait_s + 30, force=False
+    )
     stop_waiter.cancel()
     for w in arq_workers:
         with contextlib.suppress(Exception):
@@ -179,24 +180,9 @@ async def _check_redis(
             log.warning("%s", refusal)
 
 
-async def _gather_stopping(
-    tasks: list[asyncio.Task[Any]], workers: list[Worker], limit_s: float
-) -> list[Any]:
-    """Wait for the tasks; repeat the workers' cancel, which Python 3.11 can lose when it
-    races a timeout inside the poll loop (the process would then never exit)."""
-    pending = set(tasks)
-    deadline = time.monotonic() + limit_s
-    while pending and time.monotonic() < deadline:
-        _, pending = await asyncio.wait(pending, timeout=1.0)
-        for w in workers:
-            if not w.allow_pick_jobs and not w.tasks and w.main_task and not w.main_task.done():
-                w.main_task.cancel()
-    for task in pending:
-        task.cancel()
-    return await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def worker_health_app(workers: list[Worker], metrics: Metrics, interval_s: float) -> Starlette:
+def worker_health_app(
+    workers: list[NopollWorker], metrics: Metrics, interval_s: float
+) -> Starlette:
     """``GET /healthz`` (this process's workers are turning their poll loops) and
     ``GET /metrics`` for a worker-only process (``nopoll worker --health-port``)."""
     limit = 2 * interval_s + 5

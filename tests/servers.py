@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from receiver._arq import stop_workers, wait_stopped
 from receiver.app import create_app
 from receiver.arq_worker import build_workers
 from receiver.config import Settings
@@ -214,15 +215,9 @@ async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> Asyn
         yield workers
     finally:
         # stop the poll loops first: close() drops the pool a running loop still uses
-        for worker in workers:
-            worker.handle_sig(signal.SIGTERM)
-        pending = set(tasks)
-        deadline = time.monotonic() + 15
-        while pending and time.monotonic() < deadline:
-            _, pending = await asyncio.wait(pending, timeout=0.5)
-            for worker in workers:  # Python 3.11 can lose a cancel racing a timeout: repeat it
-                if worker.main_task is not None and not worker.main_task.done():
-                    worker.main_task.cancel()
+        stop_workers(workers, wait=False)
+        await wait_stopped(tasks, workers, 15, force=True)
+        pending = {t for t in tasks if not t.done()}
         if pending:  # say where it hangs instead of a bare TimeoutError
             stacks = []
             for task in asyncio.all_tasks():

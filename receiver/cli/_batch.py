@@ -15,12 +15,12 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from nopoll.envelope import now_rfc3339
+    from receiver._arq import arq_pool
     from receiver.batches import BatchRunner
     from receiver.deadletter import DeadLetters
     from receiver.fanout import FanOut, ManagedSink
     from receiver.metrics import Metrics
     from receiver.providers import ProviderClient, dialect_for, safe_id
-    from receiver.queue import arq_pool
     from receiver.routing import Router
 
     provider = settings.providers.get(args.provider)

@@ -22,8 +22,8 @@ async def _dlq(args: argparse.Namespace, url: str, where: str) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
+    from receiver._arq import arq_pool
     from receiver.deadletter import DeadLetters
-    from receiver.queue import arq_pool
 
     pool = arq_pool(url)
     try:

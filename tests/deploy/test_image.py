@@ -169,7 +169,13 @@ def test_dockerfile_builds_a_venv_and_runs_it_as_a_fixed_non_root_user() -> None
 
     builder = by_stage["builder"]
     [install] = [r for w, r in builder if w == "RUN" and "pip install" in r]
-    assert shlex.split(install) == ["/opt/venv/bin/pip", "install", ".[postgres]"]
+    assert shlex.split(install) == [
+        "/opt/venv/bin/pip",
+        "install",
+        "-c",
+        "constraints.txt",
+        ".[postgres]",
+    ]
 
     runtime = by_stage["runtime"]
     words = [w for w, _ in runtime]
@@ -197,11 +203,37 @@ def test_build_context_holds_what_the_dockerfile_copies_and_nothing_else() -> No
             for source in sources:
                 assert any(f == source or f.startswith(source + "/") for f in context), source
     tops = {f.split("/")[0] for f in context}
-    assert tops <= {"pyproject.toml", "README.md", "nopoll", "receiver", "sinks"}, tops
+    assert tops <= {
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "nopoll",
+        "receiver",
+        "sinks",
+    }, tops
     assert not [f for f in context if "__pycache__" in f or f.endswith(".pyc")]
 
 
 # --- the install and the entrypoint, for real --------------------------------------------
+
+
+def test_every_dependency_the_image_installs_is_pinned(image_venv: Path) -> None:
+    """A later build installs the same versions: constraints.txt pins everything the image
+    gets (./scripts/lock rewrites it when pyproject's dependencies change)."""
+    frozen = subprocess.run(
+        [str(image_venv / "bin" / "pip"), "freeze", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    installed = {line.lower() for line in frozen if not line.lower().startswith("nopoll")}
+    pins = {
+        line.strip().lower()
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert installed and installed <= pins, sorted(installed - pins)
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +254,7 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=src,  # the builder's WORKDIR: constraints.txt is found where the image finds it
     )
     if result.returncode != 0:
         reason = f"pip install of the build context failed:\n{result.stderr[-3000:]}"

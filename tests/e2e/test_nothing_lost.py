@@ -10,11 +10,10 @@ import time
 
 import pytest
 import redis as redis_sync
-from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import TransientProviderError
-from receiver.arq_worker import Lease
+from receiver._arq import IN_PROGRESS_KEY, JOB_KEY, RETRY_KEY, Lease, arq_pool
 from receiver.batches import BatchRunner, LeaseLost
 from receiver.deadletter import DeadLetters
 from receiver.fanout import FanOut, ManagedSink
@@ -25,7 +24,6 @@ from receiver.queue import (
     FETCH_RESPONSE,
     JOBS_QUEUE,
     QueuedJob,
-    arq_pool,
     batch_job_id,
     put_job,
     response_job_id,
@@ -247,9 +245,9 @@ async def test_a_job_arq_gives_up_on_becomes_a_dead_letter_and_replays(
     finally:
         await pool.aclose()
     if fault == "expired":
-        redis_sync_client.delete(job_key_prefix + job_id)  # the payload is gone
+        redis_sync_client.delete(JOB_KEY + job_id)  # the payload is gone
     else:
-        redis_sync_client.set(retry_key_prefix + job_id, 1000)  # far past any try limit
+        redis_sync_client.set(RETRY_KEY + job_id, 1000)  # far past any try limit
     async with running_worker(settings, redis_url):
 
         async def one_letter() -> list | None:
@@ -395,7 +393,7 @@ async def _leased_run(stack, redis_url, tmp_path, cut_s: float | None):
     settings, sim = stack("valar", sinks=files)
     sim.add_batch("valar", "batch_lease", 3000, row_delay_s=0.05)
     job_id = batch_job_id("sim", "batch_lease")
-    lock = in_progress_key_prefix + job_id
+    lock = IN_PROGRESS_KEY + job_id
     direct = redis_sync.Redis.from_url(redis_url)
     direct.set(lock, "token-1", px=2000)
     proxy = TcpProxy(*_redis_port(redis_url))
@@ -450,7 +448,7 @@ async def test_a_batch_whose_lock_was_taken_over_stops_and_leaves_the_job_to_the
     settings, sim = stack("valar", sinks={"files": {"type": "jsonl", "dir": "/tmp/nopoll-x"}})
     sim.add_batch("valar", "batch_taken", 3000, row_delay_s=0.05)
     job_id = batch_job_id("sim", "batch_taken")
-    lock = in_progress_key_prefix + job_id
+    lock = IN_PROGRESS_KEY + job_id
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         r = await post(base, *signed_callback("batch_taken", event_type="batch.completed"))
         assert r.status_code == 202
@@ -467,7 +465,7 @@ async def test_a_batch_whose_lock_was_taken_over_stops_and_leaves_the_job_to_the
         # this run stopped; the new owner's lock and the job are untouched
         assert sim.request_count("/v1/batches/batch_taken/") == stalled > fetched
         assert redis_sync_client.get(lock) == b"another-worker"
-        assert redis_sync_client.exists(job_key_prefix + job_id)
+        assert redis_sync_client.exists(JOB_KEY + job_id)
 
 
 # --- one bad row fails alone, end to end -----------------------------------------------------

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from receiver._arq import arq_pool
 from receiver.deadletter import DeadLetters
-from receiver.queue import arq_pool
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import TcpProxy, running_api, running_worker
 

@@ -14,7 +14,8 @@ import pytest
 from arq.jobs import deserialize_job
 
 from nopoll.wire import decode_webhook_secret
-from receiver.queue import JOBS_QUEUE, job_deserializer
+from receiver._arq import job_deserializer
+from receiver.queue import JOBS_QUEUE
 from tests.servers import ValkeyProcess, running_api
 
 

@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from receiver._arq import arq_pool
 from receiver.cli import main
 from receiver.deadletter import DeadLetters
-from receiver.queue import JOBS_QUEUE, arq_pool
+from receiver.queue import JOBS_QUEUE
 
 
 def config(tmp_path: Path, redis_url: str) -> str:

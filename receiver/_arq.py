@@ -1,0 +1,371 @@
+"""The one place nopoll touches arq's internals; everything else goes through here.
+
+arq is a small library whose private parts nopoll depends on: its job format and key
+names (``arq:job:``, ``arq:in-progress:``, ``arq:retry:``), :func:`arq.jobs.serialize_job`,
+and the :class:`arq.worker.Worker` methods :class:`SeamWorker` overrides. They are checked
+against the arq versions nopoll supports (:data:`SUPPORTED`) when this module is imported,
+and a contract test runs a job written by nopoll on a stock arq Worker and the reverse.
+
+What :class:`SeamWorker` changes:
+
+- Claims: arq claims each polled job with its own optimistic transaction (WATCH, EXISTS,
+  ZSCORE, MULTI/PSETEX/EXEC: about four round trips per job). Here one Lua call claims
+  every polled job with the same rule (not in progress, score due) and the same
+  in-progress key, whose value is a token naming the claim, so a batch job's
+  :class:`Lease` can renew the lock only while it is still its own.
+- Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
+  for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
+  finish was cut off by the outage has its lock released once Redis is back, so it runs
+  again at once instead of after its lock expires.
+- Nothing dropped: whatever arq would fail for good (an expired job, too many tries, an
+  unknown function) goes to :meth:`SeamWorker.give_up` first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import arq
+import orjson
+import redis as redis_py
+from arq import Retry
+from arq.connections import ArqRedis
+from arq.constants import (
+    in_progress_key_prefix,
+    job_key_prefix,
+    result_key_prefix,
+    retry_key_prefix,
+)
+from arq.jobs import serialize_job
+from arq.utils import poll, timestamp_ms
+from arq.worker import Function, Worker, func
+from redis.asyncio import ConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from receiver.redis_link import RedisLink
+
+__all__ = [
+    "IN_PROGRESS_KEY",
+    "JOB_KEY",
+    "RESULT_KEY",
+    "RETRY_KEY",
+    "SUPPORTED",
+    "Function",
+    "Lease",
+    "Retry",
+    "SeamWorker",
+    "arq_pool",
+    "func",
+    "job_deserializer",
+    "job_payload",
+    "job_serializer",
+    "stop_workers",
+    "wait_stopped",
+]
+
+log = logging.getLogger("nopoll.worker")
+
+SUPPORTED = {"arq": ((0, 26), (0, 29)), "redis": ((5, 0), (6, 0))}
+"""[lowest, first unsupported) version of each library nopoll's use of internals fits."""
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor, *_ = (int("".join(c for c in p if c.isdigit()) or 0) for p in text.split("."))
+    return major, minor
+
+
+def _check_versions() -> None:
+    found = {"arq": arq.VERSION, "redis": redis_py.__version__}
+    for name, (low, high) in SUPPORTED.items():
+        if not low <= _version(found[name]) < high:
+            raise ImportError(
+                f"nopoll works with {name} >={low[0]}.{low[1]},<{high[0]}.{high[1]}; "
+                f"{found[name]} is installed (pip install 'nopoll' pulls a fitting one)"
+            )
+
+
+_check_versions()
+
+JOB_KEY = job_key_prefix
+"""``arq:job:<id>``: a queued job's payload."""
+RESULT_KEY = result_key_prefix
+"""``arq:result:<id>``: a finished job's result (nopoll keeps none)."""
+IN_PROGRESS_KEY = in_progress_key_prefix
+"""``arq:in-progress:<id>``: the lock of a running job."""
+RETRY_KEY = retry_key_prefix
+"""``arq:retry:<id>``: how many times a job has been tried."""
+
+
+def job_serializer(obj: Any) -> bytes:
+    """arq job serializer: JSON (orjson), never pickle."""
+    return orjson.dumps(obj, default=str)
+
+
+def job_deserializer(data: bytes) -> Any:
+    """arq job deserializer: JSON only."""
+    return orjson.loads(data)
+
+
+def job_payload(function: str, kwargs: dict[str, Any], job_try: int | None, at_ms: int) -> bytes:
+    """A job exactly as ``ArqRedis.enqueue_job`` writes it (arq's own ``serialize_job``)."""
+    return serialize_job(function, (), kwargs, job_try, at_ms, serializer=job_serializer)
+
+
+def arq_pool(url: str, *, queue: str | None = None, expires_ms: int | None = None) -> ArqRedis:
+    """An arq Redis pool that speaks JSON jobs (``queue``: where ``enqueue_job`` puts them)."""
+    kwargs: dict[str, Any] = {}
+    if expires_ms is not None:
+        kwargs["expires_extra_ms"] = expires_ms
+    if queue is not None:
+        kwargs["default_queue_name"] = queue
+    pool = ArqRedis(
+        connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=5, socket_timeout=10),
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+        **kwargs,
+    )
+    pool.auto_close_connection_pool = True  # aclose() also closes the pool we made
+    return pool
+
+
+_CLAIM = """
+local claimed = {}
+local now = tonumber(ARGV[1])
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  if score and tonumber(score) <= now and redis.call('EXISTS', KEYS[2] .. id) == 0 then
+    redis.call('PSETEX', KEYS[2] .. id, ARGV[2], ARGV[3])
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = score
+  end
+end
+return claimed
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Lease:
+    """A claimed job's in-progress lock, held by the token its claim wrote."""
+
+    def __init__(self, redis: Redis, job_id: str, token: str) -> None:
+        self.redis = redis
+        self.key = in_progress_key_prefix + job_id
+        self.token = token
+        self.lost = False
+        """Set by whoever finds the lock no longer ours; arq's finish is then skipped."""
+
+    async def renew(self, ttl_ms: int) -> bool:
+        """Extend the lock to ``ttl_ms`` from now; False when another claim holds it."""
+        return bool(await self.redis.eval(_RENEW, 1, self.key, self.token, str(ttl_ms)))  # type: ignore[misc]
+
+    async def release(self) -> bool:
+        """Drop the lock if it is still ours (the job can be claimed again at once)."""
+        return bool(await self.redis.eval(_RELEASE, 1, self.key, self.token))  # type: ignore[misc]
+
+
+class SeamWorker(Worker):
+    """An arq Worker with one-call claims, leases, outage riding, and hooks where nopoll's
+    policy comes in (:meth:`give_up`, :meth:`health_checked`)."""
+
+    def __init__(self, *args: Any, claim_ttl_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._claim_script: Any = None
+        self._claim_ttl_s = claim_ttl_s
+        self._worker_id = uuid.uuid4().hex[:12]
+        self.leases: dict[str, Lease] = {}
+        """Running jobs' locks, by job id (``ctx["leases"]``: a batch job renews its own)."""
+        self._orphans: set[str] = set()
+        self.link = RedisLink(f"worker {self.queue_name}")
+        self.last_beat: float | None = None
+        """When this process last turned its poll loop (``nopoll worker --health-port``)."""
+
+    async def heart_beat(self) -> None:
+        await super().heart_beat()
+        self.last_beat = time.monotonic()
+
+    async def record_health(self) -> None:
+        before = self._last_health_check
+        await super().record_health()
+        if self._last_health_check != before:
+            await self.health_checked()
+
+    async def health_checked(self) -> None:
+        """Hook: the worker just wrote its heartbeat (every ``health_check_interval``)."""
+
+    def _alive(self) -> None:
+        # Waiting for Redis is this loop's job now: the process is healthy, just idle.
+        self.last_beat = time.monotonic()
+
+    async def main(self) -> None:
+        """arq's main loop, but a Redis outage pauses it instead of ending the process."""
+        self.ctx["redis"] = self.pool
+        self.ctx["leases"] = self.leases
+        log.info("worker for %s: %s", self.queue_name, ", ".join(self.functions))
+        await self.link.wait(self.pool, on_try=self._alive)
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        async for _ in poll(self.poll_delay_s):
+            try:
+                await self._poll_iteration()
+                if self.burst and await self._burst_done():
+                    return
+            except (RedisError, OSError) as exc:
+                self.link.lost(exc)
+                await self.link.wait(self.pool, on_try=self._alive)
+                await self._release_orphans()
+
+    async def _burst_done(self) -> bool:
+        """arq's burst rule: stop once ``max_burst_jobs`` ran or the queue is empty."""
+        if 0 <= self.max_burst_jobs <= self._jobs_started() or not await self.pool.zcard(
+            self.queue_name
+        ):
+            await asyncio.gather(*self.tasks.values())
+            return True
+        return False
+
+    async def run_job(self, job_id: str, score: int) -> None:
+        try:
+            await super().run_job(job_id, score)
+        except (RedisError, OSError) as exc:
+            # The job's start or finish could not reach Redis: it is still queued; its
+            # lock is released once Redis is back so it runs again at once.
+            self.link.lost(exc)
+            self._orphans.add(job_id)
+        except Exception:
+            log.exception("job %s: arq could not run or finish it; it runs again later", job_id)
+            self.leases.pop(job_id, None)
+
+    async def _release_orphans(self) -> None:
+        for job_id in list(self._orphans):
+            lease = self.leases.pop(job_id, None)
+            self._orphans.discard(job_id)
+            if lease is not None and not lease.lost:
+                with contextlib.suppress(RedisError, OSError):
+                    await lease.release()
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        free = self.max_jobs - self.job_counter
+        if free <= 0 or not job_ids:
+            return
+        if self._claim_script is None:
+            self._claim_script = self.pool.register_script(_CLAIM)
+        ids = [j.decode() for j in job_ids[:free]]
+        ttl_s = self._claim_ttl_s or self.in_progress_timeout_s
+        now = timestamp_ms()
+        token = f"{self._worker_id}:{now}"
+        claimed = await self._claim_script(
+            keys=[self.queue_name, in_progress_key_prefix],
+            args=[now, int(ttl_s * 1000), token, *ids],
+        )
+        for i in range(0, len(claimed), 2):
+            job_id = claimed[i].decode()
+            score = int(float(claimed[i + 1]))
+            self.leases[job_id] = Lease(self.pool, job_id, token)
+            await self.sem.acquire()
+            self.job_counter += 1
+            task = self.loop.create_task(self.run_job(job_id, score))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job_id] = task
+
+    async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
+        lease = self.leases.pop(job_id, None)
+        if lease is not None and lease.lost:
+            return  # another run owns the job now: touch nothing of it
+        await super().finish_job(job_id, *args, **kwargs)
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        """arq gives up on a job (expired, too many tries, unknown function, undecodable):
+        keep it as a dead letter first."""
+        lease = self.leases.pop(job_id, None)
+        if lease is not None and lease.lost:
+            return
+        await self._keep_failed(job_id, result_data)
+        await super().finish_failed_job(job_id, result_data)
+
+    async def _keep_failed(self, job_id: str, result_data: bytes | None) -> None:
+        result: dict[str, Any] = {}
+        if result_data:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                result = orjson.loads(result_data)
+        function = str(result.get("f") or "")
+        kwargs = result.get("k") if isinstance(result.get("k"), dict) else {}
+        reason = f"arq gave up on job {job_id}: {result.get('r') or 'unknown reason'}"
+        known = function in self.functions and bool(kwargs)
+        await self.give_up(
+            job_id,
+            function if known else None,
+            kwargs if known else None,
+            int(result.get("t") or 0),
+            reason,
+        )
+
+    async def give_up(
+        self,
+        job_id: str,
+        function: str | None,
+        kwargs: dict[str, Any] | None,
+        tries: int,
+        reason: str,
+    ) -> None:
+        """Hook: arq is about to drop a job for good (None: its payload is gone). Raise to
+        keep it queued (a Redis error does)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """arq's close, minus its Redis calls' ability to skip closing the sinks."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.close(close_connection_pool=True)
+        self._pool = None
+
+
+def stop_workers(workers: Sequence[SeamWorker], *, wait: bool) -> None:
+    """Stop taking jobs; with ``wait`` let running ones finish for the workers'
+    ``job_completion_wait`` first, else cancel them (arq runs a cancelled job again)."""
+    for worker in workers:
+        if wait:
+            worker.handle_sig_wait_for_completion(signal.SIGTERM)
+        else:
+            worker.handle_sig(signal.SIGTERM)
+
+
+async def wait_stopped(
+    tasks: list[asyncio.Task[Any]], workers: Sequence[SeamWorker], limit_s: float, *, force: bool
+) -> list[Any]:
+    """Wait for the workers' tasks after :func:`stop_workers`; repeat their cancel (once no
+    job runs, or at once with ``force``), which Python 3.11 can lose when it races a timeout
+    inside the poll loop: the process would then never exit."""
+    pending = set(tasks)
+    deadline = time.monotonic() + limit_s
+    while pending and time.monotonic() < deadline:
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+        for w in workers:
+            idle = force or (not w.allow_pick_jobs and not w.tasks)
+            if idle and w.main_task is not None and not w.main_task.done():
+                w.main_task.cancel()
+    for task in pending:
+        task.cancel()
+    return await asyncio.gather(*tasks, return_exceptions=True)
