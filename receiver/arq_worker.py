@@ -25,7 +25,8 @@ from receiver.queue import (
     HEALTH_CHECK_KEY,
     JOBS_QUEUE,
 )
-from receiver.worker import deliver, fetch_batch, fetch_response, shutdown, startup
+from receiver.state import Shared, shutdown, startup
+from receiver.worker import deliver, fetch_batch, fetch_response
 
 __all__ = ["NopollWorker", "build_workers"]
 
@@ -110,8 +111,10 @@ def build_workers(
 
     short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
     long = [job(fetch_batch, FETCH_BATCH)]
-    # One set of sinks and provider clients for the process's workers (see startup).
-    extra_ctx = {"shared": {}, **(extra_ctx or {})}
+    # One WorkerState for the process's workers (see receiver.state.startup).
+    extra = dict(extra_ctx or {})
+    shared = Shared(redis_url, transport=extra.pop("provider_transport", None))
+    extra_ctx = {"shared": shared, **extra}
     common: dict[str, Any] = {
         "redis_url": redis_url,
         "metrics": metrics,

@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import TYPE_CHECKING, Any
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batch_state import BatchState
-from receiver.fanout import FanOut
 from receiver.jobs import dead_letter, guarded, retry_or_give_up
 from receiver.queue import DELIVER, QueuedJob, put_job
+
+if TYPE_CHECKING:
+    from receiver.state import WorkerState
 
 __all__ = ["batch_state_for", "deliver", "handoff_job", "queue_retries", "rejection_text"]
 
@@ -56,7 +56,8 @@ async def queue_retries(
 ) -> None:
     """After a fan-out: each failed sink gets its own delivery (retried alone); a sink that
     refused the data itself gets a dead letter at once (a retry cannot change its mind)."""
-    settings = ctx["settings"]
+    state: WorkerState = ctx["state"]
+    settings = state.settings
     for name, error in failures.items():
         share = list(shares[name])
         if isinstance(error, SinkRowsRejected):
@@ -69,7 +70,7 @@ async def queue_retries(
             continue
         log.warning("sink %s failed, retrying on its own: %s", name, error)
         job = handoff_job(name, share, defer_s=settings.sink_retry.delay(1))
-        await put_job(ctx["redis"], job, expiry_ms=settings.job_expiry_s * 1000)
+        await put_job(state.redis, job, expiry_ms=settings.job_expiry_s * 1000)
 
 
 def _kwargs(
@@ -98,12 +99,13 @@ def rejection_text(error: SinkRowsRejected) -> str:
     return f"sink {error.sink!r} refused {len(error.rejected)} row(s): " + "; ".join(reasons)[:1500]
 
 
-def batch_state_for(ctx: dict[str, Any], key: str) -> BatchState:
+def batch_state_for(state: WorkerState, key: str) -> BatchState:
     """The :class:`BatchState` behind a delivery's ``batch_state`` key."""
-    settings = ctx["settings"]
-    redis: Redis = ctx["redis"]
     return BatchState(
-        redis, key, ttl_s=settings.dedupe_ttl_s, job_expiry_ms=settings.job_expiry_s * 1000
+        state.redis,
+        key,
+        ttl_s=state.settings.dedupe_ttl_s,
+        job_expiry_ms=state.settings.job_expiry_s * 1000,
     )
 
 
@@ -126,8 +128,8 @@ async def deliver(
     if settle is None and batch_state is not None:
         settle = part  # a job queued before ``settle`` existed
     kwargs = _kwargs(sink, envelopes, batch_state, part, settle)
-    fanout: FanOut = ctx["fanout"]
-    target = fanout.sinks.get(sink)
+    state: WorkerState = ctx["state"]
+    target = state.fanout.sinks.get(sink)
     if target is None:
         return await dead_letter(ctx, DELIVER, kwargs, f"sink {sink!r} is no longer configured")
     batch = [Envelope.from_dict(e) for e in envelopes]
@@ -147,7 +149,7 @@ async def deliver(
     except SinkError as exc:
         return await retry_or_give_up(ctx, DELIVER, kwargs, str(exc), exc.retry_after_s)
     if batch_state is not None and settle is not None:
-        await batch_state_for(ctx, batch_state).settle(sink, settle)
+        await batch_state_for(state, batch_state).settle(sink, settle)
     log.info("sink %s took %d result(s) on a retry: %s", sink, len(envelopes), _keys(envelopes))
-    ctx["metrics"].jobs.labels(DELIVER, "ok").inc()
+    state.metrics.jobs.labels(DELIVER, "ok").inc()
     return {"rows": len(envelopes)}

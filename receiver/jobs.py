@@ -21,15 +21,17 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from receiver._arq import Retry
 from receiver.config import RetryConfig, Settings
-from receiver.deadletter import DeadLetters
 from receiver.logs import bind
 from receiver.queue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
+
+if TYPE_CHECKING:
+    from receiver.state import WorkerState
 
 __all__ = [
     "JOB_GRACE_S",
@@ -90,10 +92,10 @@ async def dead_letter(
     """Keep the job's work as a replayable dead letter. When Redis cannot take the letter,
     the job is retried instead (a letter is never dropped for want of a place to keep it)."""
     sink, provider, keys = letter_target(function, kwargs)
-    letters: DeadLetters = ctx["dead_letters"]
+    state: WorkerState = ctx["state"]
     job_try = int(ctx.get("job_try") or 1)
     try:
-        letter = await letters.add(
+        letter = await state.dead_letters.add(
             sink=sink,
             provider=provider,
             keys=keys,
@@ -104,9 +106,9 @@ async def dead_letter(
         )
     except (RedisError, OSError) as exc:
         log.warning("cannot keep a dead letter now (%s); running the job again later", exc)
-        raise Retry(defer=rules_for(ctx["settings"], function).retry.delay(job_try)) from None
-    ctx["metrics"].dead_letters.labels(sink).inc()
-    ctx["metrics"].jobs.labels(function, "dead_letter").inc()
+        raise Retry(defer=rules_for(state.settings, function).retry.delay(job_try)) from None
+    state.metrics.dead_letters.labels(sink).inc()
+    state.metrics.jobs.labels(function, "dead_letter").inc()
     shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
     log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
     return {"dead_letter": letter.id}
@@ -120,11 +122,12 @@ async def retry_or_give_up(
     retry_after_s: float | None = None,
 ) -> dict[str, Any]:
     """Retry the job with backoff, or keep it as a dead letter after its last try."""
-    rules = rules_for(ctx["settings"], function)
+    state: WorkerState = ctx["state"]
+    rules = rules_for(state.settings, function)
     job_try = int(ctx.get("job_try") or 1)
     if job_try >= rules.retry.max_tries:
         return await dead_letter(ctx, function, kwargs, error)
-    ctx["metrics"].jobs.labels(function, "retry").inc()
+    state.metrics.jobs.labels(function, "retry").inc()
     log.info("%s try %d failed (%s); retrying", function, job_try, error)
     raise Retry(defer=rules.retry.delay(job_try, retry_after_s))
 
@@ -147,7 +150,7 @@ def guarded(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
 async def _guard(
     ctx: dict[str, Any], function: str, job: _Job, kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    rules = rules_for(ctx["settings"], function)
+    rules = rules_for(ctx["state"].settings, function)
     job_try = int(ctx.get("job_try") or 1)
     if job_try > rules.retry.max_tries + 2:
         error = f"job ran {job_try} times without finishing (worker crashes?)"

@@ -25,83 +25,16 @@ from nopoll.exceptions import (
     SinkError,
     TransientProviderError,
 )
-from receiver.batches import BatchRunner, LeaseLost
-from receiver.config import Settings
-from receiver.deadletter import DeadLetters
+from receiver.batches import LeaseLost
 from receiver.delivery import deliver, queue_retries
-from receiver.fanout import FanOut, ManagedSink
 from receiver.jobs import dead_letter, guarded, retry_or_give_up
-from receiver.metrics import Metrics
-from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE
-from receiver.routing import Router
+from receiver.state import WorkerState
 from receiver.status import TERMINAL_RESPONSE, unfinished_status
 
-__all__ = ["deliver", "fetch_batch", "fetch_response", "shutdown", "startup"]
+__all__ = ["deliver", "fetch_batch", "fetch_response"]
 
 log = logging.getLogger("nopoll.worker")
-
-
-async def startup(ctx: dict[str, Any]) -> None:
-    """Put the provider clients and the (lazily opened) sinks in ``ctx``: one set per
-    process, shared by its workers (``ctx["shared"]``), so a sink is opened once."""
-    settings: Settings = ctx["settings"]
-    metrics: Metrics = ctx["metrics"]
-    shared: dict[str, Any] = ctx.setdefault("shared", {})
-    first = "fanout" not in shared
-    if first:  # no await before both are set: a second worker's start-up sees them
-        shared["dialects"] = {
-            name: dialect_for(
-                cfg.dialect,
-                ProviderClient(
-                    name,
-                    cfg,
-                    settings.http,
-                    transport=ctx.get("provider_transport"),
-                    on_request=metrics.observe_provider_request,
-                ),
-            )
-            for name, cfg in settings.providers.items()
-        }
-        sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
-        shared["fanout"] = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
-        shared["users"] = 0
-    shared["users"] += 1
-    ctx["dialects"] = shared["dialects"]
-    ctx["fanout"] = shared["fanout"]
-    ctx["dead_letters"] = DeadLetters(ctx["redis"])
-    ctx["batch_runner"] = BatchRunner(
-        settings,
-        redis=ctx["redis"],
-        fanout=ctx["fanout"],
-        dead_letters=ctx["dead_letters"],
-        metrics=metrics,
-    )
-    if first:
-        # Open sinks now so start-up problems show early; one that is down is retried later.
-        for name, sink in ctx["fanout"].sinks.items():
-            try:
-                await sink.write([])
-            except Exception as exc:
-                log.warning(
-                    "sink %s cannot open yet (%s): its results wait and are retried; check "
-                    "sinks.%s",
-                    name,
-                    exc,
-                    name,
-                )
-
-
-async def shutdown(ctx: dict[str, Any]) -> None:
-    """Close provider clients and sinks once the process's last worker stops."""
-    shared: dict[str, Any] = ctx.get("shared", {})
-    shared["users"] = shared.get("users", 1) - 1
-    if shared["users"] > 0:
-        return
-    for dialect in ctx.get("dialects", {}).values():
-        await dialect.client.aclose()
-    if "fanout" in ctx:
-        await ctx["fanout"].aclose()
 
 
 @guarded(FETCH_RESPONSE, "provider", "response_id", "event_id")
@@ -122,7 +55,8 @@ async def fetch_response(
         "received_at": received_at,
         "tenant": tenant,
     }
-    dialect: Dialect | None = ctx["dialects"].get(provider)
+    state: WorkerState = ctx["state"]
+    dialect = state.dialects.get(provider)
     if dialect is None:
         error = f"provider {provider!r} is no longer configured"
         return await dead_letter(ctx, FETCH_RESPONSE, kwargs, error)
@@ -139,9 +73,8 @@ async def fetch_response(
     except ProviderError as exc:
         return await dead_letter(ctx, FETCH_RESPONSE, kwargs, str(exc))
 
-    fanout: FanOut = ctx["fanout"]
-    shares = fanout.route([envelope])
-    failures = await fanout.write(shares)
+    shares = state.fanout.route([envelope])
+    failures = await state.fanout.write(shares)
     if failures:
         await queue_retries(ctx, failures, shares)
     landed = ", ".join(sorted(set(shares) - set(failures)))
@@ -158,7 +91,7 @@ async def fetch_response(
             "response %s/%s fetched (%s); %s failed and is retried on its own",
             *(provider, response_id, envelope.status, failed),
         )
-    ctx["metrics"].jobs.labels(FETCH_RESPONSE, "ok").inc()
+    state.metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
     return {"sinks": len(shares), "failed": sorted(failures)}
 
 
@@ -174,7 +107,8 @@ async def fetch_batch(
     tenant: str = "default",
 ) -> dict[str, Any]:
     """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches`)."""
-    metrics: Metrics = ctx["metrics"]
+    state: WorkerState = ctx["state"]
+    metrics = state.metrics
     kwargs = {
         "provider": provider,
         "batch_id": batch_id,
@@ -183,11 +117,11 @@ async def fetch_batch(
         "event_type": event_type,
         "tenant": tenant,
     }
-    dialect: Dialect | None = ctx["dialects"].get(provider)
+    dialect = state.dialects.get(provider)
     if dialect is None:
         error = f"provider {provider!r} is no longer configured"
         return await dead_letter(ctx, FETCH_BATCH, kwargs, error)
-    runner: BatchRunner = ctx["batch_runner"]
+    runner = state.batch_runner
     lease = ctx.get("leases", {}).get(ctx.get("job_id"))
     try:
         outcome = await runner.run(

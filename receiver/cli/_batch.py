@@ -15,13 +15,9 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from nopoll.envelope import now_rfc3339
-    from receiver._arq import arq_pool
-    from receiver.batches import BatchRunner
-    from receiver.deadletter import DeadLetters
-    from receiver.fanout import FanOut, ManagedSink
+    from nopoll.wire import safe_id
     from receiver.metrics import Metrics
-    from receiver.providers import ProviderClient, dialect_for, safe_id
-    from receiver.routing import Router
+    from receiver.state import build_state
 
     provider = settings.providers.get(args.provider)
     if provider is None:
@@ -29,14 +25,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
         raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
     if not safe_id(args.batch_id):
         raise ConfigError("batch id must match [A-Za-z0-9_.:-]{1,256}")
-    metrics = Metrics()
-    sinks = {n: ManagedSink(n, c, metrics) for n, c in settings.sinks.items()}
-    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
-    pool = arq_pool(url, expires_ms=settings.job_expiry_s * 1000)
-    client = ProviderClient(args.provider, provider, settings.http)
-    runner = BatchRunner(
-        settings, redis=pool, fanout=fanout, dead_letters=DeadLetters(pool), metrics=metrics
-    )
+    state = build_state(settings, url, Metrics())  # the worker's own resources
     try:
         with Progress(
             SpinnerColumn(),
@@ -54,8 +43,8 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
                 done = bar.tasks[0].completed
                 bar.update(task, rate=done / max(1e-6, time.monotonic() - started))
 
-            outcome = await runner.run(
-                dialect_for(provider.dialect, client),
+            outcome = await state.batch_runner.run(
+                state.dialects[args.provider],
                 provider=args.provider,
                 batch_id=args.batch_id,
                 event_id=None,
@@ -64,9 +53,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
                 on_progress=progress,
             )
     finally:
-        await client.aclose()
-        await fanout.aclose()
-        await pool.aclose()
+        await state.aclose()
     if outcome.already_done:
         print(f"batch {args.batch_id} was already delivered; --force fetches it again")
         return 0

@@ -14,11 +14,9 @@ import redis as redis_sync
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import TransientProviderError
 from receiver._arq import IN_PROGRESS_KEY, JOB_KEY, RETRY_KEY, Lease, arq_pool
-from receiver.batches import BatchRunner, LeaseLost
+from receiver.batches import LeaseLost
 from receiver.deadletter import DeadLetters
-from receiver.fanout import FanOut, ManagedSink
 from receiver.metrics import Metrics
-from receiver.providers import ProviderClient, dialect_for
 from receiver.queue import (
     BATCHES_QUEUE,
     FETCH_RESPONSE,
@@ -28,7 +26,7 @@ from receiver.queue import (
     put_job,
     response_job_id,
 )
-from receiver.routing import Router
+from receiver.state import build_state
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import TcpProxy, running_api, running_worker
 from tests.subscriber import Subscriber
@@ -264,23 +262,11 @@ async def test_a_job_arq_gives_up_on_becomes_a_dead_letter_and_replays(
 # --- a chunk size changed between two runs of a batch --------------------------------------
 
 
-def _runner(settings, redis):
-    metrics = Metrics()
-    sinks = {n: ManagedSink(n, c, metrics) for n, c in settings.sinks.items()}
-    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
-    runner = BatchRunner(
-        settings, redis=redis, fanout=fanout, dead_letters=DeadLetters(redis), metrics=metrics
-    )
-    client = ProviderClient("sim", settings.providers["sim"], settings.http)
-    return runner, dialect_for(settings.providers["sim"].dialect, client), fanout
-
-
 async def _run_batch(settings, redis_url: str, batch_id: str, **kwargs):
-    pool = arq_pool(redis_url)
-    runner, dialect, fanout = _runner(settings, pool)
+    state = build_state(settings, redis_url, Metrics())  # what nopoll fetch-batch uses
     try:
-        return await runner.run(
-            dialect,
+        return await state.batch_runner.run(
+            state.dialects["sim"],
             provider="sim",
             batch_id=batch_id,
             event_id=None,
@@ -288,9 +274,7 @@ async def _run_batch(settings, redis_url: str, batch_id: str, **kwargs):
             **kwargs,
         )
     finally:
-        await dialect.client.aclose()
-        await fanout.aclose()
-        await pool.aclose()
+        await state.aclose()
 
 
 @pytest.mark.parametrize("second_chunk_size", [300, 70])

@@ -1,0 +1,131 @@
+"""What every job of a worker process needs, typed and built once: :class:`WorkerState`.
+
+:func:`build_state` makes it from the settings (provider clients, lazily opened sinks,
+the dead-letter store, the batch runner, a Redis client of its own); the arq start-up hook
+(:func:`startup`) builds one per process and shares it between the process's workers, and
+``nopoll fetch-batch`` builds its own. Jobs read ``ctx["state"]``, nothing else of ctx but
+arq's ``job_id`` and ``job_try``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+
+from receiver._arq import arq_pool
+from receiver.batches import BatchRunner
+from receiver.config import Settings
+from receiver.deadletter import DeadLetters
+from receiver.fanout import FanOut, ManagedSink
+from receiver.metrics import Metrics
+from receiver.providers import Dialect, ProviderClient, dialect_for
+from receiver.routing import Router
+
+__all__ = ["Shared", "WorkerState", "build_state", "shutdown", "startup"]
+
+log = logging.getLogger("nopoll.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """The resources of one worker process (see the module docs)."""
+
+    settings: Settings
+    metrics: Metrics
+    redis: Redis
+    """nopoll's own client: dead letters, batch progress, hand-offs (arq has its own)."""
+    dialects: Mapping[str, Dialect]
+    fanout: FanOut
+    dead_letters: DeadLetters
+    batch_runner: BatchRunner
+
+    async def open(self) -> None:
+        """Open every sink now, so that start-up problems show at once; a sink that is down
+        is only logged: its results wait and are retried."""
+        for name, sink in self.fanout.sinks.items():
+            try:
+                await sink.write([])
+            except Exception as exc:
+                log.warning(
+                    "sink %s cannot open yet (%s): its results wait and are retried; check "
+                    "sinks.%s",
+                    *(name, exc, name),
+                )
+
+    async def aclose(self) -> None:
+        for dialect in self.dialects.values():
+            await dialect.client.aclose()
+        await self.fanout.aclose()
+        await self.redis.aclose()
+
+
+def build_state(
+    settings: Settings,
+    redis_url: str,
+    metrics: Metrics,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> WorkerState:
+    """A worker's resources; nothing is connected yet (sinks open on first use)."""
+    dialects = {
+        name: dialect_for(
+            cfg.dialect,
+            ProviderClient(
+                name,
+                cfg,
+                settings.http,
+                transport=transport,
+                on_request=metrics.observe_provider_request,
+            ),
+        )
+        for name, cfg in settings.providers.items()
+    }
+    sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
+    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
+    dead_letters = DeadLetters(redis)
+    runner = BatchRunner(
+        settings, redis=redis, fanout=fanout, dead_letters=dead_letters, metrics=metrics
+    )
+    return WorkerState(settings, metrics, redis, dialects, fanout, dead_letters, runner)
+
+
+@dataclass
+class Shared:
+    """The process's one :class:`WorkerState`, shared by its arq workers (``ctx["shared"]``)."""
+
+    redis_url: str
+    transport: httpx.AsyncBaseTransport | None = None
+    state: WorkerState | None = None
+    users: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def startup(ctx: dict[str, Any]) -> None:
+    """arq start-up hook: the process's state in ``ctx["state"]`` (built by the first
+    worker to start, opened once)."""
+    shared: Shared = ctx["shared"]
+    first = shared.state is None
+    if shared.state is None:  # no await before it is set: a second worker sees it
+        shared.state = build_state(
+            ctx["settings"], shared.redis_url, ctx["metrics"], transport=shared.transport
+        )
+    shared.users += 1
+    ctx["state"] = shared.state
+    ctx["fanout"] = shared.state.fanout  # for the heartbeat's sink health
+    if first:
+        await shared.state.open()
+
+
+async def shutdown(ctx: dict[str, Any]) -> None:
+    """arq shutdown hook: close the state once the process's last worker stops."""
+    shared: Shared = ctx["shared"]
+    shared.users -= 1
+    if shared.users <= 0 and shared.state is not None:
+        state, shared.state = shared.state, None
+        await state.aclose()
