@@ -44,6 +44,7 @@ from receiver.queue import (
     CallbackJob,
     EnqueueOutcome,
     Enqueuer,
+    QueueBusy,
     batch_job_id,
     response_job_id,
 )
@@ -158,19 +159,7 @@ class WebhookEndpoint:
             raise Reply(400, {"error": "data.id must match [A-Za-z0-9_.:-]{1,256}"})
         assert isinstance(object_id, str)
 
-        job = _job(provider, webhook_id, event_type, object_id)
-        started = time.perf_counter()
-        try:
-            outcome = await self._enqueuer.enqueue(job)
-        except (RedisError, OSError) as exc:
-            self._link.lost(exc)  # logged once per outage, not once per callback
-            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
-        except Exception:  # a bug of ours must not look like the client's fault, nor lose it
-            log.exception("enqueue failed unexpectedly, answering 503")
-            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
-        self._enqueue_seconds.observe(time.perf_counter() - started)
-        if not self._link.up:
-            self._link.back()
+        outcome = await self._enqueue(_job(provider, webhook_id, event_type, object_id))
         if outcome is EnqueueOutcome.DUPLICATE:
             raise Reply(200, {"status": "duplicate"}, "duplicate")
         self._accepted[provider].inc()
@@ -178,6 +167,24 @@ class WebhookEndpoint:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("callback %s: %s %s %s", webhook_id, event_type, object_id, status)
         return 202, {"status": status, "id": object_id}
+
+    async def _enqueue(self, job: CallbackJob) -> EnqueueOutcome:
+        """Queue the job durably; Redis down, or a flood already waiting for it, is a 503."""
+        started = time.perf_counter()
+        try:
+            outcome = await self._enqueuer.enqueue(job)
+        except (RedisError, OSError) as exc:
+            self._link.lost(exc)  # logged once per outage, not once per callback
+            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
+        except QueueBusy:  # too many callbacks wait for Redis already: shed, do not queue
+            raise Reply(503, {"error": "queue busy, retry later"}, "unavailable") from None
+        except Exception:  # a bug of ours must not look like the client's fault, nor lose it
+            log.exception("enqueue failed unexpectedly, answering 503")
+            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
+        self._enqueue_seconds.observe(time.perf_counter() - started)
+        if not self._link.up:
+            self._link.back()
+        return outcome
 
     async def _read_body(self, declared: bytes | None, receive: Receive) -> bytes:
         limit = self._max_body
