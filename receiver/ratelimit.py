@@ -1,0 +1,101 @@
+"""A rate limit per provider, shared by every worker process through Redis.
+
+GCRA (the generic cell rate algorithm) with no burst, as reservations: one Lua call per
+request takes the next free slot, at least ``1 / rate`` after the previous one, and says
+how long until it; the caller sleeps until then and goes. No one-second window ever holds
+more than ``rate`` requests, summed over every process (slots carry a jitter allowance,
+:data:`JITTER_ALLOWANCE_S`), callers go in the order they asked,
+and nothing polls in a loop. Times come from Redis's own clock (``TIME``), so workers on
+hosts whose clocks differ still agree.
+
+A ``429`` from the provider pauses the whole provider (every process) for its
+``Retry-After`` (or a short backoff when it gives none): :meth:`RateLimiter.pause`.
+
+Why not the ``limits`` package: its moving-window limiter is correct under concurrency
+too, but it allows the whole second's budget at once (``rate`` requests in the first
+millisecond, then nothing), keeps ``rate`` timestamps per key, and answers only yes/no, so
+a refused caller must poll. GCRA spreads requests evenly, keeps one number, and says how
+long to wait (``bench/ratelimit.py`` measures both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio import Redis
+
+__all__ = ["JITTER_ALLOWANCE_S", "RateLimiter"]
+
+JITTER_ALLOWANCE_S = 0.05
+"""Slots are ``(1 + this) / rate`` apart rather than ``1 / rate``: a request that sets out
+up to 50 ms late (a busy event loop, the network) still cannot bring ``rate + 1`` requests
+into one second at the provider. It costs 5 % of the rate."""
+
+# KEYS: 1 next-slot key, 2 pause key. ARGV: 1 interval (us), 2 longest wait (us)
+# Returns the microseconds until the reserved slot (0: now), or -1: none within the
+# longest wait (nothing reserved).
+_RESERVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local slot = tonumber(redis.call('GET', KEYS[1]) or '0')
+local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
+if slot < now then slot = now end
+if slot < paused then slot = paused end
+if slot - now > tonumber(ARGV[2]) then return -1 end
+local interval = tonumber(ARGV[1])
+redis.call('SET', KEYS[1], slot + interval,
+           'PX', math.floor((slot - now + interval) / 1000) + 1000)
+return slot - now
+"""
+
+# KEYS: 1 pause key. ARGV: 1 pause (microseconds)
+_PAUSE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local until_us = now + tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if until_us > current then
+  redis.call('SET', KEYS[1], until_us, 'PX', math.floor(tonumber(ARGV[1]) / 1000) + 1000)
+end
+return 1
+"""
+
+
+class RateLimiter:
+    """At most ``rate_per_s`` requests per second to one provider, across processes."""
+
+    def __init__(self, redis: Redis, provider: str, rate_per_s: float) -> None:
+        if rate_per_s <= 0:
+            raise ValueError("rate_per_s must be positive")
+        self.redis = redis
+        self.provider = provider
+        self.rate_per_s = rate_per_s
+        self._interval_us = max(1, round((1 + JITTER_ALLOWANCE_S) * 1_000_000 / rate_per_s))
+        self._keys = (f"nopoll:rate:{provider}", f"nopoll:rate:{provider}:pause")
+        self.waited_s = 0.0
+        """Seconds callers spent waiting for a grant (for the rate-limit-wait metric)."""
+
+    async def reserve(self, *, limit_s: float = 300.0) -> float | None:
+        """Reserve the next slot: seconds until it (0: now), or None when there is none
+        within ``limit_s`` (nothing is reserved then)."""
+        wait_us = int(
+            await self.redis.eval(  # type: ignore[misc]
+                _RESERVE, 2, *self._keys, str(self._interval_us), str(int(limit_s * 1e6))
+            )
+        )
+        return None if wait_us < 0 else wait_us / 1_000_000
+
+    async def acquire(self, *, limit_s: float = 300.0) -> None:
+        """Wait for this request's slot; TimeoutError when none is free within ``limit_s``."""
+        wait_s = await self.reserve(limit_s=limit_s)
+        if wait_s is None:
+            raise TimeoutError(f"no request slot for {self.provider} within {limit_s:g} s")
+        if wait_s:
+            self.waited_s += wait_s
+            await asyncio.sleep(wait_s)
+
+    async def pause(self, seconds: float) -> None:
+        """Hold every request to this provider for ``seconds`` (a 429's Retry-After)."""
+        await self.redis.eval(  # type: ignore[misc]
+            _PAUSE, 1, self._keys[1], str(max(1, int(seconds * 1_000_000)))
+        )

@@ -1,0 +1,345 @@
+"""Watches: results nopoll polls for, because no callback comes (or as a safety net).
+
+A watch is ``(provider, kind, id)`` with ``kind`` ``response`` or ``batch``. Keys::
+
+    nopoll:watch:<provider>:<kind>:<id>     hash: state, polls, next_at, registered_at,
+                                            expect_callback, tenant, status (last seen),
+                                            landed_at; expires a dedupe window after it ends
+    nopoll:watches:due:<provider>           zset: "<kind>:<id>" by next poll time (ms),
+                                            pending watches only
+
+States: ``pending`` (polled when due), ``polling`` (taken by a worker: its due time is
+pushed ``lease_ms`` ahead, so a worker killed mid-poll loses nothing, the watch comes due
+again), ``landing`` (a poll found it terminal and is delivering it), ``callback`` (a
+callback came: its job delivers, polling stops), ``landed``, ``expired``.
+
+Exactly one delivery: the poll that finds a watch terminal claims it (``landing``) only if
+no callback claimed it first, and a callback's job skips fetching if a poll already
+landed it. Every transition is one Lua call. A watch that is not due costs nothing: the
+pollers look at the earliest due time only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from redis.asyncio import Redis
+
+__all__ = ["Watch", "WatchStore", "due_key", "watch_key"]
+
+Kind = Literal["response", "batch"]
+STATES = ("pending", "polling", "landing", "callback", "landed", "expired")
+
+
+def watch_key(provider: str, kind: str, object_id: str) -> str:
+    return f"nopoll:watch:{provider}:{kind}:{object_id}"
+
+
+def due_key(provider: str) -> str:
+    return f"nopoll:watches:due:{provider}"
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """One watch as stored."""
+
+    provider: str
+    kind: str
+    id: str
+    state: str
+    polls: int
+    next_at: float | None
+    """Unix seconds of the next poll (pending watches)."""
+    registered_at: float
+    expect_callback: bool
+    tenant: str
+    status: str | None
+    """The provider's status at the last poll."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "kind": self.kind,
+            "id": self.id,
+            "state": "pending" if self.state == "polling" else self.state,
+            "polls": self.polls,
+            "next_poll_at": self.next_at,
+            "registered_at": self.registered_at,
+            "expect_callback": self.expect_callback,
+            "tenant": self.tenant,
+            "last_status": self.status,
+        }
+
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 now ms, 3 first poll at ms,
+# 4 expect_callback, 5 tenant
+_REGISTER = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'polls', 0, 'next_at', ARGV[3],
+           'registered_at', ARGV[2], 'expect_callback', ARGV[4], 'tenant', ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 due zset. ARGV: 1 now ms, 2 lease ms, 3 limit, 4 watch key prefix
+# Take due watches: push each one's due time a lease ahead and mark it polling.
+_TAKE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
+for _, member in ipairs(due) do
+  redis.call('ZADD', KEYS[1], until_ms, member)
+  local key = ARGV[4] .. member
+  local state = redis.call('HGET', key, 'state')
+  if state == 'pending' or state == 'polling' or state == 'landing' then
+    redis.call('HSET', key, 'state', 'polling', 'next_at', until_ms)
+    redis.call('HINCRBY', key, 'polls', 1)
+  else
+    redis.call('ZREM', KEYS[1], member)  -- ended meanwhile (callback, deleted)
+  end
+end
+return due
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status
+_RESCHEDULE = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'polling' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'next_at', ARGV[2], 'status', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 status, 3 lease until (ms)
+# A poll found the object terminal: claim the landing unless a callback got there first.
+# The watch stays due a lease ahead: if the poller dies while delivering, it is polled
+# (and delivered) again.
+_CLAIM_LANDING = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'polling' and state ~= 'pending' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'landing', 'status', ARGV[2], 'next_at', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 final state, 3 now ms, 4 ttl s
+_FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'landed_at', ARGV[3])
+redis.call('HDEL', KEYS[1], 'next_at')
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member
+# A callback came: 'landed' (a poll delivered it already: skip), 'landing' (a poll is
+# delivering it: skip), else the callback's job delivers it and polling stops.
+_CALLBACK = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'none' end
+if state == 'landed' or state == 'landing' then return state end
+redis.call('HSET', KEYS[1], 'state', 'callback')
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 'callback'
+"""
+
+
+class WatchStore:
+    """The watches of every provider on the shared Redis (see the module docs)."""
+
+    def __init__(self, redis: Redis, *, ended_ttl_s: int = 7 * 86_400) -> None:
+        self.redis = redis
+        self._ended_ttl_s = ended_ttl_s
+
+    async def register(
+        self,
+        provider: str,
+        kind: Kind,
+        object_id: str,
+        *,
+        first_poll_in_s: float,
+        expect_callback: bool = False,
+        tenant: str = "default",
+    ) -> bool:
+        """Start watching; False when this id is already watched (or landed, or expired)."""
+        now = _ms()
+        return bool(
+            await self.redis.eval(  # type: ignore[misc]
+                _REGISTER,
+                2,
+                watch_key(provider, kind, object_id),
+                due_key(provider),
+                f"{kind}:{object_id}",
+                str(now),
+                str(now + int(first_poll_in_s * 1000)),
+                "1" if expect_callback else "0",
+                tenant,
+            )
+        )
+
+    async def take_due(self, provider: str, *, limit: int, lease_s: float) -> list[Watch]:
+        """Due watches of ``provider`` (at most ``limit``), each taken for ``lease_s``."""
+        members: list[bytes] = await self.redis.eval(  # type: ignore[misc]
+            _TAKE,
+            1,
+            due_key(provider),
+            str(_ms()),
+            str(int(lease_s * 1000)),
+            str(limit),
+            f"nopoll:watch:{provider}:",
+        )
+        watches = []
+        for member in members:
+            kind, _, object_id = member.decode().partition(":")
+            watch = await self.get(provider, kind, object_id)
+            if watch is not None and watch.state == "polling":
+                watches.append(watch)
+        return watches
+
+    async def next_due_in_s(self, provider: str) -> float | None:
+        """Seconds until the provider's earliest watch is due (0: now), None: no watch."""
+        first = await self.redis.zrange(due_key(provider), 0, 0, withscores=True)
+        if not first:
+            return None
+        return max(0.0, (float(first[0][1]) - _ms()) / 1000)
+
+    async def reschedule(self, watch: Watch, *, in_s: float, status: str | None) -> None:
+        await self.redis.eval(  # type: ignore[misc]
+            _RESCHEDULE,
+            2,
+            watch_key(watch.provider, watch.kind, watch.id),
+            due_key(watch.provider),
+            f"{watch.kind}:{watch.id}",
+            str(_ms() + int(in_s * 1000)),
+            status or "",
+        )
+
+    async def claim_landing(self, watch: Watch, status: str, *, lease_s: float) -> bool:
+        """A poll found the object terminal: True if this poll delivers it (within
+        ``lease_s``, else the watch comes due again)."""
+        return bool(
+            await self.redis.eval(  # type: ignore[misc]
+                _CLAIM_LANDING,
+                2,
+                watch_key(watch.provider, watch.kind, watch.id),
+                due_key(watch.provider),
+                f"{watch.kind}:{watch.id}",
+                status,
+                str(_ms() + int(lease_s * 1000)),
+            )
+        )
+
+    async def finish(self, provider: str, kind: str, object_id: str, state: str) -> None:
+        """The watch ended: ``landed`` or ``expired`` (kept a dedupe window for lookups)."""
+        await self.redis.eval(  # type: ignore[misc]
+            _FINISH,
+            2,
+            watch_key(provider, kind, object_id),
+            due_key(provider),
+            f"{kind}:{object_id}",
+            state,
+            str(_ms()),
+            str(self._ended_ttl_s),
+        )
+
+    async def callback_arrived(self, provider: str, kind: str, object_id: str) -> str:
+        """A callback's job is about to fetch: ``none`` (not watched) or ``callback`` (go
+        on; polling stopped), ``landed``/``landing`` (a poll delivered it: skip)."""
+        result = await self.redis.eval(  # type: ignore[misc]
+            _CALLBACK,
+            2,
+            watch_key(provider, kind, object_id),
+            due_key(provider),
+            f"{kind}:{object_id}",
+        )
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    async def get(self, provider: str, kind: str, object_id: str) -> Watch | None:
+        raw = await self.redis.hgetall(watch_key(provider, kind, object_id))  # type: ignore[misc]
+        return _watch(provider, kind, object_id, raw) if raw else None
+
+    async def delete(self, provider: str, kind: str, object_id: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(watch_key(provider, kind, object_id))
+            pipe.zrem(due_key(provider), f"{kind}:{object_id}")
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def scan(
+        self,
+        *,
+        provider: str | None = None,
+        kind: str | None = None,
+        state: str | None = None,
+        cursor: int = 0,
+        count: int = 100,
+    ) -> tuple[list[Watch], int]:
+        """A page of watches matching the filters, and the cursor of the next page (0: the
+        last). Pages come from Redis SCAN, so a page may hold fewer than ``count``."""
+        pattern = f"nopoll:watch:{provider or '*'}:{kind or '*'}:*"
+        found: list[Watch] = []
+        next_cursor = cursor
+        for _ in range(100):  # bounded: a page needs at most this many SCAN calls
+            next_cursor, keys = await self.redis.scan(next_cursor, match=pattern, count=500)
+            for key in keys:
+                _, _, p, k, object_id = key.decode().split(":", 4)
+                watch = await self.get(p, k, object_id)
+                shown = watch.to_dict()["state"] if watch else None
+                if watch is not None and (state is None or shown == state):
+                    found.append(watch)
+            if next_cursor == 0 or len(found) >= count:
+                break
+        return found, int(next_cursor)
+
+    async def counts(self, provider: str) -> dict[str, int]:
+        """Watches of ``provider`` by state (scans them: for metrics and status pages)."""
+        totals = dict.fromkeys(("pending", "landed", "expired"), 0)
+        cursor = 0
+        for _ in range(10_000):
+            cursor, keys = await self.redis.scan(
+                cursor, match=f"nopoll:watch:{provider}:*", count=1000
+            )
+            if keys:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.hget(key, "state")
+                    states = await pipe.execute()
+                for raw in states:
+                    name = (raw or b"").decode()
+                    shown = "landed" if name in ("landed", "landing", "callback") else name
+                    shown = "pending" if shown == "polling" else shown
+                    if shown in totals:
+                        totals[shown] += 1
+            if cursor == 0:
+                break
+        return totals
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _watch(provider: str, kind: str, object_id: str, raw: dict[bytes, bytes]) -> Watch:
+    def text(name: str) -> str | None:
+        value = raw.get(name.encode())
+        return value.decode() if value is not None else None
+
+    next_at = text("next_at")
+    return Watch(
+        provider=provider,
+        kind=kind,
+        id=object_id,
+        state=text("state") or "pending",
+        polls=int(text("polls") or 0),
+        next_at=int(next_at) / 1000 if next_at else None,
+        registered_at=int(text("registered_at") or 0) / 1000,
+        expect_callback=text("expect_callback") == "1",
+        tenant=text("tenant") or "default",
+        status=text("status") or None,
+    )
+
+
+def dumps(watches: list[Watch]) -> bytes:
+    return orjson.dumps([w.to_dict() for w in watches])

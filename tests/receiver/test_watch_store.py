@@ -1,0 +1,103 @@
+"""The watch store against real Redis: registration, due-taking with leases, and the
+arbitration between a poll and a callback that makes every watch land exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from receiver.watches import WatchStore, due_key
+
+
+@pytest.fixture
+async def store(redis_url):
+    client = Redis.from_url(redis_url)
+    yield WatchStore(client, ended_ttl_s=60)
+    await client.aclose()
+
+
+async def test_registering_twice_or_after_landing_changes_nothing(store):
+    assert await store.register("p", "response", "r1", first_poll_in_s=0)
+    assert not await store.register("p", "response", "r1", first_poll_in_s=0)
+    await store.finish("p", "response", "r1", "landed")
+    assert not await store.register("p", "response", "r1", first_poll_in_s=0)
+    watch = await store.get("p", "response", "r1")
+    assert watch is not None and watch.state == "landed"
+
+
+async def test_a_watch_is_taken_only_when_due_and_by_one_poller(store):
+    await store.register("p", "response", "later", first_poll_in_s=60)
+    await store.register("p", "response", "now", first_poll_in_s=0)
+    first, second = await asyncio.gather(
+        store.take_due("p", limit=10, lease_s=30), store.take_due("p", limit=10, lease_s=30)
+    )
+    assert sorted(w.id for w in first + second) == ["now"]  # one poller, not two
+    assert (first + second)[0].polls == 1
+    assert 25 < (await store.next_due_in_s("p") or 0) <= 30  # the taken one, leased ahead
+
+
+async def test_a_poller_killed_mid_poll_loses_nothing(store):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    [taken] = await store.take_due("p", limit=10, lease_s=0.2)
+    assert await store.take_due("p", limit=10, lease_s=0.2) == []  # leased
+    await asyncio.sleep(0.3)  # the poller died: its lease ran out
+    [again] = await store.take_due("p", limit=10, lease_s=0.2)
+    assert again.id == taken.id and again.polls == 2
+
+
+async def test_a_rescheduled_watch_waits_its_interval(store):
+    await store.register("p", "batch", "b1", first_poll_in_s=0)
+    [watch] = await store.take_due("p", limit=1, lease_s=30)
+    await store.reschedule(watch, in_s=5, status="in_progress")
+    stored = await store.get("p", "batch", "b1")
+    assert stored is not None and stored.state == "pending" and stored.status == "in_progress"
+    assert await store.take_due("p", limit=1, lease_s=30) == []
+    assert 4 < (await store.next_due_in_s("p") or 0) <= 5
+
+
+async def test_a_callback_first_stops_the_poll_from_delivering(store):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    [watch] = await store.take_due("p", limit=1, lease_s=30)
+    assert await store.callback_arrived("p", "response", "r1") == "callback"
+    assert not await store.claim_landing(watch, "completed", lease_s=30)
+    assert await store.take_due("p", limit=1, lease_s=30) == []  # no more polling
+
+
+async def test_a_poll_first_makes_the_callback_skip(store):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    [watch] = await store.take_due("p", limit=1, lease_s=30)
+    assert await store.claim_landing(watch, "completed", lease_s=30)
+    assert await store.callback_arrived("p", "response", "r1") == "landing"
+    await store.finish("p", "response", "r1", "landed")
+    assert await store.callback_arrived("p", "response", "r1") == "landed"
+    assert await store.callback_arrived("p", "response", "other") == "none"
+
+
+async def test_a_landing_whose_poller_died_comes_due_again(store, redis_sync_client):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    [watch] = await store.take_due("p", limit=1, lease_s=30)
+    assert await store.claim_landing(watch, "completed", lease_s=0.2)
+    await asyncio.sleep(0.3)
+    [again] = await store.take_due("p", limit=1, lease_s=30)
+    assert again.id == "r1"
+    await store.finish("p", "response", "r1", "landed")
+    assert redis_sync_client.zcard(due_key("p")) == 0
+    assert redis_sync_client.ttl("nopoll:watch:p:response:r1") > 0
+
+
+async def test_scan_filters_and_counts(store):
+    for i in range(30):
+        await store.register("p", "response", f"r{i}", first_poll_in_s=60)
+    await store.register("p", "batch", "b1", first_poll_in_s=60)
+    await store.register("q", "response", "x", first_poll_in_s=60)
+    await store.finish("p", "response", "r0", "landed")
+    await store.finish("p", "response", "r1", "expired")
+    landed, _ = await store.scan(provider="p", state="landed")
+    assert [w.id for w in landed] == ["r0"]
+    batches, _ = await store.scan(kind="batch")
+    assert [(w.provider, w.id) for w in batches] == [("p", "b1")]
+    assert await store.counts("p") == {"pending": 29, "landed": 1, "expired": 1}
+    assert await store.delete("p", "batch", "b1")
+    assert not await store.delete("p", "batch", "b1")
