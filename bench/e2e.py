@@ -1,16 +1,21 @@
-"""End-to-end latency: a signed callback in, a row in Postgres out.
+"""End-to-end: signed callbacks in at a steady rate, a row in Postgres out.
 
-Usage: ``python bench/e2e.py [--rate 200] [--seconds 20]``
+Usage: ``python bench/e2e.py [--rate 200] [--seconds 20] [--serve] [--log-level info]``
 
 Starts the provider simulator (``receiver.demo.simulator.ProviderSimulator``, a real HTTP
-server on 127.0.0.1 in a thread) and ``nopoll serve`` (API + worker in one process) with
-Redis database 13 and one sink, ``{type: sql, url: postgresql://...test, table:
-bench_results}``; waits for ``/readyz``; then sends ``response.completed`` callbacks at a
-steady rate with ``receiver.demo.simulator.send_callback`` (signed by ``standardwebhooks``),
-one new response id each, recording when each was sent. A poller asks Postgres every
-few milliseconds which of the outstanding keys have a row and records when each shows
-up. Prints p50/p90/p99 of callback-to-row latency, rows landed / sent, and provider
-requests per delivered result (the simulator's count of ``GET /v1/responses/...``).
+server on 127.0.0.1, in a process of its own: ``e2e.py --simulator PORT``) and nopoll
+with Redis database 13 and one sink, ``{type: sql, url: postgresql://...test, table:
+bench_results}``: ``nopoll api`` and ``nopoll worker`` as two processes, so that each
+one's CPU time is its own (``--serve``: both in one ``nopoll serve``). Then it sends
+``response.completed`` callbacks (signed by ``standardwebhooks``) at a steady rate over
+a few keep-alive connections, one new response id each, recording when each was due. A
+poller asks Postgres every few milliseconds which of the outstanding keys have a row and
+records when each shows up.
+
+Prints p50/p90/p99 of callback-to-row latency, rows landed / sent, delivered results per
+second, provider requests per delivered result (the simulator's count of
+``GET /v1/responses/...``), and the CPU time (from ``/proc``) of the worker per delivered
+result and of the API per callback.
 
 Exits 1 when a row is missing or a callback was not answered 202. The latency includes
 the poller's own granularity (``--poll-ms``, default 5 ms, plus the query's time).
@@ -23,40 +28,32 @@ import asyncio
 import contextlib
 import itertools
 import math
+import os
+import re
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-import types
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (
-    BIN_DIR,
-    PG_URL,
-    PROVIDER,
-    SECRET_ENV,
-    cpu_seconds,
-    flush_bench_db,
-    free_port,
-    load_note,
-    new_secret,
-    nopoll_config,
-    percentile,
-    start_process,
-    stop_process,
-    wait_http,
-)
+import _common as common
 
 TABLE = "bench_results"
 TARGET_P99_MS = 250.0
 TARGET_P50_MS = 50.0
 TARGET_REQUESTS_PER_RESULT = 1.0
+TARGET_WORKER_CPU_MS = 1.5
 MAX_KEYS_PER_POLL = 2000
+API_KEY = "bench-key"
 
 
 @dataclass
@@ -78,17 +75,32 @@ class Run:
     wall_offset: float = 0.0
     """time.time() - time.perf_counter(), to place the rows' timestamps on our clock."""
     server_metrics: dict[str, float] = field(default_factory=dict)
-    server_cpu_s: float = 0.0
-    """CPU time nopoll serve used from the first callback to the last row."""
     stamps: dict[str, tuple[float, float]] = field(default_factory=dict)
     """key -> (received_at, fetched_at) as perf_counter values, read from the rows."""
+    other_cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU time of the simulator, this process and Redis over the same span."""
+    machine_busy: float = float("nan")
+    """How busy the whole machine was over that span (1.0: every core, all the time)."""
+
+
+@dataclass
+class Server:
+    """One nopoll process of the run: its role, its /metrics, its CPU time."""
+
+    role: str
+    """``serve``, ``api`` or ``worker``."""
+    proc: subprocess.Popen[bytes]
+    metrics_url: str
+    log_path: Path
+    cpu_s: float = 0.0
+    """CPU time used from the first callback to the last row (or the end of the drain)."""
 
 
 async def prepare_postgres() -> None:
     """Drop the benchmark's table (and its schema-version row) before the run."""
     import asyncpg
 
-    conn = await asyncpg.connect(PG_URL, timeout=10)
+    conn = await asyncpg.connect(common.PG_URL, timeout=10)
     try:
         await conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
         if await conn.fetchval("SELECT to_regclass('nopoll_schema') IS NOT NULL"):
@@ -108,45 +120,86 @@ async def wait_for_table(conn: object, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"the sql sink did not create table {TABLE} within {timeout_s:.0f}s")
 
 
+class _Callbacks:
+    """Signed ``response.completed`` callbacks as raw HTTP/1.1 requests, signed by
+    ``standardwebhooks`` just before each is sent (so its timestamp is "now")."""
+
+    def __init__(self, secret: str, port: int) -> None:
+        from standardwebhooks.webhooks import Webhook
+
+        self._webhook = Webhook(secret)
+        self._head = f"POST /webhooks/{common.PROVIDER} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+
+    def request(self, response_id: str) -> bytes:
+        ts = int(time.time())
+        uid = uuid.uuid4().hex
+        body = (
+            f'{{"id":"evt_{uid}","type":"response.completed","created_at":{ts},'
+            f'"data":{{"id":"{response_id}"}}}}'
+        )
+        signature = self._webhook.sign(f"msg_{uid}", datetime.fromtimestamp(ts, UTC), body)
+        return (
+            f"{self._head}webhook-id: msg_{uid}\r\nwebhook-timestamp: {ts}\r\n"
+            f"webhook-signature: {signature}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+
+
+async def _connection(run: Run, port: int, queue: asyncio.Queue[tuple[str, bytes] | None]) -> None:
+    """One keep-alive connection: send the queued requests one after another."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        for _ in range(10_000_000):
+            item = await queue.get()
+            if item is None:
+                return
+            rid, request = item
+            try:
+                writer.write(request)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                await reader.readexactly(int(length[1]) if length else 0)
+            except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+                run.errors[rid] = type(exc).__name__
+                return
+            run.acked_at[rid] = time.perf_counter()
+            run.status[rid] = int(head.split(b" ", 2)[1])
+    finally:
+        writer.close()
+
+
 async def send_all(
-    run: Run, url: str, secret: str, ids: list[str], rate: float, clients: int
+    run: Run, port: int, secret: str, ids: list[str], rate: float, conns: int
 ) -> None:
-    """Send one callback per id at a steady ``rate``, each in its own task.
+    """Send one callback per id at a steady ``rate`` over ``conns`` keep-alive connections.
 
-    The callbacks are spread round-robin over several small httpx clients: httpcore's
-    pool walks every connection (and every queued request) on each request, so one big
-    pool costs the sender more CPU than the server it measures.
+    A lean HTTP/1.1 client (one request in flight per connection), so that the sender
+    costs little next to the server it measures. A callback waits in a queue when every
+    connection is busy; its latency counts from when it was due. A callback still
+    unanswered 60 s after the last was due is counted as a transport error.
     """
-    import httpx
-
-    from receiver.demo.simulator import send_callback
-
-    async def one(client: httpx.AsyncClient, rid: str) -> None:
+    callbacks = _Callbacks(secret, port)
+    queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+    workers = [asyncio.create_task(_connection(run, port, queue)) for _ in range(conns)]
+    run.send_started = start = time.perf_counter()
+    for i, rid in enumerate(ids):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
         run.pending[rid] = None
         run.sent_at[rid] = time.perf_counter()
-        try:
-            resp = await send_callback(client, url, secret, rid)
-        except httpx.HTTPError as exc:
-            run.errors[rid] = type(exc).__name__
-            return
-        run.acked_at[rid] = time.perf_counter()
-        run.status[rid] = resp.status_code
-
-    limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
-    async with contextlib.AsyncExitStack() as stack:
-        pool = [
-            await stack.enter_async_context(httpx.AsyncClient(timeout=10.0, limits=limits))
-            for _ in range(clients)
-        ]
-        tasks: list[asyncio.Task[None]] = []
-        run.send_started = start = time.perf_counter()
-        for i, rid in enumerate(ids):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(pool[i % clients], rid)))
-        run.send_finished = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+        queue.put_nowait((rid, callbacks.request(rid)))
+    run.send_finished = time.perf_counter()
+    for _ in workers:
+        queue.put_nowait(None)
+    _, late = await asyncio.wait(workers, timeout=60)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    for rid in ids:
+        if rid not in run.status:
+            run.errors.setdefault(rid, "unanswered")
     run.sending_done = True
 
 
@@ -175,7 +228,7 @@ async def poll_rows(run: Run, conn: object, poll_s: float, drain_s: float, max_s
         if run.pending:
             keys = list(itertools.islice(run.pending, MAX_KEYS_PER_POLL))
             before = time.perf_counter()
-            rows = await conn.fetch(query, PROVIDER, keys)  # type: ignore[attr-defined]
+            rows = await conn.fetch(query, common.PROVIDER, keys)  # type: ignore[attr-defined]
             seen = time.perf_counter()
             took = seen - before
             run.poll_seconds.append(took)
@@ -187,50 +240,73 @@ async def poll_rows(run: Run, conn: object, poll_s: float, drain_s: float, max_s
         await asyncio.sleep(max(poll_s, took))
 
 
-async def measure(args: argparse.Namespace, url: str, secret: str, ids: list[str]) -> Run:
+async def read_rows(run: Run, conn: object) -> None:
+    """The table's row count and every row's own ``received_at``/``fetched_at`` stamps."""
+    run.table_rows = int(
+        await conn.fetchval(f"SELECT count(*) FROM {TABLE} WHERE provider = $1", common.PROVIDER)  # type: ignore[attr-defined]
+    )
+    rows = await conn.fetch(  # type: ignore[attr-defined]
+        f"SELECT key, extract(epoch FROM received_at) AS r, "
+        f"extract(epoch FROM fetched_at) AS f FROM {TABLE} WHERE provider = $1",
+        common.PROVIDER,
+    )
+    for row in rows:
+        run.stamps[row["key"]] = (
+            float(row["r"]) - run.wall_offset,
+            float(row["f"]) - run.wall_offset,
+        )
+
+
+async def measure(
+    args: argparse.Namespace,
+    port: int,
+    ids: list[str],
+    servers: list[Server],
+    others: dict[str, int],
+) -> Run:
+    """Send, watch the rows land, and take the CPU time of each server, of the ``others``
+    (name -> pid) and of the whole machine over that span."""
     import asyncpg
 
     run = Run(wall_offset=time.time() - time.perf_counter())
-    conn = await asyncpg.connect(PG_URL, timeout=10)
+    others_before = {name: common.cpu_seconds(pid) for name, pid in others.items()}
+    machine_before = common.machine_cpu()
+    conn = await asyncpg.connect(common.PG_URL, timeout=10)
     try:
         await wait_for_table(conn)
         max_s = args.seconds + args.drain + 90
         poller = asyncio.create_task(
             poll_rows(run, conn, args.poll_ms / 1000, args.drain, max_s), name="poller"
         )
+        cpu_before = [common.cpu_seconds(s.proc.pid) for s in servers]
         try:
-            await send_all(run, url, secret, ids, args.rate, args.clients)
+            await send_all(run, port, args.secret, ids, args.rate, args.connections)
             await asyncio.wait_for(poller, timeout=max_s)
         finally:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-        run.table_rows = int(
-            await conn.fetchval(f"SELECT count(*) FROM {TABLE} WHERE provider = $1", PROVIDER)  # type: ignore[attr-defined]
-        )
-        rows = await conn.fetch(  # type: ignore[attr-defined]
-            f"SELECT key, extract(epoch FROM received_at) AS r, "
-            f"extract(epoch FROM fetched_at) AS f FROM {TABLE} WHERE provider = $1",
-            PROVIDER,
-        )
-        for row in rows:
-            run.stamps[row["key"]] = (
-                float(row["r"]) - run.wall_offset,
-                float(row["f"]) - run.wall_offset,
-            )
+        for server, before in zip(servers, cpu_before, strict=True):
+            server.cpu_s = common.cpu_seconds(server.proc.pid) - before
+        for name, pid in others.items():
+            run.other_cpu_s[name] = common.cpu_seconds(pid) - others_before[name]
+        (busy, whole), (busy0, whole0) = common.machine_cpu(), machine_before
+        busy, whole = busy - busy0, whole - whole0
+        run.machine_busy = busy / whole if whole else float("nan")
+        await read_rows(run, conn)
     finally:
         await conn.close()
     return run
 
 
-def scrape_metrics(port: int) -> dict[str, float]:
-    """nopoll's own /metrics: ``name -> value`` summed over labels, and each labelled line."""
-    totals: dict[str, float] = {}
+def scrape_metrics(url: str, totals: dict[str, float]) -> None:
+    """Add a process's /metrics to ``totals``: ``name -> value`` summed over labels, and
+    each labelled line."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
     except OSError:
-        return totals
+        return
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
@@ -238,7 +314,6 @@ def scrape_metrics(port: int) -> dict[str, float]:
         with contextlib.suppress(ValueError):
             for key in {name, name.split("{", 1)[0]}:
                 totals[key] = totals.get(key, 0.0) + float(value)
-    return totals
 
 
 def fix_simulator_nodelay(sim: object) -> bool:
@@ -262,28 +337,11 @@ def fix_simulator_nodelay(sim: object) -> bool:
     return True
 
 
-def install_sniffio_shim() -> bool:
-    """Give this process (the load generator, not nopoll) a ``sniffio`` when it is missing.
-
-    httpcore calls ``current_async_library()``, which does ``import sniffio`` and falls
-    back to "asyncio" on ImportError; a failed import is not cached, so every call
-    searches sys.path again. The stand-in answers what the fallback answers, at once.
-    """
-    try:
-        import sniffio  # noqa: F401
-    except ImportError:
-        shim = types.ModuleType("sniffio")
-        shim.current_async_library = lambda: "asyncio"  # type: ignore[attr-defined]
-        sys.modules["sniffio"] = shim
-        return True
-    return False
-
-
 def verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=200.0, help="callbacks per second (200)")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of sending (20)")
@@ -292,169 +350,180 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--poll-ms", type=float, default=5.0, help="Postgres poll interval (5)")
     parser.add_argument(
-        "--clients", type=int, default=8, help="httpx clients the sender spreads over (8)"
+        "--connections", type=int, default=32, help="the sender's keep-alive connections (32)"
+    )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="run API and worker in one `nopoll serve` (default: `nopoll api` + `nopoll worker`)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="nopoll's log level (info, the default of a config, logs a line per result)",
     )
     args = parser.parse_args(argv)
     if not (0 < args.rate <= 5000 and 0 < args.seconds <= 600 and 0 <= args.drain <= 600):
         parser.error("--rate 0..5000, --seconds 0..600, --drain 0..600")
     if not 1 <= args.poll_ms <= 1000:
         parser.error("--poll-ms 1..1000")
-    if not 1 <= args.clients <= 64:
-        parser.error("--clients 1..64")
-    # The sender, the poller and the simulator's thread share this process's GIL: hand it
-    # over faster than the default 5 ms so that none of them stalls the others that long.
-    sys.setswitchinterval(0.0005)
-    if install_sniffio_shim():
-        print(
-            "note: sniffio is not installed, so httpcore re-tries `import sniffio` several "
-            "times per request (~90 us each); this sender uses a stand-in module"
-        )
+    if not 1 <= args.connections <= 256:
+        parser.error("--connections 1..256")
+    return args
 
+
+def start_servers(args: argparse.Namespace, config: Path, work: Path) -> tuple[list[Server], int]:
+    """nopoll's processes, ready: ``[serve]`` or ``[worker, api]``; and the API's port."""
+    servers: list[Server] = []
+    port = common.free_port()
+    api = ["--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    env = {common.SECRET_ENV: args.secret}
+    try:
+        if not args.serve:
+            health = common.free_port()
+            log_path = work / "worker.log"
+            worker = ["worker", "--config", str(config), "--health-port", str(health)]
+            proc = common.start_process(
+                [str(common.BIN_DIR / "nopoll"), *worker], env=env, log_path=log_path
+            )
+            metrics = f"http://127.0.0.1:{health}/metrics"
+            servers.append(Server("worker", proc, metrics, log_path))
+            common.wait_http(f"http://127.0.0.1:{health}/healthz", proc=proc, timeout_s=60)
+        role = "serve" if args.serve else "api"
+        log_path = work / f"{role}.log"
+        proc = common.start_process(
+            [str(common.BIN_DIR / "nopoll"), role, *api], env=env, log_path=log_path
+        )
+        servers.append(Server(role, proc, f"http://127.0.0.1:{port}/metrics", log_path))
+        common.wait_http(
+            f"http://127.0.0.1:{port}/readyz", proc=proc, timeout_s=60, log_path=log_path
+        )
+    except BaseException:
+        for server in servers:
+            common.stop_process(server.proc)
+        raise
+    return servers, port
+
+
+def start_simulator(work: Path) -> tuple[subprocess.Popen[bytes], Path, str]:
+    """The provider simulator in a process of its own (``--simulator``), answering every
+    ``GET /v1/responses/resp_...`` with a completed response; and its base URL."""
+    port = common.free_port()
+    log_path = work / "simulator.log"
+    args = [sys.executable, __file__, "--simulator", str(port)]
+    proc = common.start_process(args, log_path=log_path)
+    # a path that needs the API key: answered 401, and not counted as a response fetch
+    common.wait_http(
+        f"http://127.0.0.1:{port}/v1/batches/probe", proc=proc, want=401, log_path=log_path
+    )
+    return proc, log_path, f"http://127.0.0.1:{port}/v1"
+
+
+def serve_simulator(port: int) -> int:
+    """Run the simulator until SIGTERM, then print how many responses it served."""
     from receiver.demo.simulator import ProviderSimulator
 
-    total = max(1, math.floor(args.rate * args.seconds))
-    nonce = uuid.uuid4().hex[:10]
-    ids = [f"resp_e2e{nonce}_{i:06d}" for i in range(total)]
-    secret = new_secret()
-    api_key = "bench-key"
-
-    asyncio.run(prepare_postgres())
-    flush_bench_db()
-    sim = ProviderSimulator(api_key=api_key)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    sim = ProviderSimulator(api_key=API_KEY, port=port, auto_respond=True)
     if fix_simulator_nodelay(sim):
         print(
             "note: the simulator's socket has proto 0, so asyncio leaves Nagle on and every "
             "keep-alive answer waits ~40 ms for a delayed ACK; this run re-creates it"
         )
-    proc = None
+    with sim:
+        for _ in range(24 * 3600 * 2):
+            if stop.wait(0.5):
+                break
+        print(f"requests {sim.request_count('/v1/responses/')}", flush=True)
+    return 0
+
+
+def redis_pid() -> dict[str, int]:
+    """``{"redis": pid}`` when Redis runs on this machine (its ``INFO server``)."""
+    client = common.redis_db13()
+    try:
+        pid = int(client.info("server").get("process_id") or 0)
+    finally:
+        client.close()
+    return {"redis (shared)": pid} if pid and Path(f"/proc/{pid}").exists() else {}
+
+
+def simulator_requests(log_path: Path) -> int:
+    """The simulator's count of ``GET /v1/responses/...``, printed as it stopped."""
+    found = re.search(r"^requests (\d+)$", log_path.read_text(errors="replace"), re.M)
+    return int(found[1]) if found else -1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--simulator"]:
+        return serve_simulator(int(argv[1]))
+    args = parse_args(argv)
+    total = max(1, math.floor(args.rate * args.seconds))
+    nonce = uuid.uuid4().hex[:10]
+    ids = [f"resp_e2e{nonce}_{i:06d}" for i in range(total)]
+    args.secret = common.new_secret()
+
+    asyncio.run(prepare_postgres())
+    common.flush_bench_db()
+    servers: list[Server] = []
+    sim: subprocess.Popen[bytes] | None = None
     with tempfile.TemporaryDirectory(prefix="nopoll-e2e-") as tmp:
         work = Path(tmp)
-        log_path = work / "nopoll.log"
         try:
-            sim.start()
-            for rid in ids:
-                sim.add_response(rid)
-            config = nopoll_config(
+            sim, sim_log, base_url = start_simulator(work)
+            config = common.nopoll_config(
                 work / "nopoll.yaml",
-                base_url=sim.base_url,
+                base_url=base_url,
                 data_dir=work / "data",
-                sinks_yaml=f"  results: {{type: sql, url: '{PG_URL}', table: {TABLE}}}",
+                sinks_yaml=f"  results: {{type: sql, url: '{common.PG_URL}', table: {TABLE}}}",
+                log_level=args.log_level,
             )
-            port = free_port()
-            proc = start_process(
-                [
-                    str(BIN_DIR / "nopoll"),
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                env={SECRET_ENV: secret},
-                log_path=log_path,
-            )
-            wait_http(f"http://127.0.0.1:{port}/readyz", proc=proc, timeout_s=60, log_path=log_path)
+            servers, port = start_servers(args, config, work)
             print(
-                f"nopoll serve on 127.0.0.1:{port}, simulator on {sim.base_url}; sending "
-                f"{total} callbacks at {args.rate:g}/s for {args.seconds:g}s; {load_note()}"
+                f"nopoll {' + '.join(f'{s.role} (pid {s.proc.pid})' for s in servers)}, "
+                f"simulator (pid {sim.pid}) on {base_url}; sending {total} callbacks at "
+                f"{args.rate:g}/s for {args.seconds:g}s; log level {args.log_level}; "
+                f"{common.load_note()}"
             )
-            url = f"http://127.0.0.1:{port}/webhooks/{PROVIDER}"
-            cpu_before = cpu_seconds(proc.pid)
-            run = asyncio.run(measure(args, url, secret, ids))
-            run.server_cpu_s = cpu_seconds(proc.pid) - cpu_before
-            provider_requests = sim.request_count("/v1/responses/")
-            run.server_metrics = scrape_metrics(port)
+            others = {"simulator": sim.pid, "sender + poller": os.getpid()}
+            others.update(redis_pid())
+            run = asyncio.run(measure(args, port, ids, servers, others))
+            for server in servers:
+                scrape_metrics(server.metrics_url, run.server_metrics)
         finally:
-            stop_process(proc)
-            sim.stop()
-        if proc is not None and proc.returncode not in (0, None):
-            print(f"note: nopoll serve exited with {proc.returncode}")
-        code = report(args, run, ids, provider_requests)
-        if code or proc is None or proc.returncode not in (0, None):
-            log = log_path.read_text(errors="replace") if log_path.exists() else ""
-            print(f"\nlast lines of nopoll's log (log level warning):\n{log[-4000:]}")
+            for server in servers:
+                common.stop_process(server.proc)
+            common.stop_process(sim)
+        return finish(run, ids, simulator_requests(sim_log), servers)
+
+
+def finish(run: Run, ids: list[str], provider_requests: int, servers: list[Server]) -> int:
+    """Print the report; on a failure, or a server that exited badly, its log's last lines."""
+    code = report(run, ids, provider_requests, servers)
+    for server in servers:
+        bad = server.proc.returncode not in (0, None)
+        if bad:
+            print(f"note: nopoll {server.role} exited with {server.proc.returncode}")
+        if code or bad:
+            log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+            print(f"\nlast lines of nopoll {server.role}'s log:\n{log[-4000:]}")
+            code = 1
     return code
 
 
-def report(args: argparse.Namespace, run: Run, ids: list[str], provider_requests: int) -> int:
-    total = len(ids)
+def report(run: Run, ids: list[str], provider_requests: int, servers: list[Server]) -> int:
     latencies = sorted(
         (run.landed_at[rid] - run.sent_at[rid]) * 1000 for rid in ids if rid in run.landed_at
     )
-    acks = sorted(
-        (run.acked_at[rid] - run.sent_at[rid]) * 1000 for rid in ids if rid in run.acked_at
-    )
     landed = len(latencies)
-    not_202 = {rid: s for rid, s in run.status.items() if s != 202}
-    send_s = run.send_finished - run.send_started
     per_result = provider_requests / landed if landed else float("nan")
-    p50, p90, p99 = (percentile(latencies, q) for q in (50, 90, 99))
-
-    print()
-    print(f"sent:            {total} callbacks in {send_s:.2f}s ({total / send_s:.1f}/s)")
-    print(
-        f"answers:         {len(run.status)} ({len(run.status) - len(not_202)} x 202), "
-        f"{len(run.errors)} transport errors; 202 in p50 {percentile(acks, 50):.1f} ms, "
-        f"p99 {percentile(acks, 99):.1f} ms"
-    )
-    print(
-        f"rows landed:     {landed} / {total} ({landed / total:.4f}); "
-        f"table holds {run.table_rows} rows"
-    )
-    polls = sorted(t * 1000 for t in run.poll_seconds)
-    print(
-        f"poller:          {len(polls)} queries, each p50 {percentile(polls, 50):.1f} ms, "
-        f"p99 {percentile(polls, 99):.1f} ms (the resolution of the latencies below)"
-    )
-    if latencies:
-        print(
-            f"callback -> row: p50 {p50:.1f} ms  p90 {p90:.1f} ms  p99 {p99:.1f} ms  "
-            f"max {latencies[-1]:.1f} ms"
-        )
-    stages = [
-        (
-            run.stamps[rid][0] - run.sent_at[rid],
-            run.stamps[rid][1] - run.stamps[rid][0],
-            run.landed_at[rid] - run.stamps[rid][1],
-        )
-        for rid in ids
-        if rid in run.landed_at and rid in run.stamps
-    ]
-    if stages:
-        names = ("send -> API received_at", "received_at -> fetched_at", "fetched_at -> row seen")
-        for n, name in enumerate(names):
-            part = sorted(s[n] * 1000 for s in stages)
-            print(
-                f"  {name:<26} p50 {percentile(part, 50):7.1f} ms  "
-                f"p90 {percentile(part, 90):7.1f} ms  p99 {percentile(part, 99):7.1f} ms"
-            )
-        print("  (received_at and fetched_at are the row's own ms timestamps)")
-    m = run.server_metrics
-    for label, metric in (
-        ("provider GET (worker's view)", "nopoll_provider_request_seconds"),
-        ("sink write (worker's view)", "nopoll_sink_write_seconds"),
-        ("enqueue (API's view)", "nopoll_enqueue_seconds"),
-    ):
-        count = m.get(f"{metric}_count", 0.0)
-        if count:
-            mean_ms = m.get(f"{metric}_sum", 0.0) / count * 1000
-            print(f"  {label:<30} mean {mean_ms:6.2f} ms over {count:.0f}")
-    if landed:
-        cpu_ms = run.server_cpu_s / landed * 1000
-        print(
-            f"  nopoll serve CPU per result (API + worker) {cpu_ms:.2f} ms "
-            f"({run.server_cpu_s:.1f} s for {landed} rows)"
-        )
-    outcomes = ", ".join(
-        f"{name.split('{', 1)[1].rstrip('}')}: {value:.0f}"
-        for name, value in sorted(m.items())
-        if name.startswith(("nopoll_jobs_total{", "nopoll_sink_writes_total{"))
-        or (name.startswith("nopoll_dead_letters_total{") and value)
-    )
-    if outcomes:
-        print(f"  worker outcomes: {outcomes}")
+    p50, p99 = common.percentile(latencies, 50), common.percentile(latencies, 99)
+    report_traffic(run, ids, latencies)
+    report_stages(run, ids)
+    report_server(run, servers, landed)
     print(
         f"provider requests per result: {per_result:.3f} "
         f"({provider_requests} GET /v1/responses/ for {landed} rows)"
@@ -466,11 +535,118 @@ def report(args: argparse.Namespace, run: Run, ids: list[str], provider_requests
         f"target: requests per result {TARGET_REQUESTS_PER_RESULT:.1f}: {per_result:.3f} "
         f"({verdict(abs(per_result - TARGET_REQUESTS_PER_RESULT) < 1e-9)})"
     )
+    worker_ms = next((s.cpu_s / landed * 1000 for s in servers if s.role == "worker"), None)
+    if worker_ms is not None and landed:
+        print(
+            f"target: worker CPU per result <= {TARGET_WORKER_CPU_MS:g} ms: {worker_ms:.2f} ms "
+            f"({verdict(worker_ms <= TARGET_WORKER_CPU_MS)})"
+        )
+    return report_failures(run, ids, landed)
+
+
+def report_traffic(run: Run, ids: list[str], latencies: list[float]) -> None:
+    """Sent, answered, landed, delivered per second, and the callback-to-row latency."""
+    total, landed = len(ids), len(latencies)
+    acks = sorted(
+        (run.acked_at[rid] - run.sent_at[rid]) * 1000 for rid in ids if rid in run.acked_at
+    )
+    accepted = sum(1 for s in run.status.values() if s == 202)
+    send_s = run.send_finished - run.send_started
+    print()
+    print(f"sent:            {total} callbacks in {send_s:.2f}s ({total / send_s:.1f}/s)")
+    print(
+        f"answers:         {len(run.status)} ({accepted} x 202), {len(run.errors)} transport "
+        f"errors; 202 in p50 {common.percentile(acks, 50):.1f} ms, "
+        f"p99 {common.percentile(acks, 99):.1f} ms"
+    )
+    print(
+        f"rows landed:     {landed} / {total} ({landed / total:.4f}); "
+        f"table holds {run.table_rows} rows"
+    )
+    if run.landed_at:
+        during = sum(1 for t in run.landed_at.values() if t <= run.send_finished)
+        span = max(run.landed_at.values()) - run.send_started
+        print(
+            f"delivered:       {during / send_s:.0f} results/s while sending; "
+            f"{landed / span:.0f}/s from the first callback to the last row"
+        )
+    polls = sorted(t * 1000 for t in run.poll_seconds)
+    print(
+        f"poller:          {len(polls)} queries, each p50 {common.percentile(polls, 50):.1f} ms, "
+        f"p99 {common.percentile(polls, 99):.1f} ms (the resolution of the latencies below)"
+    )
+    if latencies:
+        p50, p90, p99 = (common.percentile(latencies, q) for q in (50, 90, 99))
+        print(
+            f"callback -> row: p50 {p50:.1f} ms  p90 {p90:.1f} ms  p99 {p99:.1f} ms  "
+            f"max {latencies[-1]:.1f} ms"
+        )
+
+
+def report_stages(run: Run, ids: list[str]) -> None:
+    """Where the time went, from the rows' own ``received_at``/``fetched_at`` stamps."""
+    stages = [
+        (
+            run.stamps[rid][0] - run.sent_at[rid],
+            run.stamps[rid][1] - run.stamps[rid][0],
+            run.landed_at[rid] - run.stamps[rid][1],
+        )
+        for rid in ids
+        if rid in run.landed_at and rid in run.stamps
+    ]
+    if not stages:
+        return
+    names = ("send -> API received_at", "received_at -> fetched_at", "fetched_at -> row seen")
+    for n, name in enumerate(names):
+        part = sorted(s[n] * 1000 for s in stages)
+        print(
+            f"  {name:<26} p50 {common.percentile(part, 50):7.1f} ms  "
+            f"p90 {common.percentile(part, 90):7.1f} ms  "
+            f"p99 {common.percentile(part, 99):7.1f} ms"
+        )
+    print("  (received_at and fetched_at are the row's own ms timestamps)")
+
+
+def report_server(run: Run, servers: list[Server], landed: int) -> None:
+    """nopoll's own timings and job outcomes (/metrics) and each process's CPU time."""
+    m = run.server_metrics
+    for label, metric in (
+        ("provider GET (worker's view)", "nopoll_provider_request_seconds"),
+        ("sink write (worker's view)", "nopoll_sink_write_seconds"),
+        ("enqueue (API's view)", "nopoll_enqueue_seconds"),
+    ):
+        count = m.get(f"{metric}_count", 0.0)
+        if count:
+            mean_ms = m.get(f"{metric}_sum", 0.0) / count * 1000
+            print(f"  {label:<30} mean {mean_ms:6.2f} ms over {count:.0f}")
+    per = {"serve": "result (API + worker)", "worker": "delivered result", "api": "callback"}
+    for server in servers:
+        count = len(run.status) if server.role == "api" else landed
+        if count:
+            print(
+                f"  nopoll {server.role} CPU per {per[server.role]}: "
+                f"{server.cpu_s / count * 1000:.2f} ms ({server.cpu_s:.1f} s for {count})"
+            )
+    others = ", ".join(f"{name} {cpu:.1f} s" for name, cpu in run.other_cpu_s.items())
+    print(f"  CPU time of the others: {others}; machine {run.machine_busy:.0%} busy")
+    outcomes = ", ".join(
+        f"{name.split('{', 1)[1].rstrip('}')}: {value:.0f}"
+        for name, value in sorted(m.items())
+        if name.startswith(("nopoll_jobs_total{", "nopoll_sink_writes_total{"))
+        or (name.startswith("nopoll_dead_letters_total{") and value)
+    )
+    if outcomes:
+        print(f"  worker outcomes: {outcomes}")
+
+
+def report_failures(run: Run, ids: list[str], landed: int) -> int:
+    """1 (and what went wrong) when a row is missing or a callback was not answered 202."""
     failed = False
-    if landed < total:
+    if landed < len(ids):
         missing = [rid for rid in ids if rid not in run.landed_at]
         print(f"MISSING ROWS: {len(missing)}, e.g. {', '.join(missing[:5])}")
         failed = True
+    not_202 = {rid: s for rid, s in run.status.items() if s != 202}
     if not_202 or run.errors:
         sample = list(not_202.items())[:5] + list(run.errors.items())[:5]
         print(f"CALLBACKS NOT ANSWERED 202: {len(not_202) + len(run.errors)}, e.g. {sample}")

@@ -7,12 +7,18 @@ here are pure: they take the provider's JSON and return envelopes, nothing else.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from typing import Any, Literal
 
 __all__ = [
+    "COLUMNS",
+    "FIELDS",
+    "PRIMARY_KEY",
     "SCHEMA",
     "BatchRow",
+    "Column",
+    "ColumnType",
     "Envelope",
     "batch_summary_envelope",
     "chat_output_text",
@@ -38,40 +44,80 @@ def now_rfc3339() -> str:
     )
 
 
+ColumnType = Literal["text", "integer", "boolean", "json", "timestamp"]
+"""How a field is stored in a table (the ``sql`` sink): ``timestamp`` fields are RFC 3339
+text in the envelope; ``json`` ones are objects (JSONB on Postgres)."""
+
+_TEXT: dict[str, ColumnType] = {"column": "text"}
+_INT: dict[str, ColumnType] = {"column": "integer"}
+_BOOL: dict[str, ColumnType] = {"column": "boolean"}
+_JSON: dict[str, ColumnType] = {"column": "json"}
+_TIME: dict[str, ColumnType] = {"column": "timestamp"}
+
+
 @dataclasses.dataclass(slots=True, kw_only=True)
 class Envelope:
-    """One result as every sink sees it."""
+    """One result as every sink sees it. The fields, in this order, are the contract's
+    (docs/envelope.md) and, through :data:`COLUMNS`, the ``sql`` sink's columns."""
 
-    provider: str
-    tenant: str = "default"
-    kind: Kind
-    key: str
-    response_id: str | None = None
-    batch_id: str | None = None
-    custom_id: str | None = None
-    status: str
-    usable: bool
-    incomplete_reason: str | None = None
-    model: str | None = None
-    output_text: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    error: dict[str, Any] | None = None
-    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
-    event_id: str | None = None
-    received_at: str
-    fetched_at: str
-    body: dict[str, Any] | None = None
+    provider: str = dataclasses.field(metadata=_TEXT)
+    tenant: str = dataclasses.field(default="default", metadata=_TEXT)
+    kind: Kind = dataclasses.field(metadata=_TEXT)
+    key: str = dataclasses.field(metadata=_TEXT)
+    response_id: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    batch_id: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    custom_id: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    status: str = dataclasses.field(metadata=_TEXT)
+    usable: bool = dataclasses.field(metadata=_BOOL)
+    incomplete_reason: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    model: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    output_text: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    input_tokens: int | None = dataclasses.field(default=None, metadata=_INT)
+    output_tokens: int | None = dataclasses.field(default=None, metadata=_INT)
+    error: dict[str, Any] | None = dataclasses.field(default=None, metadata=_JSON)
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict, metadata=_JSON)
+    event_id: str | None = dataclasses.field(default=None, metadata=_TEXT)
+    received_at: str = dataclasses.field(metadata=_TIME)
+    fetched_at: str = dataclasses.field(metadata=_TIME)
+    body: dict[str, Any] | None = dataclasses.field(default=None, metadata=_JSON)
 
     def to_dict(self) -> dict[str, Any]:
         """The envelope as a JSON-ready dict, fields in contract order."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dict(zip(FIELDS, _values(self), strict=True))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Envelope:
         """Rebuild an envelope from :meth:`to_dict` output (e.g. a queued delivery)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{k: v for k, v in data.items() if k in _FIELD_SET})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Column:
+    """One envelope field as a table column."""
+
+    name: str
+    type: ColumnType
+    nullable: bool
+    """Fields with no value (None) and JSON fields; the others are NOT NULL."""
+    default: str | None = None
+    """The value a row written without this field gets (``tenant``: ``default``)."""
+
+
+def _column(f: dataclasses.Field[Any]) -> Column:
+    kind: ColumnType = f.metadata["column"]
+    default = f.default if isinstance(f.default, str) else None
+    return Column(f.name, kind, nullable=f.default is None or kind == "json", default=default)
+
+
+COLUMNS: tuple[Column, ...] = tuple(_column(f) for f in dataclasses.fields(Envelope))
+"""Every envelope field as a column, in contract order: the one place a table's columns
+come from."""
+FIELDS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+"""The envelope's field names, in contract order."""
+PRIMARY_KEY = ("provider", "key")
+"""What identifies a result: ``key`` is unique within a provider."""
+_FIELD_SET = frozenset(FIELDS)
+_values = operator.attrgetter(*FIELDS)
 
 
 def response_output_text(response: dict[str, Any]) -> str | None:

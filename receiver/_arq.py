@@ -1,18 +1,25 @@
-"""The one place nopoll touches arq's internals; everything else goes through here.
+"""The one place nopoll touches arq's internals (with :mod:`receiver._arq_run`, which runs
+the jobs); everything else goes through here.
 
 arq is a small library whose private parts nopoll depends on: its job format and key
-names (``arq:job:``, ``arq:in-progress:``, ``arq:retry:``), :func:`arq.jobs.serialize_job`,
-and the :class:`arq.worker.Worker` methods :class:`SeamWorker` overrides. They are checked
-against the arq versions nopoll supports (:data:`SUPPORTED`) when this module is imported,
-and a contract test runs a job written by nopoll on a stock arq Worker and the reverse.
+names (``arq:job:``, ``arq:in-progress:``, ``arq:retry:``), :func:`arq.jobs.serialize_job`
+and ``deserialize_job_raw``, and the :class:`arq.worker.Worker` methods
+:class:`SeamWorker` overrides. They are checked against the arq versions nopoll supports
+(:data:`SUPPORTED`) when this module is imported, and a contract test runs a job written
+by nopoll on a stock arq Worker and the reverse.
 
 What :class:`SeamWorker` changes:
 
-- Claims: arq claims each polled job with its own optimistic transaction (WATCH, EXISTS,
-  ZSCORE, MULTI/PSETEX/EXEC: about four round trips per job). Here one Lua call claims
-  every polled job with the same rule (not in progress, score due) and the same
-  in-progress key, whose value is a token naming the claim, so a batch job's
-  :class:`Lease` can renew the lock only while it is still its own.
+- Claims: arq reads the due job ids, then claims each with its own optimistic transaction
+  (WATCH, EXISTS, ZSCORE, MULTI/PSETEX/EXEC), then reads each job and counts its try in
+  another transaction. Here one Lua call does all of that for every job it claims, with
+  the same rules (due, not in progress), arq's try counter, and an in-progress key whose
+  value is a token naming the claim, so a batch job's :class:`Lease` can renew the lock
+  only while it is still its own.
+- Running: each claimed job runs as arq's ``run_job`` would (the same checks, hooks,
+  timeout, retry and failure rules), minus those per-job round trips.
+- Finishes: the keys of the jobs that finish while one finish is in flight go in the next
+  Lua call together (arq: one MULTI/EXEC per job).
 - Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
   for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
   finish was cut off by the outage has its lock released once Redis is back, so it runs
@@ -45,10 +52,11 @@ from arq.constants import (
 )
 from arq.jobs import serialize_job
 from arq.utils import poll, timestamp_ms
-from arq.worker import Function, Worker, func
+from arq.worker import Function, func
 from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import RedisError
 
+from receiver._arq_run import Claimed, GivenUp, JobRunner, given_up
 from receiver.redis_link import RedisLink
 
 __all__ = [
@@ -58,6 +66,7 @@ __all__ = [
     "RETRY_KEY",
     "SUPPORTED",
     "Function",
+    "GivenUp",
     "Lease",
     "Retry",
     "SeamWorker",
@@ -136,15 +145,21 @@ def arq_pool(url: str, *, queue: str | None = None, expires_ms: int | None = Non
 
 
 _CLAIM = """
-local claimed = {}
 local now = tonumber(ARGV[1])
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= now and redis.call('EXISTS', KEYS[2] .. id) == 0 then
-    redis.call('PSETEX', KEYS[2] .. id, ARGV[2], ARGV[3])
+local want = tonumber(ARGV[4])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[5])
+local claimed = {}
+for i = 1, #due, 2 do
+  if #claimed >= 4 * want then break end
+  local id = due[i]
+  if redis.call('EXISTS', ARGV[6] .. id) == 0 then
+    redis.call('PSETEX', ARGV[6] .. id, ARGV[2], ARGV[3])
+    local tries = redis.call('INCR', ARGV[8] .. id)
+    redis.call('EXPIRE', ARGV[8] .. id, 88400)
     claimed[#claimed + 1] = id
-    claimed[#claimed + 1] = score
+    claimed[#claimed + 1] = due[i + 1]
+    claimed[#claimed + 1] = redis.call('GET', ARGV[7] .. id)
+    claimed[#claimed + 1] = tries
   end
 end
 return claimed
@@ -178,9 +193,9 @@ class Lease:
         return bool(await self.redis.eval(_RELEASE, 1, self.key, self.token))  # type: ignore[misc]
 
 
-class SeamWorker(Worker):
-    """An arq Worker with one-call claims, leases, outage riding, and hooks where nopoll's
-    policy comes in (:meth:`give_up`, :meth:`health_checked`)."""
+class SeamWorker(JobRunner):
+    """An arq Worker with one-call claims, grouped finishes, leases, outage riding, and
+    hooks where nopoll's policy comes in (:meth:`give_up`, :meth:`health_checked`)."""
 
     def __init__(self, *args: Any, claim_ttl_s: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -238,17 +253,54 @@ class SeamWorker(Worker):
             return True
         return False
 
-    async def run_job(self, job_id: str, score: int) -> None:
+    async def _poll_iteration(self) -> None:
+        """arq's poll turn, with the due jobs read and claimed in :meth:`_claim`."""
+        free = self.max_jobs - self.job_counter
+        if self.burst and self.max_burst_jobs >= 0:
+            free = min(free, self.max_burst_jobs - self._jobs_started())
+        if self.allow_pick_jobs and free > 0:
+            await self._claim(free)
+        if self.allow_abort_jobs:
+            await self._cancel_aborted_jobs()
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()
+        await self.heart_beat()
+
+    async def _claim(self, free: int) -> None:
+        """One Lua call claims up to ``free`` due jobs (not in progress) and does what arq's
+        ``run_job`` does first for each: count the try and read the payload."""
+        if self._claim_script is None:
+            self._claim_script = self.pool.register_script(_CLAIM)
+        now = timestamp_ms()
+        token = f"{self._worker_id}:{now}"
+        ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
+        prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
+        reply = await self._claim_script(
+            keys=[self.queue_name],
+            args=[now, ttl_ms, token, free, self.queue_read_limit, *prefixes],
+        )
+        for i in range(0, len(reply), 4):
+            job = Claimed(reply[i].decode(), int(float(reply[i + 1])), reply[i + 2], reply[i + 3])
+            self.leases[job.id] = Lease(self.pool, job.id, token)
+            await self.sem.acquire()
+            self.job_counter += 1
+            task = self.loop.create_task(self._run_claimed(job))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job.id] = task
+
+    async def _run_claimed(self, job: Claimed) -> None:
         try:
-            await super().run_job(job_id, score)
+            await self.run_claimed(job)
         except (RedisError, OSError) as exc:
             # The job's start or finish could not reach Redis: it is still queued; its
             # lock is released once Redis is back so it runs again at once.
             self.link.lost(exc)
-            self._orphans.add(job_id)
+            self._orphans.add(job.id)
         except Exception:
-            log.exception("job %s: arq could not run or finish it; it runs again later", job_id)
-            self.leases.pop(job_id, None)
+            log.exception("job %s: arq could not run or finish it; it runs again later", job.id)
+            self.leases.pop(job.id, None)
 
     async def _release_orphans(self) -> None:
         for job_id in list(self._orphans):
@@ -258,72 +310,23 @@ class SeamWorker(Worker):
                 with contextlib.suppress(RedisError, OSError):
                     await lease.release()
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        free = self.max_jobs - self.job_counter
-        if free <= 0 or not job_ids:
-            return
-        if self._claim_script is None:
-            self._claim_script = self.pool.register_script(_CLAIM)
-        ids = [j.decode() for j in job_ids[:free]]
-        ttl_s = self._claim_ttl_s or self.in_progress_timeout_s
-        now = timestamp_ms()
-        token = f"{self._worker_id}:{now}"
-        claimed = await self._claim_script(
-            keys=[self.queue_name, in_progress_key_prefix],
-            args=[now, int(ttl_s * 1000), token, *ids],
-        )
-        for i in range(0, len(claimed), 2):
-            job_id = claimed[i].decode()
-            score = int(float(claimed[i + 1]))
-            self.leases[job_id] = Lease(self.pool, job_id, token)
-            await self.sem.acquire()
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            self.tasks[job_id] = task
-
-    async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
+    def owns(self, job_id: str) -> bool:
+        """False when the job's lease was lost: another run owns the job now, so this one
+        touches nothing of it. Its lease is let go either way."""
         lease = self.leases.pop(job_id, None)
-        if lease is not None and lease.lost:
-            return  # another run owns the job now: touch nothing of it
-        await super().finish_job(job_id, *args, **kwargs)
+        return lease is None or not lease.lost
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         """arq gives up on a job (expired, too many tries, unknown function, undecodable):
         keep it as a dead letter first."""
-        lease = self.leases.pop(job_id, None)
-        if lease is not None and lease.lost:
+        if not self.owns(job_id):
             return
-        await self._keep_failed(job_id, result_data)
+        await self.give_up(given_up(job_id, result_data, self.functions))
         await super().finish_failed_job(job_id, result_data)
 
-    async def _keep_failed(self, job_id: str, result_data: bytes | None) -> None:
-        result: dict[str, Any] = {}
-        if result_data:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                result = orjson.loads(result_data)
-        function = str(result.get("f") or "")
-        kwargs = result.get("k") if isinstance(result.get("k"), dict) else {}
-        reason = f"arq gave up on job {job_id}: {result.get('r') or 'unknown reason'}"
-        known = function in self.functions and bool(kwargs)
-        await self.give_up(
-            job_id,
-            function if known else None,
-            kwargs if known else None,
-            int(result.get("t") or 0),
-            reason,
-        )
-
-    async def give_up(
-        self,
-        job_id: str,
-        function: str | None,
-        kwargs: dict[str, Any] | None,
-        tries: int,
-        reason: str,
-    ) -> None:
-        """Hook: arq is about to drop a job for good (None: its payload is gone). Raise to
-        keep it queued (a Redis error does)."""
+    async def give_up(self, job: GivenUp) -> None:
+        """Hook: arq is about to drop a job for good. Raise to keep it queued (a Redis
+        error does)."""
         raise NotImplementedError
 
     async def close(self) -> None:

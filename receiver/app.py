@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
+from receiver.admin import admin_routes
 from receiver.config import Settings
 from receiver.health import read_sink_health
 from receiver.logs import Throttle
@@ -40,6 +41,8 @@ from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.providers import safe_id
 from receiver.queue import (
     BATCHES_QUEUE,
+    FETCH_BATCH,
+    FETCH_RESPONSE,
     JOBS_QUEUE,
     CallbackJob,
     EnqueueOutcome,
@@ -50,6 +53,7 @@ from receiver.queue import (
 )
 from receiver.redis_link import RedisLink
 from receiver.verify import Verifier
+from receiver.watches import WatchStore
 from receiver.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
@@ -223,34 +227,20 @@ class WebhookEndpoint:
 
 
 def _job(provider: str, webhook_id: str, event_type: str, object_id: str) -> CallbackJob:
-    received_at = now_rfc3339()
+    """The fetch job a callback asks for: a response's on the short queue, a batch's on
+    the batch queue."""
+    kwargs: dict[str, Any] = {
+        "provider": provider,
+        "event_id": webhook_id,
+        "received_at": now_rfc3339(),
+    }
     if event_type in RESPONSE_EVENTS:
-        return CallbackJob(
-            provider=provider,
-            webhook_id=webhook_id,
-            function="fetch_response",
-            job_id=response_job_id(provider, object_id),
-            kwargs={
-                "provider": provider,
-                "response_id": object_id,
-                "event_id": webhook_id,
-                "received_at": received_at,
-            },
-        )
-    return CallbackJob(
-        provider=provider,
-        webhook_id=webhook_id,
-        function="fetch_batch",
-        job_id=batch_job_id(provider, object_id),
-        kwargs={
-            "provider": provider,
-            "batch_id": object_id,
-            "event_id": webhook_id,
-            "received_at": received_at,
-            "event_type": event_type,
-        },
-        queue=BATCHES_QUEUE,
-    )
+        function, job_id, queue = FETCH_RESPONSE, response_job_id(provider, object_id), JOBS_QUEUE
+        kwargs["response_id"] = object_id
+    else:
+        function, job_id, queue = FETCH_BATCH, batch_job_id(provider, object_id), BATCHES_QUEUE
+        kwargs.update(batch_id=object_id, event_type=event_type)
+    return CallbackJob(provider, webhook_id, function, job_id, kwargs, queue)
 
 
 class _Dispatch:
@@ -295,25 +285,9 @@ def _json(status: int, payload: dict[str, Any]) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-def create_app(
-    settings: Settings,
-    *,
-    redis: Redis,
-    metrics: Metrics,
-    enqueuer: Enqueuer | None = None,
-    worker_heartbeat_key: str | None = None,
-    lifespan: Callable[[Starlette], Any] | None = None,
-) -> ASGIApp:
-    """The ASGI app. ``worker_heartbeat_key`` makes /readyz also check the worker."""
-    enqueuer = enqueuer or Enqueuer(
-        redis, dedupe_ttl_s=settings.dedupe_ttl_s, job_expiry_s=settings.job_expiry_s
-    )
-
-    async def not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
-        return _json(405, {"error": "use POST"})
-
-    async def healthz(request: Request) -> Response:
-        return _json(200, {"status": "ok"})
+def _readiness(redis: Redis, worker_heartbeat_key: str | None) -> Callable[..., Any]:
+    """``GET /readyz``: Redis answers (and the worker's heartbeat is there, where it runs);
+    the sinks' health is shown but not required (callbacks queue safely meanwhile)."""
 
     async def readyz(request: Request) -> Response:
         checks: dict[str, str] = {}
@@ -331,32 +305,66 @@ def create_app(
         ready = all(v == "ok" for v in checks.values())
         body: dict[str, Any] = {"ready": ready, **checks}
         if checks["redis"] == "ok":
-            # Shown, not required: callbacks queue safely while a sink is retried.
             with contextlib.suppress(RedisError, OSError):
                 body["sinks"] = await read_sink_health(redis)
         return _json(200 if ready else 503, body)
 
+    return readyz
+
+
+def _metrics_page(redis: Redis, metrics: Metrics, providers: list[str]) -> Callable[..., Any]:
+    """``GET /metrics``: Prometheus text, with the queue depths and watches read now."""
+    watches = WatchStore(redis)
+
     async def metrics_endpoint(request: Request) -> Response:
         try:
             metrics.set_queue_depths(await queue_depths(redis))
+            metrics.set_watch_counts({p: await watches.counts(p) for p in providers})
         except (RedisError, OSError):
             metrics.set_queue_depths(None)
+            metrics.set_watch_counts(None)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        """Starlette's own 404 and 405 (a path or method nopoll does not serve), as JSON."""
-        assert isinstance(exc, HTTPException)
-        payload = orjson.dumps({"error": exc.detail})
-        return Response(payload, exc.status_code, exc.headers, media_type="application/json")
+    return metrics_endpoint
 
+
+async def _not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
+    return _json(405, {"error": "use POST"})
+
+
+async def _healthz(request: Request) -> Response:
+    return _json(200, {"status": "ok"})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 (a path or method nopoll does not serve), as JSON."""
+    assert isinstance(exc, HTTPException)
+    payload = orjson.dumps({"error": exc.detail})
+    return Response(payload, exc.status_code, exc.headers, media_type="application/json")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    redis: Redis,
+    metrics: Metrics,
+    enqueuer: Enqueuer | None = None,
+    worker_heartbeat_key: str | None = None,
+    lifespan: Callable[[Starlette], Any] | None = None,
+) -> ASGIApp:
+    """The ASGI app. ``worker_heartbeat_key`` makes /readyz also check the worker."""
+    enqueuer = enqueuer or Enqueuer(
+        redis, dedupe_ttl_s=settings.dedupe_ttl_s, job_expiry_s=settings.job_expiry_s
+    )
     routes = [
         # POSTs never reach this route (see _Dispatch); other methods get Starlette's 405.
-        Route("/webhooks/{provider}", not_post, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/webhooks/{provider}", _not_post, methods=["POST"]),
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", _readiness(redis, worker_heartbeat_key), methods=["GET"]),
+        Route("/metrics", _metrics_page(redis, metrics, list(settings.providers)), methods=["GET"]),
+        *admin_routes(settings, redis),
     ]
     starlette = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
     )
     return _Dispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette)

@@ -11,7 +11,15 @@ import logging
 from typing import Any
 
 from nopoll.envelope import now_rfc3339
-from receiver._arq import Function, SeamWorker, arq_pool, func, job_deserializer, job_serializer
+from receiver._arq import (
+    Function,
+    GivenUp,
+    SeamWorker,
+    arq_pool,
+    func,
+    job_deserializer,
+    job_serializer,
+)
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.health import publish_sink_health
@@ -40,30 +48,24 @@ and keeps it as a dead letter (arq would drop it with only a log line)."""
 class NopollWorker(SeamWorker):
     """A seam worker that keeps every job arq gives up on, and reports sink health."""
 
-    async def give_up(
-        self,
-        job_id: str,
-        function: str | None,
-        kwargs: dict[str, Any] | None,
-        tries: int,
-        reason: str,
-    ) -> None:
+    async def give_up(self, job: GivenUp) -> None:
+        function, kwargs = job.function, job.kwargs
         if function is None or kwargs is None:
-            function, kwargs = _from_job_id(job_id)
+            function, kwargs = _from_job_id(job.job_id)
         sink, provider, keys = letter_target(function, kwargs)
         letter = await DeadLetters(self.pool).add(
             sink=sink or "fetch",
             provider=provider,
             keys=keys,
-            attempts=tries,
-            error=reason,
+            attempts=job.tries,
+            error=job.reason,
             function=function,
             kwargs=kwargs,
         )
         metrics: Metrics | None = self.ctx.get("metrics")
         if metrics is not None:
             metrics.dead_letters.labels(sink or "fetch").inc()
-        log.error("dead letter %s: arq gave up on job %s", letter.id, job_id)
+        log.error("dead letter %s: arq gave up on job %s", letter.id, job.job_id)
 
     async def health_checked(self) -> None:
         fanout = self.ctx.get("fanout")
@@ -71,24 +73,18 @@ class NopollWorker(SeamWorker):
             await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
 
 
+_ID_KINDS = {"resp": (FETCH_RESPONSE, "response_id"), "batch": (FETCH_BATCH, "batch_id")}
+"""A job id's prefix (``resp:<provider>:<id>``): its function and the kwarg the id goes in."""
+
+
 def _from_job_id(job_id: str) -> tuple[str, dict[str, Any]]:
     """What a job was, from its id alone (its payload expired or cannot be read)."""
     kind, _, rest = job_id.partition(":")
     provider, _, object_id = rest.partition(":")
-    if kind == "resp" and object_id:
-        return FETCH_RESPONSE, {
-            "provider": provider,
-            "response_id": object_id,
-            "event_id": None,
-            "received_at": now_rfc3339(),
-        }
-    if kind == "batch" and object_id:
-        return FETCH_BATCH, {
-            "provider": provider,
-            "batch_id": object_id,
-            "event_id": None,
-            "received_at": now_rfc3339(),
-        }
+    if kind in _ID_KINDS and object_id:
+        function, id_field = _ID_KINDS[kind]
+        kwargs = {"provider": provider, id_field: object_id, "event_id": None}
+        return function, {**kwargs, "received_at": now_rfc3339()}
     # A delivery whose payload is gone cannot be redone; the letter says so and is kept.
     return "", {"job_id": job_id}
 

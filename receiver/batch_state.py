@@ -210,40 +210,21 @@ class BatchState:
     async def settle(self, sink: str, number: int | None) -> bool:
         """A pending chunk (None: nothing) was delivered; queues the parked summary if that
         was the sink's last. Returns True when the summary was queued now."""
-        job = summary_job(sink, self.key, {})
-        return bool(
-            await self.redis.eval(  # type: ignore[misc]
-                _SETTLE,
-                5,
-                self.key,
-                self.pending_key(sink),
-                *job.keys(),
-                sink,
-                "" if number is None else str(number),
-                *job.args(self._expiry_ms)[1:],
-                str(self._ttl_s),
-            )
-        )
+        chunk = "" if number is None else str(number)
+        return await self._release(_SETTLE, sink, summary_job(sink, self.key, {}), chunk)
 
     async def park_summary(self, sink: str, summary: dict[str, Any]) -> bool:
         """Keep the summary for ``sink``; it is queued at once if nothing is pending."""
-        job = summary_job(sink, self.key, summary)
+        return await self._release(_PARK, sink, summary_job(sink, self.key, summary), None)
+
+    async def _release(self, script: str, sink: str, job: QueuedJob, chunk: str | None) -> bool:
+        """Run ``_SETTLE`` (ARGV 2: ``chunk``) or ``_PARK`` (ARGV 2: ``job``'s payload, when
+        ``chunk`` is None); both end in ``release``, which queues the summary job once
+        nothing of the sink is pending."""
         payload, expiry, score, job_id = job.args(self._expiry_ms)
-        return bool(
-            await self.redis.eval(  # type: ignore[misc]
-                _PARK,
-                5,
-                self.key,
-                self.pending_key(sink),
-                *job.keys(),
-                sink,
-                payload,
-                expiry,
-                score,
-                job_id,
-                str(self._ttl_s),
-            )
-        )
+        keys = [self.key, self.pending_key(sink), *job.keys()]
+        args = [sink, payload if chunk is None else chunk, expiry, score, job_id, self._ttl_s]
+        return bool(await self.redis.eval(script, 5, *keys, *args))  # type: ignore[misc]
 
     async def pending(self, sink: str) -> int:
         """How many of the sink's chunks are still pending elsewhere."""

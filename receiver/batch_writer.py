@@ -24,6 +24,9 @@ log = logging.getLogger("nopoll.batches")
 DONE = object()
 """Put in a writer's queue after the last chunk."""
 
+_IN_JOB_MAX_S = 5.0
+"""A chunk's waits inside the batch job stay short: the stream behind it is waiting."""
+
 
 class SinkWriter:
     """One sink's share of a batch: its own queue, in order, retried, then handed off."""
@@ -56,6 +59,7 @@ class SinkWriter:
         sink = self.runner.fanout.sinks[self.name]
         settings = self.runner.settings
         attempts = settings.batch.sink_attempts
+        backoff = settings.sink_retry.backoff(max_s=_IN_JOB_MAX_S)
         for attempt in range(1, attempts + 1):
             try:
                 await sink.write_part(number, envelopes)
@@ -72,7 +76,7 @@ class SinkWriter:
                 return
             except Exception as exc:
                 if attempt < attempts:
-                    await asyncio.sleep(min(settings.sink_retry.delay(attempt), 5.0))
+                    await asyncio.sleep(backoff.delay(attempt))
                     continue
                 log.warning(
                     "sink %s failed chunk %d of %s %d times (%s); retrying it on its own",

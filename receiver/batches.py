@@ -149,9 +149,9 @@ class BatchRunner:
     ) -> BatchOutcome:
         """Deliver every row of the batch, then its summary, to every routed sink. With a
         ``lease``, the run stops (:class:`LeaseLost`) when the lease cannot be kept."""
-        run = self._run(
-            dialect, provider, batch_id, event_id, received_at, tenant, force, on_progress
-        )
+        state = self.state(provider, batch_id)
+        context = _Context(provider, batch_id, event_id, received_at, tenant, state)
+        run = self._run(dialect, context, force, on_progress)
         if lease is None:
             return await run
         work = asyncio.create_task(run)
@@ -170,37 +170,55 @@ class BatchRunner:
     async def _run(
         self,
         dialect: Dialect,
-        provider: str,
-        batch_id: str,
-        event_id: str | None,
-        received_at: str,
-        tenant: str,
+        ctx: _Context,
         force: bool,
         on_progress: Callable[[int], None] | None,
     ) -> BatchOutcome:
-        state = self.state(provider, batch_id)
         sinks = list(self.fanout.sinks)
         outcome = BatchOutcome()
         if force:
-            await state.reset(sinks)
-        progress = await state.load(sinks)
+            await ctx.state.reset(sinks)
+        progress = await ctx.state.load(sinks)
         if progress.done:
             outcome.already_done = True
             return outcome
-        chunk_size = await state.begin(self.settings.batch.chunk_size)
+        chunk_size = await ctx.state.begin(self.settings.batch.chunk_size)
         fetch = BatchFetch(
-            batch_id=batch_id,
+            batch_id=ctx.batch_id,
             chunk_size=chunk_size,
             skip_before=min(progress.committed.values(), default=-1) + 1,
         )
         outcome.chunks_skipped = fetch.skip_before
-        writers = {s: SinkWriter(self, s, progress.committed[s], state) for s in sinks}
-        tasks = [asyncio.create_task(w.run(), name=f"batch-sink-{s}") for s, w in writers.items()]
+        writers = {s: SinkWriter(self, s, progress.committed[s], ctx.state) for s in sinks}
         started = time.monotonic()
-        context = _Context(provider, batch_id, event_id, received_at, tenant, state)
+        await self._stream(dialect, fetch, ctx, writers, outcome, on_progress)
+        await self._summarize(fetch, ctx, outcome)
+        outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
+        await ctx.state.finish()
+        log.info(
+            "batch %s/%s: %d rows delivered in %.1f s (%s)",
+            ctx.provider,
+            ctx.batch_id,
+            outcome.rows,
+            time.monotonic() - started,
+            ", ".join(f"{n} {status}" for status, n in sorted(outcome.by_status.items())),
+        )
+        return outcome
+
+    async def _stream(
+        self,
+        dialect: Dialect,
+        fetch: BatchFetch,
+        ctx: _Context,
+        writers: dict[str, SinkWriter],
+        outcome: BatchOutcome,
+        on_progress: Callable[[int], None] | None,
+    ) -> None:
+        """Every row into the sink writers' queues, then wait until they wrote them all."""
+        tasks = [asyncio.create_task(w.run(), name=f"batch-sink-{s}") for s, w in writers.items()]
         try:
             try:
-                await self._produce(dialect, fetch, context, writers, tasks, outcome, on_progress)
+                await self._produce(dialect, fetch, ctx, writers, tasks, outcome, on_progress)
             except Exception:
                 # Keep what was fetched already: the writers commit the queued chunks first.
                 with contextlib.suppress(Exception):
@@ -212,28 +230,19 @@ class BatchRunner:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _summarize(self, fetch: BatchFetch, ctx: _Context, outcome: BatchOutcome) -> None:
+        """The batch summary to every routed sink, after all of that sink's rows."""
         summary = batch_summary_envelope(
             fetch.batch,
-            provider=provider,
-            batch_id=batch_id,
-            received_at=received_at,
-            event_id=event_id,
-            counts=dict(await state.counts() or outcome.by_status),
-            tenant=tenant,
+            provider=ctx.provider,
+            batch_id=ctx.batch_id,
+            received_at=ctx.received_at,
+            event_id=ctx.event_id,
+            counts=dict(await ctx.state.counts() or outcome.by_status),
+            tenant=ctx.tenant,
         )
         for name in self.fanout.route([summary]):
-            await self._deliver_summary(state, name, summary)
-        outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
-        await state.finish()
-        log.info(
-            "batch %s/%s: %d rows delivered in %.1f s (%s)",
-            provider,
-            batch_id,
-            outcome.rows,
-            time.monotonic() - started,
-            ", ".join(f"{n} {status}" for status, n in sorted(outcome.by_status.items())),
-        )
-        return outcome
+            await self._deliver_summary(ctx.state, name, summary)
 
     async def _produce(
         self,

@@ -35,6 +35,7 @@ from pydantic import (
 
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
+from receiver.backoff import Backoff
 from receiver.config_source import (
     Interpolation,
     dotted,
@@ -54,6 +55,7 @@ __all__ = [
     "RetryConfig",
     "RouteConfig",
     "Settings",
+    "WatchConfig",
     "WorkerConfig",
     "decode_webhook_secret",
     "is_secret_key",
@@ -79,6 +81,27 @@ _WebhookSecret = Annotated[SecretStr, AfterValidator(_check_webhook_secret)]
 """One entry of ``webhook_secrets``, checked on its own so an error names its index."""
 
 
+class WatchConfig(_Model):
+    """How nopoll polls this provider's watched ids (results without callbacks)."""
+
+    first_poll_s: float = Field(default=1.0, gt=0, le=3600)
+    """The first poll, this long after the watch starts."""
+    max_interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    """Polls back off exponentially (with jitter) up to this interval."""
+    rate_limit_rps: float = Field(default=20.0, gt=0, le=10_000)
+    """Polls per second to this provider, summed over every worker process."""
+    expire_after_s: float = Field(default=86_400.0, gt=0)
+    """A watch still pending after this long ends as a dead letter (``expired``)."""
+    reconcile_after_s: float = Field(default=900.0, ge=0)
+    """For ids that expect a callback: poll only when none came by then."""
+
+    @model_validator(mode="after")
+    def _order(self) -> WatchConfig:
+        if self.first_poll_s > self.max_interval_s:
+            raise ValueError("first_poll_s must not be above max_interval_s")
+        return self
+
+
 class ProviderConfig(_Model):
     """One inference provider: where to fetch results and how its callbacks are signed.
 
@@ -92,6 +115,7 @@ class ProviderConfig(_Model):
     webhook_secrets: list[_WebhookSecret] = Field(default_factory=list)
     tolerance_s: int = Field(default=300, ge=1, le=86_400)
     max_concurrency: int = Field(default=32, ge=1, le=1024)
+    watch: WatchConfig = Field(default_factory=WatchConfig)
 
     @field_validator("base_url")
     @classmethod
@@ -118,18 +142,22 @@ class ProviderConfig(_Model):
 
 
 class RetryConfig(_Model):
-    """Exponential backoff: ``base_delay_s * 2**(try-1)``, capped, for ``max_tries`` tries."""
+    """A job's retries: ``max_tries`` tries, waiting with :class:`~receiver.backoff.Backoff`
+    (full jitter up to ``base_delay_s * 2**(try-1)``, capped at ``max_delay_s``)."""
 
     max_tries: int = Field(default=8, ge=1, le=100)
     base_delay_s: float = Field(default=1.0, ge=0.0)
     max_delay_s: float = Field(default=300.0, ge=0.0)
 
+    def backoff(self, max_s: float | None = None) -> Backoff:
+        """This rule's backoff; ``max_s`` caps it lower (a wait inside a running job)."""
+        cap = self.max_delay_s if max_s is None else min(max_s, self.max_delay_s)
+        return Backoff(self.base_delay_s, cap)
+
     def delay(self, job_try: int, retry_after_s: float | None = None) -> float:
-        """Seconds to wait before try ``job_try + 1``; a provider's Retry-After wins if longer."""
-        backoff = min(self.max_delay_s, self.base_delay_s * 2.0 ** max(0, job_try - 1))
-        if retry_after_s is not None:
-            backoff = max(backoff, min(retry_after_s, self.max_delay_s))
-        return backoff
+        """Seconds to wait before try ``job_try + 1``: random up to the backoff's ceiling,
+        never less than a provider's Retry-After (itself capped at ``max_delay_s``)."""
+        return self.backoff().delay(job_try, retry_after_s)
 
 
 class HttpConfig(_Model):
@@ -143,7 +171,8 @@ class HttpConfig(_Model):
     lanes: int = Field(default=8, ge=1, le=64)
     """With ``transport: httpcore``: pools the connections are spread over."""
     attempts: int = Field(default=3, ge=1, le=10)
-    """Tries within one job before the job itself is retried later with backoff."""
+    """Tries of one request inside a batch job before the job itself is retried later (a
+    single response's fetch is tried once per job try: the job's retries are its retries)."""
     max_retry_after_s: float = Field(default=10.0, ge=0)
     """The longest in-job wait for a Retry-After; a longer one defers the whole job."""
     max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -237,6 +266,8 @@ class Settings(_Model):
     api: ApiConfig = Field(default_factory=ApiConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    admin_tokens: list[SecretStr] = Field(default_factory=list)
+    """Bearer tokens of the admin API (``/admin/v1``); none: the admin API is 404."""
     redis_policy_check: Literal["refuse", "warn"] = "refuse"
     """A Redis whose ``maxmemory-policy`` may evict keys can drop queued jobs: refuse to
     start (default), or only warn."""
@@ -287,6 +318,14 @@ class Settings(_Model):
                         f"{', '.join(sorted(self.sinks)) or 'none'})"
                     )
         return self
+
+    @field_validator("admin_tokens")
+    @classmethod
+    def _admin_tokens(cls, value: list[SecretStr]) -> list[SecretStr]:
+        kept = [t for t in value if t.get_secret_value()]  # "${TOKEN:-}" left empty
+        if any(len(t.get_secret_value()) < 16 for t in kept):
+            raise ValueError("an admin token must be at least 16 characters long")
+        return kept
 
     @model_validator(mode="after")
     def _timeouts(self) -> Settings:

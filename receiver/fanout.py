@@ -28,7 +28,10 @@ class ManagedSink:
     def __init__(self, name: str, config: SinkConfig, metrics: Metrics) -> None:
         self.name = name
         self.config = config
-        self._metrics = metrics
+        self._ok = metrics.sink_writes.labels(name, "ok")
+        self._errors = metrics.sink_writes.labels(name, "error")
+        self._rows = metrics.sink_rows.labels(name)
+        self._seconds = metrics.sink_seconds.labels(name)
         self._sink: Sink | None = None
         self._lock = asyncio.Lock()
         self.claim_check: Callable[[Envelope], Awaitable[str]] | None = None
@@ -78,27 +81,27 @@ class ManagedSink:
                 else:
                     await sink.write(envelopes)
         except TimeoutError:
-            self._metrics.sink_writes.labels(self.name, "error").inc()
+            self._errors.inc()
             error = SinkError(f"write timed out after {self.config.timeout_s:g}s", sink=self.name)
             self._record(error)
             raise error from None
         except SinkRejected:  # the data's fault, not the sink's: it still works
-            self._metrics.sink_writes.labels(self.name, "error").inc()
+            self._errors.inc()
             self._record(None)
             raise
         except SinkError as exc:
-            self._metrics.sink_writes.labels(self.name, "error").inc()
+            self._errors.inc()
             self._record(exc)
             raise
         except Exception as exc:
-            self._metrics.sink_writes.labels(self.name, "error").inc()
+            self._errors.inc()
             error = SinkError(f"{type(exc).__name__}: {exc}"[:500], sink=self.name)
             self._record(error)
             raise error from exc
         self._record(None)
-        self._metrics.sink_writes.labels(self.name, "ok").inc()
-        self._metrics.sink_rows.labels(self.name).inc(len(envelopes))
-        self._metrics.sink_seconds.labels(self.name).observe(time.perf_counter() - started)
+        self._ok.inc()
+        self._rows.inc(len(envelopes))
+        self._seconds.observe(time.perf_counter() - started)
 
     async def put_claim(self, env: Envelope) -> str:
         """Store ``env``'s body with this (S3) sink; returns the reference to carry instead."""
@@ -142,9 +145,17 @@ class FanOut:
     async def write(self, shares: Mapping[str, Sequence[Envelope]]) -> dict[str, SinkError]:
         """Write every share side by side; returns the failures by sink name."""
         names = list(shares)
-        results = await asyncio.gather(
-            *(self.sinks[n].write(shares[n]) for n in names), return_exceptions=True
-        )
+        results: list[BaseException | None]
+        if len(names) == 1:  # one sink (the usual case): no task to run it in
+            results = [None]
+            try:
+                await self.sinks[names[0]].write(shares[names[0]])
+            except Exception as exc:
+                results = [exc]
+        else:
+            results = await asyncio.gather(
+                *(self.sinks[n].write(shares[n]) for n in names), return_exceptions=True
+            )
         failures: dict[str, SinkError] = {}
         for name, result in zip(names, results, strict=True):
             if isinstance(result, SinkError):

@@ -167,8 +167,9 @@ async def _guard(
     except Retry:
         raise
     except (RedisError, OSError) as exc:
-        # Redis went away mid-job: run it again later (nothing it did is lost: sink
-        # writes are idempotent and a batch resumes after its last committed chunk).
+        # Redis went away mid-job: run it again later. Nothing it did is lost: a rewrite
+        # overwrites in sql and s3 (kafka, http and jsonl deliver at least once), and a
+        # batch resumes after its last committed chunk.
         log.warning("%s stopped by %s; retrying", function, type(exc).__name__)
         raise Retry(defer=rules.retry.delay(job_try)) from None
     except Exception as exc:  # a bug of ours or an object we cannot handle: keep the work

@@ -19,70 +19,84 @@ _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def _counter(r: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
+    return Counter(name, doc, labels, registry=r)
+
+
+def _histogram(
+    r: CollectorRegistry, name: str, doc: str, buckets: tuple[float, ...], *labels: str
+) -> Histogram:
+    return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+
 class Metrics:
     """Every metric nopoll exports."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.callbacks = Counter(
-            "nopoll_callbacks",
-            "Callbacks by provider and outcome",
-            ["provider", "outcome"],
-            registry=r,
+        self.callbacks = _counter(
+            r, "nopoll_callbacks", "Callbacks by provider and outcome", "provider", "outcome"
         )
-        self.verify_seconds = Histogram(
-            "nopoll_verify_seconds", "Signature verification time", buckets=_FAST, registry=r
+        self.verify_seconds = _histogram(
+            r, "nopoll_verify_seconds", "Signature verification time", _FAST
         )
-        self.enqueue_seconds = Histogram(
-            "nopoll_enqueue_seconds",
-            "Time to enqueue a callback durably",
-            buckets=_FAST,
-            registry=r,
+        self.enqueue_seconds = _histogram(
+            r, "nopoll_enqueue_seconds", "Time to enqueue a callback durably", _FAST
         )
-        self.jobs = Counter(
-            "nopoll_jobs", "Jobs by function and outcome", ["function", "outcome"], registry=r
+        self.jobs = _counter(
+            r, "nopoll_jobs", "Jobs by function and outcome", "function", "outcome"
         )
-        self.provider_requests = Counter(
-            "nopoll_provider_requests",
-            "Provider requests by status",
-            ["provider", "status"],
-            registry=r,
+        self.provider_requests = _counter(
+            r, "nopoll_provider_requests", "Provider requests by status", "provider", "status"
         )
-        self.provider_seconds = Histogram(
-            "nopoll_provider_request_seconds",
-            "Provider request latency",
-            ["provider"],
-            buckets=_SLOW,
-            registry=r,
+        self.provider_seconds = _histogram(
+            r, "nopoll_provider_request_seconds", "Provider request latency", _SLOW, "provider"
         )
-        self.sink_writes = Counter(
-            "nopoll_sink_writes", "Sink writes by outcome", ["sink", "outcome"], registry=r
+        self.sink_writes = _counter(
+            r, "nopoll_sink_writes", "Sink writes by outcome", "sink", "outcome"
         )
-        self.sink_rows = Counter("nopoll_sink_rows", "Rows written by sink", ["sink"], registry=r)
-        self.sink_seconds = Histogram(
-            "nopoll_sink_write_seconds", "Sink write latency", ["sink"], buckets=_SLOW, registry=r
+        self.sink_rows = _counter(r, "nopoll_sink_rows", "Rows written by sink", "sink")
+        self.sink_seconds = _histogram(
+            r, "nopoll_sink_write_seconds", "Sink write latency", _SLOW, "sink"
         )
-        self.dead_letters = Counter(
-            "nopoll_dead_letters", "Dead letters by sink (or 'fetch')", ["sink"], registry=r
+        self.dead_letters = _counter(
+            r, "nopoll_dead_letters", "Dead letters by sink (or 'fetch')", "sink"
         )
-        self.batch_rows = Counter(
-            "nopoll_batch_rows",
-            "Batch rows fetched and handed to the sinks",
-            ["provider"],
-            registry=r,
+        self.batch_rows = _counter(
+            r, "nopoll_batch_rows", "Batch rows fetched and handed to the sinks", "provider"
         )
-        self.batches = Counter(
-            "nopoll_batches", "Batch jobs by outcome", ["provider", "outcome"], registry=r
+        self.batches = _counter(r, "nopoll_batches", "Batch jobs by outcome", "provider", "outcome")
+        self.watch_polls = _counter(
+            r, "nopoll_watch_polls", "Polls of watched ids by outcome", "provider", "outcome"
+        )
+        self.watch_landing_seconds = _histogram(
+            r,
+            "nopoll_watch_landing_seconds",
+            "From the poll that found a watched id terminal to its landing",
+            (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+            "provider",
+        )
+        self.rate_limit_wait_seconds = _counter(
+            r,
+            "nopoll_rate_limit_wait_seconds",
+            "Seconds polls waited for a slot of the provider's rate limit",
+            "provider",
         )
         self._queues = _QueueCollector()
         r.register(self._queues)
-        self.unrouted = Counter(
-            "nopoll_unrouted_results", "Results no route sent anywhere", ["provider"], registry=r
+        self._watches = _WatchCollector()
+        r.register(self._watches)
+        self.unrouted = _counter(
+            r, "nopoll_unrouted_results", "Results no route sent anywhere", "provider"
         )
 
     def set_queue_depths(self, depths: dict[str, float] | None) -> None:
         """Queue gauges read at scrape time; ``None`` (Redis unreachable) leaves them out."""
         self._queues.depths = depths or {}
+
+    def set_watch_counts(self, counts: dict[str, dict[str, int]] | None) -> None:
+        """Watches by provider and state, read by the /metrics handler (None: unknown)."""
+        self._watches.counts = counts or {}
 
     def observe_provider_request(self, provider: str, status: int | None, seconds: float) -> None:
         """Hook for :class:`~receiver.providers.ProviderClient`."""
@@ -112,3 +126,19 @@ class _QueueCollector(Collector):
             family = GaugeMetricFamily(name, _QUEUE_HELP.get(name, name))
             family.add_metric([], value)
             yield family
+
+
+class _WatchCollector(Collector):
+    """Exports the watches by state the /metrics handler read just before rendering."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "nopoll_watches", "Watches by provider and state", labels=["provider", "state"]
+        )
+        for provider, by_state in self.counts.items():
+            for state, count in by_state.items():
+                family.add_metric([provider, state], count)
+        yield family

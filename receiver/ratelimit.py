@@ -85,14 +85,16 @@ class RateLimiter:
         )
         return None if wait_us < 0 else wait_us / 1_000_000
 
-    async def acquire(self, *, limit_s: float = 300.0) -> None:
-        """Wait for this request's slot; TimeoutError when none is free within ``limit_s``."""
+    async def acquire(self, *, limit_s: float = 300.0) -> float:
+        """Wait for this request's slot; returns the seconds waited. TimeoutError when none
+        is free within ``limit_s``."""
         wait_s = await self.reserve(limit_s=limit_s)
         if wait_s is None:
             raise TimeoutError(f"no request slot for {self.provider} within {limit_s:g} s")
         if wait_s:
             self.waited_s += wait_s
             await asyncio.sleep(wait_s)
+        return wait_s
 
     async def pause(self, seconds: float) -> None:
         """Hold every request to this provider for ``seconds`` (a 429's Retry-After)."""

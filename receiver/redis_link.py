@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from receiver.backoff import Backoff
 
 __all__ = ["RedisLink", "redis_settings_problems"]
 
@@ -54,7 +55,9 @@ class RedisLink:
     async def wait(
         self, redis: Redis, *, on_try: Callable[[], None] | None = None, first_s: float = 0.1
     ) -> None:
-        """Return once Redis answers a PING; retry with full-jitter exponential backoff."""
+        """Return once Redis answers a PING; retry with full-jitter exponential backoff
+        from ``first_s`` up to ``max_wait_s``."""
+        backoff = Backoff(first_s, self._max_wait_s)
         attempt = 0
         while True:
             if on_try is not None:
@@ -67,8 +70,7 @@ class RedisLink:
                 self.back()
                 return
             attempt += 1
-            cap = min(self._max_wait_s, first_s * 2.0 ** min(attempt, 16))
-            await asyncio.sleep(random.uniform(first_s / 2, cap))
+            await asyncio.sleep(backoff.delay(attempt))
 
 
 async def redis_settings_problems(redis: Redis) -> tuple[list[str], list[str]]:

@@ -18,6 +18,7 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -65,74 +66,78 @@ def redis_url_for(settings: Settings) -> Iterator[str]:
         server.stop()
 
 
-async def _run(
-    settings: Settings,
-    redis_url: str,
-    *,
-    api: bool,
-    worker: bool,
-    host: str,
-    port: int,
-    extra_ctx: dict[str, Any] | None,
-    health: tuple[str, int] | None = None,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _Roles:
+    """What one process runs: the API on ``host:port``, the workers, a worker health port."""
+
+    api: bool
+    worker: bool
+    host: str
+    port: int
+    extra_ctx: dict[str, Any] | None
+    health: tuple[str, int] | None
+
+
+def _api_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles) -> _Server:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        yield
+        await redis.aclose()
+
+    app = create_app(
+        settings,
+        redis=redis,
+        metrics=metrics,
+        worker_heartbeat_key=HEALTH_CHECK_KEY if roles.worker else None,
+        lifespan=lifespan,
+    )
+    config = uvicorn.Config(
+        app,
+        host=roles.host,
+        port=roles.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        # beyond this many connections uvicorn answers 503: the provider retries later
+        limit_concurrency=settings.api.limit_concurrency,
+    )
+    return _Server(config)
+
+
+def _health_server(
+    settings: Settings, workers: list[NopollWorker], metrics: Metrics, address: tuple[str, int]
+) -> _Server:
+    app = worker_health_app(workers, metrics, settings.worker.health_check_interval_s)
+    host, port = address
+    return _Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off")
+    )
+
+
+async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
     metrics = Metrics()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-
-    tasks: list[asyncio.Task[Any]] = []
-    servers: list[_Server] = []
-    arq_workers: list[NopollWorker] = []
     redis = redis_client(redis_url)
-    for line in describe(settings, redis_url, api=(host, port) if api else None, worker=worker):
+    api = (roles.host, roles.port) if roles.api else None
+    for line in describe(settings, redis_url, api=api, worker=roles.worker):
         log.info("%s", line)
 
-    if worker:
-        arq_workers = build_workers(
-            settings, redis_url, metrics, handle_signals=False, extra_ctx=extra_ctx
+    workers: list[NopollWorker] = []
+    if roles.worker:
+        workers = build_workers(
+            settings, redis_url, metrics, handle_signals=False, extra_ctx=roles.extra_ctx
         )
-        for w in arq_workers:
-            tasks.append(asyncio.create_task(w.async_run(), name=f"worker {w.queue_name}"))
-    if api:
-
-        @contextlib.asynccontextmanager
-        async def lifespan(_app: Any) -> AsyncIterator[None]:
-            yield
-            await redis.aclose()
-
-        app = create_app(
-            settings,
-            redis=redis,
-            metrics=metrics,
-            worker_heartbeat_key=HEALTH_CHECK_KEY if worker else None,
-            lifespan=lifespan,
-        )
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=10,
-            # beyond this many connections uvicorn answers 503: the provider retries later
-            limit_concurrency=settings.api.limit_concurrency,
-        )
-        servers.append(_Server(config))
-        tasks.append(asyncio.create_task(servers[-1].serve(), name="api"))
-    if health is not None and arq_workers:
-        probe = uvicorn.Config(
-            worker_health_app(arq_workers, metrics, settings.worker.health_check_interval_s),
-            host=health[0],
-            port=health[1],
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-        )
-        servers.append(_Server(probe))
-        tasks.append(asyncio.create_task(servers[-1].serve(), name="worker health"))
+    tasks = [asyncio.create_task(w.async_run(), name=f"worker {w.queue_name}") for w in workers]
+    servers: dict[str, _Server] = {}
+    if roles.api:
+        servers["api"] = _api_server(settings, redis, metrics, roles)
+    if roles.health is not None and workers:
+        servers["worker health"] = _health_server(settings, workers, metrics, roles.health)
+    tasks += [asyncio.create_task(server.serve(), name=name) for name, server in servers.items()]
 
     refused: list[str] = []
     checker = asyncio.create_task(_check_redis(redis, settings, refused, stopping))
@@ -140,18 +145,9 @@ async def _run(
     done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     checker.cancel()
     failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
-    log.info("shutting down")
-    for server in servers:
-        server.should_exit = True
-    stop_workers(arq_workers, wait=True)
-    results = await wait_stopped(
-        tasks, arq_workers, settings.worker.shutdown_wait_s + 30, force=False
-    )
+    results = await _shut_down(settings, list(servers.values()), workers, tasks)
     stop_waiter.cancel()
-    for w in arq_workers:
-        with contextlib.suppress(Exception):
-            await w.close()
-    if not api:
+    if not roles.api:
         await redis.aclose()
     if refused:
         raise ConfigError("; ".join(refused))
@@ -160,6 +156,25 @@ async def _run(
     for result in results:
         if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
             raise result
+
+
+async def _shut_down(
+    settings: Settings,
+    servers: list[_Server],
+    workers: list[NopollWorker],
+    tasks: list[asyncio.Task[Any]],
+) -> list[Any]:
+    """Stop serving and picking jobs, let running jobs finish (up to
+    ``worker.shutdown_wait_s``), close the workers; the tasks' results."""
+    log.info("shutting down")
+    for server in servers:
+        server.should_exit = True
+    stop_workers(workers, wait=True)
+    results = await wait_stopped(tasks, workers, settings.worker.shutdown_wait_s + 30, force=False)
+    for w in workers:
+        with contextlib.suppress(Exception):
+            await w.close()
+    return results
 
 
 async def _check_redis(
@@ -227,16 +242,6 @@ def run(
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
         runner = asyncio.run
+    roles = _Roles(api, worker, host, port, extra_ctx, health)
     with redis_url_for(settings) as url:
-        runner(
-            _run(
-                settings,
-                url,
-                api=api,
-                worker=worker,
-                host=host,
-                port=port,
-                extra_ctx=extra_ctx,
-                health=health,
-            )
-        )
+        runner(_run(settings, url, roles))

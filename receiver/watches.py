@@ -28,7 +28,7 @@ from typing import Any, Literal
 import orjson
 from redis.asyncio import Redis
 
-__all__ = ["Watch", "WatchStore", "due_key", "watch_key"]
+__all__ = ["Registered", "Watch", "WatchStore", "due_key", "register_many", "watch_key"]
 
 Kind = Literal["response", "batch"]
 STATES = ("pending", "polling", "landing", "callback", "landed", "expired")
@@ -178,6 +178,36 @@ class WatchStore:
                 tenant,
             )
         )
+
+    async def register_all(
+        self,
+        provider: str,
+        kind: Kind,
+        ids: list[str],
+        *,
+        first_poll_in_s: float,
+        expect_callback: bool = False,
+        tenant: str = "default",
+    ) -> list[bool]:
+        """:meth:`register` for many ids, pipelined 1,000 at a time."""
+        added: list[bool] = []
+        for start in range(0, len(ids), 1000):
+            now = _ms()
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for object_id in ids[start : start + 1000]:
+                    pipe.eval(
+                        _REGISTER,
+                        2,
+                        watch_key(provider, kind, object_id),
+                        due_key(provider),
+                        f"{kind}:{object_id}",
+                        str(now),
+                        str(now + int(first_poll_in_s * 1000)),
+                        "1" if expect_callback else "0",
+                        tenant,
+                    )
+                added += [bool(r) for r in await pipe.execute()]
+        return added
 
     async def take_due(self, provider: str, *, limit: int, lease_s: float) -> list[Watch]:
         """Due watches of ``provider`` (at most ``limit``), each taken for ``lease_s``."""
@@ -343,3 +373,44 @@ def _watch(provider: str, kind: str, object_id: str, raw: dict[bytes, bytes]) ->
 
 def dumps(watches: list[Watch]) -> bytes:
     return orjson.dumps([w.to_dict() for w in watches])
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """What registering a list of ids did."""
+
+    watching: int
+    """New watches."""
+    already: int
+    """Ids that were watched (or had landed) already: nothing changed for them."""
+    invalid: list[tuple[str, str]]
+    """(id, reason) of every id that was refused and skipped."""
+
+
+async def register_many(
+    store: WatchStore,
+    provider: str,
+    kind: Kind,
+    ids: list[str],
+    *,
+    first_poll_s: float,
+    reconcile_after_s: float,
+    expect_callback: bool,
+    tenant: str = "default",
+) -> Registered:
+    """Register ``ids`` (checked against the safe-id pattern first); an id expecting a
+    callback is first polled only ``reconcile_after_s`` after it was registered."""
+    from nopoll.wire import safe_id
+
+    invalid = [(i, "must match [A-Za-z0-9_.:-]{1,256}") for i in ids if not safe_id(i)]
+    bad = {i for i, _ in invalid}
+    first = reconcile_after_s if expect_callback else first_poll_s
+    added = await store.register_all(
+        provider,
+        kind,
+        list(dict.fromkeys(i for i in ids if i not in bad)),
+        first_poll_in_s=first,
+        expect_callback=expect_callback,
+        tenant=tenant,
+    )
+    return Registered(sum(added), len(added) - sum(added), invalid)

@@ -1,24 +1,32 @@
 """The arq worker's jobs: fetch finished results, normalize them, fan them out.
 
-``fetch_response(provider, response_id, event_id, received_at)`` (short-jobs queue)
+``fetch_response(provider, response_id, event_id, received_at, tenant)`` (short-jobs queue)
     GET the response; a response that is not terminal yet is retried, never stored. Build
     its envelope and write it to every routed sink side by side; a sink that fails gets its
     own ``deliver`` job (:mod:`receiver.delivery`), so it is retried alone.
-``fetch_batch(provider, batch_id, event_id, received_at)`` (batches queue)
-    Stream every row of a finished batch into the sinks (:mod:`receiver.batches`).
+``fetch_batch(provider, batch_id, event_id, received_at, event_type, tenant, from_watch)``
+    (batches queue) Stream every row of a finished batch into the sinks
+    (:mod:`receiver.batches`).
+
+:func:`land_response` lands a response the watch poller already fetched, the same way.
 
 Every job runs under :func:`receiver.jobs.guarded`: its own deadline below arq's, Redis
 errors retried, transient provider failures retried with backoff, and everything else
 kept as a dead letter. A job killed mid-run is run again once its in-progress lock
-expires; every sink write is idempotent, so the re-run leaves exactly one row.
+expires, and writes its results again: the ``sql`` and ``s3`` sinks overwrite (one row,
+one object); ``kafka``, ``http`` and ``jsonl`` deliver at least once (a message with the
+same key, a POST with the same ``webhook-id``, a second line).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from nopoll.envelope import envelope_from_response
+from nopoll.envelope import Envelope, envelope_from_response
 from nopoll.exceptions import (
     ProviderError,
     ResultNotReady,
@@ -28,122 +36,185 @@ from nopoll.exceptions import (
 from receiver.batches import LeaseLost
 from receiver.delivery import deliver, queue_retries
 from receiver.jobs import dead_letter, guarded, retry_or_give_up
+from receiver.providers import Dialect
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.state import WorkerState
 from receiver.status import TERMINAL_RESPONSE, unfinished_status
 
-__all__ = ["deliver", "fetch_batch", "fetch_response"]
+__all__ = [
+    "FetchBatch",
+    "FetchResponse",
+    "deliver",
+    "fetch_batch",
+    "fetch_response",
+    "land_response",
+]
 
 log = logging.getLogger("nopoll.worker")
 
 
-@guarded(FETCH_RESPONSE, "provider", "response_id", "event_id")
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Fetch:
+    """What every fetch job is queued with: the callback that caused it."""
+
+    provider: str
+    event_id: str | None = None
+    received_at: str
+    tenant: str = "default"
+
+    def kwargs(self) -> dict[str, Any]:
+        """The job's kwargs, every field set (what a dead letter replays)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FetchResponse(_Fetch):
+    """The kwargs of a ``fetch_response`` job."""
+
+    response_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FetchBatch(_Fetch):
+    """The kwargs of a ``fetch_batch`` job."""
+
+    batch_id: str
+    event_type: str = "batch.completed"
+    """Not read: the batch object's own status is what counts."""
+    from_watch: bool = False
+    """Queued by the watch poller (:mod:`receiver.poller`) rather than by a callback."""
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """What :meth:`receiver.batches.BatchRunner.run` needs to know of the job."""
+        kwargs = self.kwargs()
+        del kwargs["event_type"], kwargs["from_watch"]
+        return kwargs
+
+
+_J = TypeVar("_J", bound=_Fetch)
+_Job = Callable[..., Awaitable[dict[str, Any]]]
+
+
+def _fetch_job(
+    function: str, job_type: type[_J], id_field: str
+) -> Callable[[Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]], _Job]:
+    """A fetch job: run under :func:`~receiver.jobs.guarded` (its log lines carry the
+    provider, the object's id and the event), its kwargs read as a ``job_type``, and its
+    provider's dialect found first: a provider no longer configured makes it a dead letter."""
+
+    def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
+        @guarded(function, "provider", id_field, "event_id")
+        @functools.wraps(body)
+        async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            job = job_type(**kwargs)
+            state: WorkerState = ctx["state"]
+            dialect = state.dialects.get(job.provider)
+            if dialect is None:
+                error = f"provider {job.provider!r} is no longer configured"
+                return await dead_letter(ctx, function, job.kwargs(), error)
+            return await body(ctx, job, dialect)
+
+        return run
+
+    return wrap
+
+
+@_fetch_job(FETCH_RESPONSE, FetchResponse, "response_id")
 async def fetch_response(
-    ctx: dict[str, Any],
-    *,
+    ctx: dict[str, Any], job: FetchResponse, dialect: Dialect
+) -> dict[str, Any]:
+    """Fetch one finished response and fan it out (see module docs)."""
+    try:
+        body = await dialect.fetch_response(job.response_id)
+        status = unfinished_status(body, TERMINAL_RESPONSE)
+        if status is not None:
+            path = f"responses/{job.response_id}"
+            raise ResultNotReady(provider=job.provider, path=path, status=status)
+    except TransientProviderError as exc:
+        error, retry_after_s = str(exc), exc.retry_after_s
+        return await retry_or_give_up(ctx, FETCH_RESPONSE, job.kwargs(), error, retry_after_s)
+    except ProviderError as exc:
+        return await dead_letter(ctx, FETCH_RESPONSE, job.kwargs(), str(exc))
+    envelope = envelope_from_response(
+        body,
+        provider=job.provider,
+        received_at=job.received_at,
+        event_id=job.event_id,
+        tenant=job.tenant,
+    )
+    landed = await _land(ctx, envelope)
+    ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
+    return landed
+
+
+async def land_response(
+    state: WorkerState,
     provider: str,
-    response_id: str,
-    event_id: str | None = None,
+    body: dict[str, Any],
+    *,
+    event_id: str | None,
     received_at: str,
     tenant: str = "default",
 ) -> dict[str, Any]:
-    """Fetch one finished response and fan it out (see module docs)."""
-    kwargs = {
-        "provider": provider,
-        "response_id": response_id,
-        "event_id": event_id,
-        "received_at": received_at,
-        "tenant": tenant,
-    }
-    state: WorkerState = ctx["state"]
-    dialect = state.dialects.get(provider)
-    if dialect is None:
-        error = f"provider {provider!r} is no longer configured"
-        return await dead_letter(ctx, FETCH_RESPONSE, kwargs, error)
-    try:
-        body = await dialect.fetch_response(response_id)
-        status = unfinished_status(body, TERMINAL_RESPONSE)
-        if status is not None:
-            raise ResultNotReady(provider=provider, path=f"responses/{response_id}", status=status)
-        envelope = envelope_from_response(
-            body, provider=provider, received_at=received_at, event_id=event_id, tenant=tenant
-        )
-    except TransientProviderError as exc:
-        return await retry_or_give_up(ctx, FETCH_RESPONSE, kwargs, str(exc), exc.retry_after_s)
-    except ProviderError as exc:
-        return await dead_letter(ctx, FETCH_RESPONSE, kwargs, str(exc))
+    """Land a terminal Responses object fetched elsewhere (the watch poller's own poll: no
+    second GET), exactly as ``fetch_response`` lands what it fetched."""
+    envelope = envelope_from_response(
+        body, provider=provider, received_at=received_at, event_id=event_id, tenant=tenant
+    )
+    return await _land({"state": state}, envelope)
 
+
+async def _land(ctx: dict[str, Any], envelope: Envelope) -> dict[str, Any]:
+    """Write ``envelope`` to every routed sink side by side; a sink that failed gets its own
+    delivery (a sink that refused it, a dead letter); then the result's log line."""
+    state: WorkerState = ctx["state"]
     shares = state.fanout.route([envelope])
     failures = await state.fanout.write(shares)
     if failures:
         await queue_retries(ctx, failures, shares)
-    landed = ", ".join(sorted(set(shares) - set(failures)))
-    failed = ", ".join(sorted(failures))
-    if not failed:
-        log.info("response %s/%s landed (%s) in %s", provider, response_id, envelope.status, landed)
-    elif landed:
-        log.info(
-            "response %s/%s landed (%s) in %s; %s failed and is retried on its own",
-            *(provider, response_id, envelope.status, landed, failed),
-        )
-    else:
-        log.info(
-            "response %s/%s fetched (%s); %s failed and is retried on its own",
-            *(provider, response_id, envelope.status, failed),
-        )
-    state.metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
+    if log.isEnabledFor(logging.INFO):
+        _log_landed(envelope, shares, failures)
     return {"sinks": len(shares), "failed": sorted(failures)}
 
 
-@guarded(FETCH_BATCH, "provider", "batch_id", "event_id")
-async def fetch_batch(
-    ctx: dict[str, Any],
-    *,
-    provider: str,
-    batch_id: str,
-    event_id: str | None = None,
-    received_at: str,
-    event_type: str = "batch.completed",
-    tenant: str = "default",
-) -> dict[str, Any]:
+def _log_landed(
+    env: Envelope, shares: Mapping[str, Sequence[Envelope]], failures: Mapping[str, SinkError]
+) -> None:
+    """One line per result: where it landed, and which sinks retry it on their own."""
+    where = f"response {env.provider}/{env.key}"
+    landed = ", ".join(sorted(n for n in shares if n not in failures))
+    if not failures:
+        log.info("%s landed (%s) in %s", where, env.status, landed)
+        return
+    failed = ", ".join(sorted(failures))
+    if landed:
+        msg = "%s landed (%s) in %s; %s failed and is retried on its own"
+        log.info(msg, where, env.status, landed, failed)
+    else:
+        msg = "%s fetched (%s); %s failed and is retried on its own"
+        log.info(msg, where, env.status, failed)
+
+
+@_fetch_job(FETCH_BATCH, FetchBatch, "batch_id")
+async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) -> dict[str, Any]:
     """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches`)."""
     state: WorkerState = ctx["state"]
-    metrics = state.metrics
-    kwargs = {
-        "provider": provider,
-        "batch_id": batch_id,
-        "event_id": event_id,
-        "received_at": received_at,
-        "event_type": event_type,
-        "tenant": tenant,
-    }
-    dialect = state.dialects.get(provider)
-    if dialect is None:
-        error = f"provider {provider!r} is no longer configured"
-        return await dead_letter(ctx, FETCH_BATCH, kwargs, error)
-    runner = state.batch_runner
     lease = ctx.get("leases", {}).get(ctx.get("job_id"))
     try:
-        outcome = await runner.run(
-            dialect,
-            provider=provider,
-            batch_id=batch_id,
-            event_id=event_id,
-            received_at=received_at,
-            tenant=tenant,
-            lease=lease,
-        )
+        outcome = await state.batch_runner.run(dialect, lease=lease, **job.runner_kwargs())
     except LeaseLost as exc:
         # Another run may own the batch now: this one stops and leaves the job to it.
-        log.warning("batch %s/%s: %s; this run stopped", provider, batch_id, exc)
+        log.warning("batch %s/%s: %s; this run stopped", job.provider, job.batch_id, exc)
         return {"lease_lost": True}
     except TransientProviderError as exc:
-        metrics.batches.labels(provider, "retry").inc()
-        return await retry_or_give_up(ctx, FETCH_BATCH, kwargs, str(exc), exc.retry_after_s)
+        state.metrics.batches.labels(job.provider, "retry").inc()
+        error, retry_after_s = str(exc), exc.retry_after_s
+        return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        return await dead_letter(ctx, FETCH_BATCH, kwargs, str(exc))
+        return await dead_letter(ctx, FETCH_BATCH, job.kwargs(), str(exc))
     except SinkError as exc:
-        return await retry_or_give_up(ctx, FETCH_BATCH, kwargs, str(exc))
-    metrics.batches.labels(provider, "already_done" if outcome.already_done else "ok").inc()
-    metrics.jobs.labels(FETCH_BATCH, "ok").inc()
+        return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), str(exc))
+    done = "already_done" if outcome.already_done else "ok"
+    state.metrics.batches.labels(job.provider, done).inc()
+    state.metrics.jobs.labels(FETCH_BATCH, "ok").inc()
     return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}

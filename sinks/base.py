@@ -1,9 +1,12 @@
 """The sink contract: open, write a sequence of envelopes, close.
 
 A sink is any object with this shape; :class:`SinkBase` adds ``async with`` support.
-Writes must be idempotent (a replay of the same envelopes leaves one copy) and raise
-:class:`~nopoll.exceptions.SinkError` (or any exception) on failure: the worker retries
-each sink on its own and keeps what keeps failing as a dead letter.
+A write raises :class:`~nopoll.exceptions.SinkError` (or any exception) on failure: the
+worker retries each sink on its own and keeps what keeps failing as a dead letter. So an
+envelope can be written again (a retried job, a replayed dead letter): a sink that can
+overwrite by ``(provider, key)`` does (``sql`` upserts, ``s3`` rewrites the same object);
+one that cannot delivers at least once and says so in its docs (``kafka`` sends the same
+message key, ``http`` the same ``webhook-id``, ``jsonl`` appends a second line).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class Sink(Protocol):
         """Connect and create what the sink needs (tables, directories)."""
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
-        """Write envelopes idempotently; raise on failure."""
+        """Write envelopes (overwriting earlier copies where the destination can); raise
+        on failure."""
 
     async def aclose(self) -> None:
         """Release connections and files."""

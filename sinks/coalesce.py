@@ -3,7 +3,9 @@
 Many response jobs finish at once; writing each envelope in its own transaction costs a
 commit (an fsync on Postgres and SQLite) per result. :class:`WriteCoalescer` queues the
 envelopes of concurrent ``write`` calls and flushes them together: while one flush runs,
-new writes gather for the next. Each caller still gets its own success or error.
+new writes gather for the next. Each caller still gets its own success or error. The
+gathering itself is :class:`GroupCommit`, which the worker also uses to finish the jobs
+that end together in one Redis call (:mod:`receiver._arq_run`).
 
 One bad row fails alone. ``flush`` is all or nothing and says why it failed:
 :class:`~nopoll.exceptions.SinkRejected` when the destination refuses the data of some
@@ -20,49 +22,66 @@ succeed. Each refused row costs at most about 2·log2(n) extra flushes of smalle
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from nopoll.exceptions import SinkRejected, SinkRowsRejected
 
 if TYPE_CHECKING:
     from nopoll.envelope import Envelope
 
-__all__ = ["WriteCoalescer"]
+__all__ = ["GroupCommit", "WriteCoalescer"]
 
-_Write = tuple[Sequence["Envelope"], asyncio.Future[None]]
+_T = TypeVar("_T")
 
 
-class WriteCoalescer:
-    """Merges concurrent writes into calls of ``flush(envelopes)`` of at most ``max_rows``."""
+class GroupCommit(Generic[_T]):
+    """Concurrent calls share one round trip: what is handed in (:meth:`submit`) while a
+    group is being committed waits, and goes in the next group, of at most ``max_size``
+    (an item counts ``size(item)``; an item larger than that goes alone).
+
+    ``commit(group)`` gets each item with its caller's future. It may settle futures
+    itself; the ones it leaves succeed when it returns, or get the exception it raised
+    (a cancellation cancels them and ends the group commit's task).
+    """
 
     def __init__(
-        self, flush: Callable[[list[Envelope]], Awaitable[None]], *, max_rows: int = 5000
+        self,
+        commit: Callable[[list[tuple[_T, asyncio.Future[None]]]], Awaitable[object]],
+        *,
+        max_size: int | None = None,
+        size: Callable[[_T], int] = lambda _: 1,
     ) -> None:
-        self._flush = flush
-        self._max_rows = max_rows
-        self._pending: list[_Write] = []
+        self._commit = commit
+        self._max_size = max_size
+        self._size = size
+        self._pending: deque[tuple[_T, asyncio.Future[None]]] = deque()
         self._task: asyncio.Task[None] | None = None
 
-    async def write(self, envelopes: Sequence[Envelope]) -> None:
+    async def submit(self, item: _T) -> None:
+        """Hand ``item`` in; returns (or raises) once its group was committed."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((envelopes, future))
+        self._pending.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
         await future
 
+    def _next_group(self) -> list[tuple[_T, asyncio.Future[None]]]:
+        group = [self._pending.popleft()]
+        total = self._size(group[0][0])
+        while self._pending and (
+            self._max_size is None or total + self._size(self._pending[0][0]) <= self._max_size
+        ):
+            group.append(self._pending.popleft())
+            total += self._size(group[-1][0])
+        return group
+
     async def _run(self) -> None:
         while self._pending:
-            group: list[_Write] = []
-            rows = 0
-            while self._pending and (
-                not group or rows + len(self._pending[0][0]) <= self._max_rows
-            ):
-                item = self._pending.pop(0)
-                group.append(item)
-                rows += len(item[0])
+            group = self._next_group()
             try:
-                await self._commit(group, None)
+                await self._commit(group)
             except Exception as exc:  # the destination failed: each caller retries it all
                 for _, future in group:
                     if not future.done():
@@ -71,6 +90,30 @@ class WriteCoalescer:
                 for _, future in group:
                     future.cancel()
                 raise
+            else:
+                for _, future in group:
+                    if not future.done():
+                        future.set_result(None)
+
+
+_Write = tuple[Sequence["Envelope"], asyncio.Future[None]]
+
+
+class WriteCoalescer:
+    """Merges concurrent writes into calls of ``flush(envelopes)`` of at most ``max_rows``
+    (a :class:`GroupCommit` of writes), and finds the rows a refused flush refused."""
+
+    def __init__(
+        self, flush: Callable[[list[Envelope]], Awaitable[None]], *, max_rows: int = 5000
+    ) -> None:
+        self._flush = flush
+        self._writes = GroupCommit(self._commit_group, max_size=max_rows, size=len)
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        await self._writes.submit(envelopes)
+
+    async def _commit_group(self, group: list[_Write]) -> None:
+        await self._commit(group, None)
 
     async def _commit(self, group: list[_Write], refused: SinkRejected | None) -> bool:
         """Commit the writes of ``group`` in their order and settle their callers; True when

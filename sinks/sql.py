@@ -1,7 +1,8 @@
 """The ``sql`` sink: one row per result in Postgres (asyncpg) or SQLite (aiosqlite).
 
-The table (``nopoll_results`` by default) has the envelope's columns with primary key
-``(provider, key)``; every write is an upsert, so replays never duplicate. The sink
+The table (``nopoll_results`` by default) has a column for every envelope field, derived
+from :data:`nopoll.envelope.COLUMNS`, with primary key ``(provider, key)``; every write
+is an upsert, so replays never duplicate. The sink
 creates and migrates its own table (additive columns, a recorded schema version), also
 when several sinks or processes open the same database at once: on SQLite the migration
 holds the write lock from its first statement (``BEGIN IMMEDIATE``), on Postgres an
@@ -14,7 +15,8 @@ Postgres) into NULL, once, in place.
 
 Postgres refuses U+0000 in ``text`` and in ``jsonb``: there, and only there, every NUL
 character is stored as U+FFFD, in the text columns and in the keys and values of the
-``body``, ``metadata`` and ``error`` JSON alike. SQLite stores exactly what came.
+``body``, ``metadata`` and ``error`` JSON alike (:mod:`sinks._postgres` writes there).
+SQLite stores exactly what came.
 
 One bad row fails alone: a row the database refuses for its data (a number beyond the
 column's range, a broken constraint) makes the write raise
@@ -30,7 +32,7 @@ import importlib.util
 import logging
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -40,10 +42,11 @@ import sqlalchemy as sa
 from pydantic import SecretStr, field_validator
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlmodel import Column, Field, SQLModel
+from sqlmodel import Field, SQLModel
 
-from nopoll.envelope import Envelope
+from nopoll.envelope import COLUMNS, PRIMARY_KEY, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
+from sinks._postgres import PostgresWriter, parse_time
 from sinks.base import SinkBase, SinkConfig
 from sinks.coalesce import WriteCoalescer
 
@@ -54,41 +57,60 @@ log = logging.getLogger("nopoll.sinks.sql")
 SCHEMA_VERSION = 2
 """1: the first table. 2: JSON columns hold SQL NULL for no value, never JSON ``null``."""
 _JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
-_JSON_COLUMNS = ("error", "metadata", "body")
+_TYPES: dict[str, Callable[[], sa.types.TypeEngine[Any]]] = {
+    "text": sa.String,
+    "integer": sa.Integer,
+    "boolean": sa.Boolean,
+    "json": lambda: _JSON,
+    "timestamp": lambda: sa.DateTime(timezone=True),
+}
+_PY_TYPES: dict[str, Any] = {
+    "text": str,
+    "integer": int,
+    "boolean": bool,
+    "json": dict[str, Any],
+    "timestamp": datetime,
+}
+_JSON_COLUMNS = tuple(c.name for c in COLUMNS if c.type == "json")
+_TIME_COLUMNS = tuple(c.name for c in COLUMNS if c.type == "timestamp")
 _SQL_NULL_SINCE = 2  # the schema version from which no value is SQL NULL
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
-class NopollResult(SQLModel, table=True):
-    """One result row; column names and meanings are the envelope's."""
+def _result_model() -> type[SQLModel]:
+    """``NopollResult``: the results table as a sqlmodel class, generated from the
+    envelope's columns (its ``metadata`` field is the attribute ``meta``: SQLModel keeps
+    ``metadata`` for itself)."""
+    annotations: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"__tablename__": "nopoll_results"}
+    for c in sorted(COLUMNS, key=lambda c: c.name not in PRIMARY_KEY):
+        attr = "meta" if c.name == "metadata" else c.name
+        annotations[attr] = _PY_TYPES[c.type] | None if c.nullable else _PY_TYPES[c.type]
+        namespace[attr] = Field(
+            default=c.default,
+            sa_column=sa.Column(
+                c.name,
+                _TYPES[c.type](),
+                primary_key=c.name in PRIMARY_KEY,
+                nullable=c.nullable,
+                default=c.default,
+            ),
+        )
+    namespace["__annotations__"] = annotations
+    model: type[SQLModel] = type("NopollResult", (SQLModel,), namespace, table=True)
+    return model
 
-    __tablename__ = "nopoll_results"
 
-    provider: str = Field(primary_key=True)
-    key: str = Field(primary_key=True)
-    tenant: str = Field(default="default")
-    kind: str
-    response_id: str | None = None
-    batch_id: str | None = None
-    custom_id: str | None = None
-    status: str
-    usable: bool
-    incomplete_reason: str | None = None
-    model: str | None = None
-    output_text: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    error: dict[str, Any] | None = Field(default=None, sa_column=Column("error", _JSON))
-    meta: dict[str, Any] | None = Field(default=None, sa_column=Column("metadata", _JSON))
-    event_id: str | None = None
-    received_at: datetime = Field(sa_type=sa.DateTime(timezone=True))
-    fetched_at: datetime = Field(sa_type=sa.DateTime(timezone=True))
-    body: dict[str, Any] | None = Field(default=None, sa_column=Column("body", _JSON))
+NopollResult = _result_model()
+"""One result row, as a sqlmodel table class (column names and meanings are the envelope's)."""
 
 
 def results_table(name: str) -> sa.Table:
-    """The results table under ``name``, in a metadata of its own."""
-    return NopollResult.__table__.to_metadata(sa.MetaData(), name=name)  # type: ignore[attr-defined,no-any-return]
+    """The results table under ``name``, in a metadata of its own: a column for every
+    envelope field (:data:`nopoll.envelope.COLUMNS`), the primary key ``(provider, key)``
+    first, then the others in the envelope's order."""
+    table: sa.Table = NopollResult.__table__.to_metadata(sa.MetaData(), name=name)  # type: ignore[attr-defined]
+    return table
 
 
 def _schema_table(metadata: sa.MetaData) -> sa.Table:
@@ -142,93 +164,11 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-_COPY_MIN_ROWS = 50
-_COLUMNS = (
-    "provider",
-    "key",
-    "tenant",
-    "kind",
-    "response_id",
-    "batch_id",
-    "custom_id",
-    "status",
-    "usable",
-    "incomplete_reason",
-    "model",
-    "output_text",
-    "input_tokens",
-    "output_tokens",
-    "error",
-    "metadata",
-    "event_id",
-    "received_at",
-    "fetched_at",
-    "body",
-)
-
-
-_NUL, _NUL_JSON, _REPLACEMENT = "\x00", b"\\u0000", "\ufffd"
-
-
-def _text(value: str | None) -> str | None:
-    """A text column's value as Postgres can store it: NUL becomes U+FFFD."""
-    return value.replace(_NUL, _REPLACEMENT) if value is not None and _NUL in value else value
-
-
-def _scrub(value: Any) -> Any:
-    """``value`` with NUL replaced by U+FFFD in every string, JSON keys included."""
-    if isinstance(value, str):
-        return value.replace(_NUL, _REPLACEMENT)
-    if isinstance(value, dict):
-        return {_scrub(k): _scrub(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_scrub(v) for v in value]
-    return value
-
-
-def _jsonb(value: Any) -> bytes:
-    """jsonb in binary form: a version byte and orjson's text, NUL-free. The scan for an
-    escaped NUL is the only cost on the usual path."""
-    data = orjson.dumps(value)
-    if _NUL_JSON in data:
-        data = orjson.dumps(_scrub(value))
-    return b"\x01" + data
-
-
-def _record(env: Envelope) -> tuple[Any, ...]:
-    """A Postgres row (JSON columns go through :func:`_jsonb`)."""
-    return (
-        _text(env.provider),
-        _text(env.key),
-        _text(env.tenant),
-        _text(env.kind),
-        _text(env.response_id),
-        _text(env.batch_id),
-        _text(env.custom_id),
-        _text(env.status),
-        env.usable,
-        _text(env.incomplete_reason),
-        _text(env.model),
-        _text(env.output_text),
-        env.input_tokens,
-        env.output_tokens,
-        env.error,
-        env.metadata,
-        _text(env.event_id),
-        _parse_time(env.received_at),
-        _parse_time(env.fetched_at),
-        env.body,
-    )
-
-
 def _row(env: Envelope) -> dict[str, Any]:
+    """A row for SQLAlchemy (SQLite): the envelope's fields, times as datetimes."""
     row = env.to_dict()
-    row["received_at"] = _parse_time(env.received_at)
-    row["fetched_at"] = _parse_time(env.fetched_at)
+    for name in _TIME_COLUMNS:
+        row[name] = parse_time(row[name])
     return row
 
 
@@ -244,29 +184,9 @@ class SqlSink(SinkBase):
         self._schema = _schema_table(self.table.metadata)
         self._engine: AsyncEngine | None = None
         self._upsert: Any = None
-        self._pool: Any = None
+        self._postgres: PostgresWriter | None = None
+        """Writes on Postgres (asyncpg); None on SQLite, where SQLAlchemy writes."""
         self._coalescer = WriteCoalescer(self._flush)
-        table = config.table
-        self._stage = f"_nopoll_stage_{table}"[:63]
-        self._stage_ddl = (
-            f'CREATE TEMP TABLE IF NOT EXISTS "{self._stage}" '
-            f'(LIKE "{table}" INCLUDING DEFAULTS) ON COMMIT DELETE ROWS'
-        )
-        cols = ", ".join(f'"{c}"' for c in _COLUMNS)
-        updates = ", ".join(
-            f'"{c}" = EXCLUDED."{c}"' for c in _COLUMNS if c not in ("provider", "key")
-        )
-        params = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
-        self._values_sql = (
-            f'INSERT INTO "{table}" ({cols}) VALUES ({params}) '
-            f"ON CONFLICT (provider, key) DO UPDATE SET {updates}"
-        )
-        self._merge_sql = (
-            f'INSERT INTO "{table}" ({cols}) '
-            f"SELECT DISTINCT ON (provider, key) {cols} "
-            f'FROM "{self._stage}" ORDER BY provider, key '
-            f"ON CONFLICT (provider, key) DO UPDATE SET {updates}"
-        )
 
     @property
     def engine(self) -> AsyncEngine:
@@ -289,7 +209,11 @@ class SqlSink(SinkBase):
             self._upsert = self._upsert_statement()
             await self._migrate()
             if url.get_backend_name() == "postgresql":
-                self._pool = await self._pg_pool()
+                self._postgres = PostgresWriter(self.config.table)
+                dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+                await self._postgres.open(
+                    dsn, pool_size=self.config.pool_size, timeout_s=self.config.timeout_s
+                )
         except Exception as exc:
             await self.aclose()
             raise SinkError(
@@ -299,10 +223,13 @@ class SqlSink(SinkBase):
     def _upsert_statement(self) -> Any:
         insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         stmt = insert(self.table)
-        keys = {"provider", "key"}
         return stmt.on_conflict_do_update(
-            index_elements=[self.table.c.provider, self.table.c.key],
-            set_={c.name: stmt.excluded[c.name] for c in self.table.columns if c.name not in keys},
+            index_elements=[self.table.c[name] for name in PRIMARY_KEY],
+            set_={
+                c.name: stmt.excluded[c.name]
+                for c in self.table.columns
+                if c.name not in PRIMARY_KEY
+            },
         )
 
     async def _migrate(self) -> None:
@@ -367,8 +294,8 @@ class SqlSink(SinkBase):
         """One transaction for every envelope of the concurrent writes gathered so far;
         :class:`SinkRejected` when the database refuses the data of some of them."""
         try:
-            if self._pool is not None:
-                await self._pg_upsert(envelopes)
+            if self._postgres is not None:
+                await self._postgres.write(envelopes)
                 return
             async with self.engine.begin() as conn:
                 await conn.execute(self._upsert, [_row(e) for e in envelopes])
@@ -381,48 +308,10 @@ class SqlSink(SinkBase):
                 f"write of {len(envelopes)} rows failed: {_describe(exc)}", sink=self.name
             ) from exc
 
-    async def _pg_upsert(self, envelopes: list[Envelope]) -> None:
-        """Postgres through asyncpg: a prepared upsert for a few rows; for many, COPY into a
-        temporary staging table and one INSERT ... ON CONFLICT from it."""
-        if self._pool is None:
-            raise SinkError("not open", sink=self.name)
-        records = [_record(e) for e in envelopes]
-        async with self._pool.acquire() as conn, conn.transaction():
-            if len(records) < _COPY_MIN_ROWS:
-                await conn.executemany(self._values_sql, records)
-                return
-            await conn.execute(self._stage_ddl)
-            await conn.copy_records_to_table(self._stage, records=records, columns=_COLUMNS)
-            await conn.execute(self._merge_sql)
-
-    async def _pg_pool(self) -> Any:
-        import asyncpg
-
-        url = sa.make_url(self.config.url.get_secret_value()).set(drivername="postgresql")
-
-        async def init(conn: Any) -> None:
-            # jsonb in binary form is a version byte and the JSON text: orjson bytes as-is
-            await conn.set_type_codec(
-                "jsonb",
-                schema="pg_catalog",
-                format="binary",
-                encoder=_jsonb,
-                decoder=lambda b: orjson.loads(b[1:]),
-            )
-
-        return await asyncpg.create_pool(
-            url.render_as_string(hide_password=False),
-            min_size=1,
-            max_size=self.config.pool_size,
-            init=init,
-            timeout=10,
-            command_timeout=self.config.timeout_s,
-        )
-
     async def aclose(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await pool.close()
+        if self._postgres is not None:
+            postgres, self._postgres = self._postgres, None
+            await postgres.aclose()
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -442,7 +331,7 @@ async def _prefer_lz4(conn: Any, table: str) -> None:
     """lz4 TOAST compression on the JSON columns: 2-2.6x faster than pglz for big bodies."""
     try:
         async with conn.begin_nested():
-            for column in ("body", "metadata", "error"):
+            for column in _JSON_COLUMNS:
                 await conn.execute(
                     sa.text(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" SET COMPRESSION lz4')
                 )

@@ -59,9 +59,7 @@ class MotoServer:
             env=env,
         )
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
+        while self.process.poll() is None and time.monotonic() < deadline:
             if port_open("127.0.0.1", self.port) and self._answers():
                 return self
             time.sleep(0.1)

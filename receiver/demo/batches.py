@@ -46,6 +46,8 @@ class SimBatch:
     pending_times: int = 0
     """Answer the first N ``GET /batches/{id}`` with the batch still ``pending_status``."""
     pending_status: str = "finalizing"
+    pending_until: float | None = None
+    """Unix time before which ``GET /batches/{id}`` finds it still ``pending_status``."""
     object_served: int = 0
     custom_ids: dict[int, str | None] = field(default_factory=dict)
     """Row index → its custom_id (None: it has none), instead of ``row-000042``."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -29,7 +30,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 from rich.console import Console
@@ -101,9 +104,8 @@ def _landed(db: Path) -> dict[str, float]:
     return {r[0]: now for r in rows}
 
 
-async def _drive(
-    n: int, url: str, secret: str, sim: ProviderSimulator, db: Path, console: Console
-) -> int:
+def _add_responses(sim: ProviderSimulator, n: int) -> list[str]:
+    """N finished responses at the simulator (every 17th incomplete but usable)."""
     ids = [f"resp_demo_{i:06d}" for i in range(n)]
     for i, rid in enumerate(ids):
         if i % 17 == 5:
@@ -112,10 +114,25 @@ async def _drive(
             )
         else:
             sim.add_response(rid, text="positive" if i % 2 else "negative")
-    sent_at: dict[str, float] = {}
-    seen: dict[str, float] = {}
-    statuses: Counter[int] = Counter()
-    again_statuses: Counter[int] = Counter()
+    return ids
+
+
+@dataclass
+class _Tally:
+    """What the demo saw: when each callback went and each row landed, and the answers."""
+
+    sent_at: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)
+    statuses: Counter[int] = field(default_factory=Counter)
+    again_statuses: Counter[int] = field(default_factory=Counter)
+
+
+async def _send_and_watch(
+    ids: list[str], url: str, secret: str, db: Path, console: Console, tally: _Tally
+) -> None:
+    """Send every callback (every tenth twice, as a provider's retry) while a progress bar
+    follows the rows landing in SQLite; bounded by a deadline."""
+    n = len(ids)
     sem = asyncio.Semaphore(32)
 
     async with httpx.AsyncClient(timeout=10) as client:
@@ -123,12 +140,12 @@ async def _drive(
         async def one(i: int, rid: str) -> None:
             async with sem:
                 msg_id = f"msg_demo_{i:06d}"
-                sent_at[rid] = time.monotonic()
+                tally.sent_at[rid] = time.monotonic()
                 r = await send_callback(client, url, secret, rid, msg_id=msg_id)
-                statuses[r.status_code] += 1
+                tally.statuses[r.status_code] += 1
                 if i % _DUPLICATE_EVERY == 0:  # the provider retries: same webhook-id again
                     again = await send_callback(client, url, secret, rid, msg_id=msg_id)
-                    again_statuses[again.status_code] += 1
+                    tally.again_statuses[again.status_code] += 1
 
         with Progress(
             TextColumn("[bold]{task.description}"),
@@ -145,27 +162,31 @@ async def _drive(
             while time.monotonic() < deadline:
                 progress.update(sending, completed=sum(1 for t in tasks if t.done()))
                 for key, when in (await asyncio.to_thread(_landed, db)).items():
-                    seen.setdefault(key, when)
-                progress.update(landing, completed=len(seen))
-                if len(seen) >= n and all(t.done() for t in tasks):
+                    tally.seen.setdefault(key, when)
+                progress.update(landing, completed=len(tally.seen))
+                if len(tally.seen) >= n and all(t.done() for t in tasks):
                     break
                 await asyncio.sleep(0.02)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+
+def _report(
+    ids: list[str], tally: _Tally, provider_requests: int, db: Path, console: Console
+) -> int:
+    """Print rows landed, the answers, provider requests per result and the latency; the
+    exit status (1 when a result is missing)."""
+    seen, sent_at = tally.seen, tally.sent_at
     latencies = [(seen[k] - sent_at[k]) * 1000 for k in ids if k in seen and k in sent_at]
     missing = [k for k in ids if k not in seen]
-    provider_requests = sim.request_count("/v1/responses/")
     console.print()
     console.print(
-        f"[bold]rows landed[/]        {len(seen)}/{n} in SQLite ({escape(str(db))})",
+        f"[bold]rows landed[/]        {len(seen)}/{len(ids)} in SQLite ({escape(str(db))})",
         soft_wrap=True,
     )
-    console.print(
-        f"[bold]callback answers[/]   {_answers_in_words(statuses, again_statuses)}",
-        soft_wrap=True,
-    )
+    answers = _answers_in_words(tally.statuses, tally.again_statuses)
+    console.print(f"[bold]callback answers[/]   {answers}", soft_wrap=True)
     console.print(
         f"[bold]provider requests[/]  {provider_requests / max(1, len(seen)):.2f} per result"
     )
@@ -180,6 +201,72 @@ async def _drive(
     return 0
 
 
+async def _drive(
+    n: int, url: str, secret: str, sim: ProviderSimulator, db: Path, console: Console
+) -> int:
+    ids = _add_responses(sim, n)
+    tally = _Tally()
+    await _send_and_watch(ids, url, secret, db, console, tally)
+    return _report(ids, tally, sim.request_count("/v1/responses/"), db, console)
+
+
+def _start_serve(config: Path, port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``nopoll serve`` on the demo's config, as a child process logging to ``log``."""
+    env = dict(os.environ)
+    env.pop("NOPOLL_CONFIG", None)
+    command = [sys.executable, "-m", "receiver", "serve", "--config", str(config)]
+    return subprocess.Popen(
+        [*command, "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _wait_ready(process: subprocess.Popen[bytes], base: str, limit_s: float = 30) -> bool:
+    """True once ``/readyz`` answers 200; False if the process ended or time ran out."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _stop(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM (a clean shutdown), then SIGKILL after 30 s."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(30)
+        return
+    process.kill()
+    process.wait(5)
+
+
+def _leave_folder(console: Console, root: Path, config: Path, kept: bool, failed: bool) -> None:
+    """Keep the demo folder (asked for, or a failed run: nopoll.log says why) or remove it."""
+    if kept:
+        _say_kept(console, root, config)
+    elif failed:
+        console.print(
+            f"the demo failed; its folder {escape(str(root))} is kept for nopoll.log",
+            soft_wrap=True,
+        )
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        console.print(
+            f"the demo folder {escape(str(root))} is removed; "
+            "use --keep (or --data-dir DIR) to keep it",
+            soft_wrap=True,
+        )
+
+
 def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> int:
     """Run the demo; returns the process exit code."""
     console = Console()
@@ -188,14 +275,11 @@ def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> i
         return 2
     root = Path(data_dir).resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nopoll-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    kept = keep or data_dir is not None
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     port = _free_port()
     process: subprocess.Popen[bytes] | None = None
     with ProviderSimulator() as sim:
         config = _write_config(root, sim.base_url, secret)
-        env = dict(os.environ)
-        env.pop("NOPOLL_CONFIG", None)
         log = (root / "nopoll.log").open("wb")
         console.print(
             f"[bold]nopoll demo[/]: {n} background responses, data in {escape(str(root))}",
@@ -203,34 +287,9 @@ def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> i
         )
         outcome: int | None = None
         try:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "receiver",
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--port",
-                    str(port),
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+            process = _start_serve(config, port, log)
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
-            ready = False
-            while time.monotonic() < deadline and process.poll() is None:
-                try:
-                    ready = httpx.get(f"{base}/readyz", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    ready = False
-                if ready:
-                    break
-                time.sleep(0.1)
-            if not ready:
+            if not _wait_ready(process, base):
                 where = escape(str(root / "nopoll.log"))
                 console.print(f"[red]nopoll did not become ready; see {where}[/]", soft_wrap=True)
                 outcome = 1
@@ -239,28 +298,9 @@ def run_demo(n: int = 200, data_dir: str | None = None, keep: bool = False) -> i
                     _drive(n, f"{base}/webhooks/sim", secret, sim, root / "results.db", console)
                 )
         finally:
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
+            _stop(process)
             log.close()
-            if kept:
-                _say_kept(console, root, config)
-            elif outcome:  # a failed run keeps its folder: nopoll.log says why
-                console.print(
-                    f"the demo failed; its folder {escape(str(root))} is kept for nopoll.log",
-                    soft_wrap=True,
-                )
-            else:
-                shutil.rmtree(root, ignore_errors=True)
-                console.print(
-                    f"the demo folder {escape(str(root))} is removed; "
-                    "use --keep (or --data-dir DIR) to keep it",
-                    soft_wrap=True,
-                )
+            _leave_folder(console, root, config, keep or data_dir is not None, bool(outcome))
     return outcome
 
 

@@ -15,8 +15,9 @@ import asyncio
 import re
 import socket
 import threading
+import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -55,9 +56,13 @@ class SimResponse:
     fail_status: int = 500
     retry_after: float | None = None
     delay_s: float = 0.0
+    delay_times: int | None = None
+    """Delay only the first N answers by ``delay_s`` (None: every answer)."""
     pending_times: int = 0
     """Answer the first N successful GETs with the object still ``pending_status``."""
     pending_status: str = "in_progress"
+    pending_until: float | None = None
+    """Unix time before which every GET finds the object still ``pending_status``."""
     gzip: bool = False
     """Answer with ``Content-Encoding: gzip``."""
     oversize: Oversize | None = None
@@ -74,9 +79,118 @@ class _State:
     responses: dict[str, SimResponse] = field(default_factory=dict)
     batches: dict[str, Any] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)
+    times: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=200_000))
+    """(arrival time, path) of the latest requests, for rate checks."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     default_delay_s: float = 0.0
     auto_respond: bool = False
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = orjson.dumps({"error": {"message": message}})
+    return Response(body, status, headers=headers, media_type="application/json")
+
+
+class _Routes:
+    """The simulator's endpoints over its shared :class:`_State` (every request counted)."""
+
+    def __init__(self, state: _State, api_key: str | None) -> None:
+        self.state = state
+        self.api_key = api_key
+
+    def _count(self, request: Request) -> None:
+        with self.state.lock:
+            self.state.requests[request.url.path] += 1
+            self.state.times.append((time.time(), request.url.path))
+
+    def _authorized(self, request: Request) -> bool:
+        return (
+            self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
+        )
+
+    async def get_response(self, request: Request) -> Response:
+        state = self.state
+        rid = request.path_params["rid"]
+        with state.lock:
+            state.requests[request.url.path] += 1
+            state.times.append((time.time(), request.url.path))
+            sim = state.responses.get(rid)
+            if sim is not None:
+                sim.served += 1
+                failing = sim.served <= sim.fail_times
+                pending = sim.served - sim.fail_times <= sim.pending_times or (
+                    sim.pending_until is not None and time.time() < sim.pending_until
+                )
+                slow = sim.delay_times is None or sim.served <= sim.delay_times
+        if not self._authorized(request):
+            return _error(401, "bad api key")
+        if sim is None and state.auto_respond and _GENERATED_ID.fullmatch(rid):
+            return json_answer(generated_response(rid))
+        if sim is None:
+            return _error(404, "no such response")
+        delay = (sim.delay_s if slow else 0.0) or state.default_delay_s
+        if delay:
+            await asyncio.sleep(delay)
+        if failing:
+            retry_after = sim.retry_after
+            headers = {"retry-after": f"{retry_after:g}"} if retry_after is not None else {}
+            return _error(sim.fail_status, "try again", headers)
+        body = sim.body
+        if pending:  # still running: no output, no usage yet
+            body = {**body, "status": sim.pending_status, "output": [], "usage": None}
+        return json_answer(body, oversize=sim.oversize, gzip=sim.gzip)
+
+    async def get_batch(self, request: Request) -> Response:
+        self._count(request)
+        if not self._authorized(request):
+            return _error(401, "bad api key")
+        batch = self.state.batches.get(request.path_params["bid"])
+        if batch is None:
+            return _error(404, "no such batch")
+        with self.state.lock:
+            batch.object_served += 1
+        if batch.object_served <= batch.pending_times or (
+            batch.pending_until is not None and time.time() < batch.pending_until
+        ):
+            return json_answer(batch.pending_object(), gzip=batch.gzip)
+        if batch.dialect == "sail":
+            document = batch.sail_document()
+            return answer(document, media_type="application/json", gzip=batch.gzipped_results)
+        return json_answer(batch.batch_object(), gzip=batch.gzip)
+
+    async def get_batch_part(self, request: Request) -> Response:
+        self._count(request)
+        if not self._authorized(request):
+            return _error(401, "bad api key")
+        batch = self.state.batches.get(request.path_params["bid"])
+        part = request.path_params["part"]
+        if batch is None:
+            return _error(404, "no such batch")
+        if batch.dialect == "sference" and part == "results.jsonl":
+            lines = batch.sference_lines()
+            return answer(lines, media_type="application/jsonl", gzip=batch.gzipped_results)
+        if batch.dialect not in ("sail", "valar"):
+            return _error(404, "no such result")
+        if batch.row_delay_s or self.state.default_delay_s:
+            await asyncio.sleep(batch.row_delay_s or self.state.default_delay_s)
+        with self.state.lock:
+            status, body = batch.row_object(part)
+        if status != 200 or body is None:
+            return _error(status, "no result")
+        return json_answer(body, oversize=batch.row_oversize.get(part), gzip=batch.gzip)
+
+    async def get_file(self, request: Request) -> Response:
+        self._count(request)
+        if not self._authorized(request):
+            return _error(401, "bad api key")
+        fid = request.path_params["fid"]
+        for prefix, errors in (("file-out-", False), ("file-err-", True)):
+            if fid.startswith(prefix):
+                batch = self.state.batches.get(fid[len(prefix) :])
+                if batch is not None and batch.dialect == "openai":
+                    lines = batch.openai_lines(errors)
+                    return answer(lines, media_type="application/jsonl", gzip=batch.gzipped_results)
+        return _error(404, "no such file")
 
 
 class ProviderSimulator:
@@ -118,8 +232,9 @@ class ProviderSimulator:
     # --- what tests and the demo call -------------------------------------------------
     def add_response(self, response_id: str | None = None, **kwargs: Any) -> SimResponse:
         """Register a finished response; ``fail_times``/``fail_status``/``retry_after``/
-        ``delay_s``/``pending_times`` make it misbehave first, ``gzip``/``oversize`` change how
-        it is sent (see :class:`SimResponse`); other kwargs go to :func:`make_response`."""
+        ``delay_s``/``delay_times``/``pending_times`` make it misbehave first,
+        ``gzip``/``oversize`` change how it is sent (see :class:`SimResponse`); other kwargs
+        go to :func:`make_response`."""
         rid = response_id or f"resp_{uuid.uuid4().hex}"
         behaviour = {k: kwargs.pop(k) for k in _BEHAVIOUR if k in kwargs}
         sim = SimResponse(body=make_response(rid, **kwargs), **behaviour)
@@ -135,6 +250,11 @@ class ProviderSimulator:
             self.state.batches[batch_id] = batch
         return batch
 
+    def request_times(self, path_prefix: str = "") -> list[float]:
+        """Arrival times of the latest requests whose path starts with ``path_prefix``."""
+        with self.state.lock:
+            return [t for t, p in self.state.times if p.startswith(path_prefix)]
+
     def request_count(self, path_prefix: str = "") -> int:
         """How many requests arrived whose path starts with ``path_prefix``."""
         with self.state.lock:
@@ -146,132 +266,13 @@ class ProviderSimulator:
 
     # --- the server ---------------------------------------------------------------------
     def _app(self) -> Starlette:
-        state = self.state
-        api_key = self._api_key
-
-        async def get_response(request: Request) -> Response:
-
-            rid = request.path_params["rid"]
-            with state.lock:
-                state.requests[request.url.path] += 1
-                sim = state.responses.get(rid)
-                if sim is not None:
-                    sim.served += 1
-                    failing = sim.served <= sim.fail_times
-                    pending = sim.served - sim.fail_times <= sim.pending_times
-            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-                return Response(
-                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
-                )
-            if sim is None and state.auto_respond and _GENERATED_ID.fullmatch(rid):
-                return json_answer(generated_response(rid))
-            if sim is None:
-                return Response(
-                    b'{"error":{"message":"no such response"}}', 404, media_type="application/json"
-                )
-            delay = sim.delay_s or state.default_delay_s
-            if delay:
-                await asyncio.sleep(delay)
-            if failing:
-                headers = (
-                    {"retry-after": f"{sim.retry_after:g}"} if sim.retry_after is not None else {}
-                )
-                return Response(
-                    b'{"error":{"message":"try again"}}',
-                    sim.fail_status,
-                    headers=headers,
-                    media_type="application/json",
-                )
-            body = sim.body
-            if pending:  # still running: no output, no usage yet
-                body = {**body, "status": sim.pending_status, "output": [], "usage": None}
-            return json_answer(body, oversize=sim.oversize, gzip=sim.gzip)
-
-        def authorized(request: Request) -> bool:
-            with state.lock:
-                state.requests[request.url.path] += 1
-            return api_key is None or request.headers.get("authorization") == f"Bearer {api_key}"
-
-        def not_found(what: str) -> Response:
-            return Response(
-                orjson.dumps({"error": {"message": f"no such {what}"}}),
-                404,
-                media_type="application/json",
-            )
-
-        async def get_batch(request: Request) -> Response:
-
-            if not authorized(request):
-                return Response(
-                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
-                )
-            batch = state.batches.get(request.path_params["bid"])
-            if batch is None:
-                return not_found("batch")
-            with state.lock:
-                batch.object_served += 1
-            if batch.object_served <= batch.pending_times:
-                return json_answer(batch.pending_object(), gzip=batch.gzip)
-            if batch.dialect == "sail":
-                return answer(
-                    batch.sail_document(),
-                    media_type="application/json",
-                    gzip=batch.gzipped_results,
-                )
-            return json_answer(batch.batch_object(), gzip=batch.gzip)
-
-        async def get_batch_part(request: Request) -> Response:
-
-            if not authorized(request):
-                return Response(
-                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
-                )
-            batch = state.batches.get(request.path_params["bid"])
-            part = request.path_params["part"]
-            if batch is None:
-                return not_found("batch")
-            if batch.dialect == "sference" and part == "results.jsonl":
-                return answer(
-                    batch.sference_lines(),
-                    media_type="application/jsonl",
-                    gzip=batch.gzipped_results,
-                )
-            if batch.dialect not in ("sail", "valar"):
-                return not_found("result")
-            if batch.row_delay_s or state.default_delay_s:
-                await asyncio.sleep(batch.row_delay_s or state.default_delay_s)
-            with state.lock:
-                status, body = batch.row_object(part)
-            if status != 200 or body is None:
-                return Response(
-                    b'{"error":{"message":"no result"}}', status, media_type="application/json"
-                )
-            return json_answer(body, oversize=batch.row_oversize.get(part), gzip=batch.gzip)
-
-        async def get_file(request: Request) -> Response:
-
-            if not authorized(request):
-                return Response(
-                    b'{"error":{"message":"bad api key"}}', 401, media_type="application/json"
-                )
-            fid = request.path_params["fid"]
-            for prefix, errors in (("file-out-", False), ("file-err-", True)):
-                if fid.startswith(prefix):
-                    batch = state.batches.get(fid[len(prefix) :])
-                    if batch is not None and batch.dialect == "openai":
-                        return answer(
-                            batch.openai_lines(errors),
-                            media_type="application/jsonl",
-                            gzip=batch.gzipped_results,
-                        )
-            return not_found("file")
-
+        routes = _Routes(self.state, self._api_key)
         return Starlette(
             routes=[
-                Route("/v1/responses/{rid}", get_response),
-                Route("/v1/batches/{bid}", get_batch),
-                Route("/v1/batches/{bid}/{part}", get_batch_part),
-                Route("/v1/files/{fid}/content", get_file),
+                Route("/v1/responses/{rid}", routes.get_response),
+                Route("/v1/batches/{bid}", routes.get_batch),
+                Route("/v1/batches/{bid}/{part}", routes.get_batch_part),
+                Route("/v1/files/{fid}/content", routes.get_file),
             ]
         )
 

@@ -129,7 +129,9 @@ class ResponsesDialect:
     async def fetch_response(self, response_id: str) -> dict[str, Any]:
         if not safe_id(response_id):
             raise ProviderError("unsafe response id", provider=self.client.name, path="responses/?")
-        data = await self.client.get_json(f"responses/{response_id}")
+        # One request per job try: the fetch job's own retries are this request's retries
+        # (retrying here too would multiply them; docs/reliability.md has the bound).
+        data = await self.client.get_json(f"responses/{response_id}", attempts=1)
         if data.get("id") != response_id:
             raise ProviderError(
                 "answer is for another response id",

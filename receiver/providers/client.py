@@ -3,8 +3,10 @@
 :class:`ProviderClient` only ever calls the configured ``base_url``: paths are built from
 ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
 callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
-are retried a few times in place, honouring ``Retry-After``; what still fails raises
-:class:`~nopoll.exceptions.TransientProviderError` so the job is retried later.
+are retried a few times in place (``http.attempts``; a single response's fetch once: its
+job is retried instead), waiting with :class:`~receiver.backoff.Backoff` and honouring a
+``Retry-After`` up to ``http.max_retry_after_s``; what still fails, or asks for a longer
+wait, raises :class:`~nopoll.exceptions.TransientProviderError` so the job is retried later.
 
 What a provider sends is capped: a JSON answer read whole at ``http.max_response_bytes``
 (its Content-Length, the bytes on the wire, and the bytes after decoding), a line of a
@@ -16,10 +18,11 @@ inflate a whole network chunk in one call): a gzip bomb costs the cap, not its r
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -28,12 +31,16 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.wire import SAFE_ID, retry_after_s, safe_id
+from receiver.backoff import Backoff
 from receiver.config import HttpConfig, ProviderConfig
 from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
 __all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
 
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+_IN_JOB_FIRST_S = 0.25
+_IN_JOB_MAX_S = 4.0
+"""In-job waits stay short: a longer outage is the job's retries' to ride out."""
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -96,6 +103,7 @@ class ProviderClient:
         self.config = config
         self._http = http
         self._on_request = on_request
+        self._backoff = Backoff(_IN_JOB_FIRST_S, _IN_JOB_MAX_S, http.max_retry_after_s)
         headers = {
             "user-agent": "nopoll/0.1",
             "accept": "application/json",
@@ -126,12 +134,11 @@ class ProviderClient:
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
-        backoff = min(4.0, 0.25 * 2.0 ** (state.attempt_number - 1))
-        return max(backoff, retry_after or 0.0)
+        return self._backoff.delay(state.attempt_number, retry_after)
 
-    def _retrying(self) -> AsyncRetrying:
+    def _retrying(self, attempts: int | None = None) -> AsyncRetrying:
         return AsyncRetrying(
-            stop=stop_after_attempt(self._http.attempts),
+            stop=stop_after_attempt(attempts or self._http.attempts),
             wait=self._wait,
             retry=retry_if_exception(self._worth_retrying_now),
             reraise=True,
@@ -143,9 +150,10 @@ class ProviderClient:
         # A long Retry-After defers the whole job instead of holding a worker slot.
         return (exc.retry_after_s or 0.0) <= self._http.max_retry_after_s
 
-    async def get_json(self, path: str) -> dict[str, Any]:
-        """GET ``{base_url}/{path}`` and return its JSON object, retrying transient failures."""
-        async for attempt in self._retrying():
+    async def get_json(self, path: str, *, attempts: int | None = None) -> dict[str, Any]:
+        """GET ``{base_url}/{path}`` and return its JSON object, trying transient failures
+        up to ``attempts`` times (default ``http.attempts``)."""
+        async for attempt in self._retrying(attempts):
             with attempt:
                 return await self._get_once(path)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -171,24 +179,17 @@ class ProviderClient:
         status: int | None = None
         content = bytearray()
         try:
-            response = await self._send(path)
-            if read:
-                try:
-                    if response.status_code == 200:
-                        content = await self._read_capped(response, path)
-                    else:
-                        await self._drain(response)
-                finally:
-                    await response.aclose()
-            status = response.status_code
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise TransientProviderError(
-                _timeout_text(exc), provider=self.name, path=path
-            ) from None
-        except _NETWORK_ERRORS as exc:
-            raise TransientProviderError(
-                f"connection failed ({type(exc).__name__})", provider=self.name, path=path
-            ) from None
+            with self._transient(path, _timeout_text, "connection failed"):
+                response = await self._send(path)
+                if read:
+                    try:
+                        if response.status_code == 200:
+                            content = await self._read_capped(response, path)
+                        else:
+                            await self._drain(response)
+                    finally:
+                        await response.aclose()
+                status = response.status_code
         finally:
             if self._on_request is not None:
                 self._on_request(self.name, status, time.perf_counter() - started)
@@ -208,6 +209,19 @@ class ProviderClient:
             reason = f"the provider refused the API key: check providers.{self.name}.api_key"
             raise ProviderError(reason, provider=self.name, path=path, status=status)
         raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
+
+    @contextlib.contextmanager
+    def _transient(
+        self, path: str, timed_out: Callable[[BaseException], str], broke: str
+    ) -> Iterator[None]:
+        """Timeouts and network failures as :class:`TransientProviderError` (retried)."""
+        try:
+            yield
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise TransientProviderError(timed_out(exc), provider=self.name, path=path) from None
+        except _NETWORK_ERRORS as exc:
+            reason = f"{broke} ({type(exc).__name__})"
+            raise TransientProviderError(reason, provider=self.name, path=path) from None
 
     def _error(self, path: str, message: str) -> ProviderError:
         return ProviderError(message, provider=self.name, path=path, status=200)
@@ -285,16 +299,9 @@ class ProviderClient:
                 response, _ = await self._request(path, read=False)
         assert response is not None
         try:
-            async for piece in self._decoded(response, self._decoder(response, path), path):
-                yield piece
-        except (httpx.TimeoutException, TimeoutError):
-            raise TransientProviderError(
-                "stream timed out", provider=self.name, path=path
-            ) from None
-        except _NETWORK_ERRORS as exc:
-            raise TransientProviderError(
-                f"stream broke ({type(exc).__name__})", provider=self.name, path=path
-            ) from None
+            with self._transient(path, lambda _: "stream timed out", "stream broke"):
+                async for piece in self._decoded(response, self._decoder(response, path), path):
+                    yield piece
         finally:
             await response.aclose()
 

@@ -69,6 +69,65 @@ def row_from_item(index: int, item: Any) -> BatchRow:
     )
 
 
+class _Inline:
+    """One pass over a Sail batch object: the object around ``results`` is built whole,
+    the items of ``results`` become rows (those of skipped chunks are counted, not built)."""
+
+    def __init__(self, fetch: BatchFetch) -> None:
+        self.top = ijson.ObjectBuilder()
+        self.item: ijson.ObjectBuilder | None = None
+        self.inline = False
+        """The object had a ``results`` array (else rows come from ``request_status``)."""
+        self.in_results = False
+        self.index = 0
+        self.chunk: list[BatchRow] = []
+        self.chunk_size = fetch.chunk_size
+        self.skip_rows = fetch.skip_before * fetch.chunk_size
+
+    def feed(self, events: list[tuple[str, str, Any]]) -> tuple[bool, list[Chunk]]:
+        """Take one push's events: (whether a results item or the array ended in it, the
+        chunks it completed)."""
+        ended = False
+        full: list[Chunk] = []
+        for prefix, event, value in events:
+            if prefix == "" and event == "map_key" and value == "results":
+                continue
+            if prefix != "results" and not prefix.startswith("results."):
+                self.top.event(event, value)
+                continue
+            if prefix == "results" and event in ("start_array", "end_array"):
+                self.in_results = event == "start_array"
+                self.inline = ended = True
+            if not prefix.startswith("results.item"):
+                continue
+            if prefix == "results.item" and event in _ITEM_START:
+                self.item = ijson.ObjectBuilder() if self.index >= self.skip_rows else None
+            if self.item is not None:
+                self.item.event(event, value)
+            if prefix == "results.item" and event not in _ITEM_OPEN:
+                ended = True
+                full += self._item_done()
+        return ended, full
+
+    def _item_done(self) -> list[Chunk]:
+        if self.item is not None:
+            self.chunk.append(row_from_item(self.index, self.item.value))
+        self.index += 1
+        self.item = None
+        if self.index % self.chunk_size:
+            return []
+        done, self.chunk = self.chunk, []
+        return [(self.index // self.chunk_size - 1, done)] if done else []
+
+    def last(self) -> list[Chunk]:
+        """The last, partial chunk, if any."""
+        return [(self.index // self.chunk_size, self.chunk)] if self.chunk else []
+
+    @property
+    def batch(self) -> dict[str, Any]:
+        return self.top.value if isinstance(self.top.value, dict) else {}
+
+
 class SailDialect(ResponsesDialect):
     """Sail: inline results, or per-custom_id results when they are too large."""
 
@@ -77,47 +136,20 @@ class SailDialect(ResponsesDialect):
             raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
         path = f"batches/{fetch.batch_id}"
         caps = self.client.http
-        top = ijson.ObjectBuilder()
-        item: ijson.ObjectBuilder | None = None
-        inline = in_results = False
-        index = 0
-        chunk: list[BatchRow] = []
-        skip_rows = fetch.skip_before * fetch.chunk_size
+        parse = _Inline(fetch)
         # Bytes read since the last results item ended: one item may be max_line_bytes (the
         # whole document may be ~1 GiB); the batch object around it, max_response_bytes.
         open_bytes = outside_bytes = 0
         try:
             async for size, events in _events(self.client.stream_bytes(path)):
-                ended = False
-                for prefix, event, value in events:
-                    if prefix == "" and event == "map_key" and value == "results":
-                        continue
-                    if prefix != "results" and not prefix.startswith("results."):
-                        top.event(event, value)
-                        continue
-                    if prefix == "results" and event in ("start_array", "end_array"):
-                        in_results = event == "start_array"
-                        inline = ended = True
-                    if not prefix.startswith("results.item"):
-                        continue
-                    if prefix == "results.item" and event in _ITEM_START:
-                        item = ijson.ObjectBuilder() if index >= skip_rows else None
-                    if item is not None:
-                        item.event(event, value)
-                    if prefix == "results.item" and event not in _ITEM_OPEN:
-                        if item is not None:
-                            chunk.append(row_from_item(index, item.value))
-                        index += 1
-                        item = None
-                        ended = True
-                        if index % fetch.chunk_size == 0:
-                            if chunk:
-                                yield index // fetch.chunk_size - 1, chunk
-                            chunk = []
-                if in_results:
+                ended, full = parse.feed(events)
+                for chunk in full:
+                    yield chunk
+                if parse.in_results:
                     open_bytes = 0 if ended else open_bytes + size
                     if open_bytes > caps.max_line_bytes:
-                        raise self.client.too_large(path, f"results item {index}", "max_line_bytes")
+                        what = f"results item {parse.index}"
+                        raise self.client.too_large(path, what, "max_line_bytes")
                 else:
                     outside_bytes += size
                     if outside_bytes > caps.max_response_bytes:
@@ -129,11 +161,10 @@ class SailDialect(ResponsesDialect):
                 path=path,
                 status=200,
             ) from None
-        if chunk:
-            yield index // fetch.chunk_size, chunk
-        batch = top.value if isinstance(top.value, dict) else {}
-        fetch.batch = batch
-        if inline:
+        for chunk in parse.last():
+            yield chunk
+        fetch.batch = parse.batch
+        if parse.inline:
             return
         async for part in rows_by_custom_id(self, fetch):
             yield part

@@ -10,6 +10,8 @@ skips with the reason.
 from __future__ import annotations
 
 import base64
+import copy
+import importlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -126,24 +128,25 @@ def container_env(container: dict[str, Any], rendered: Rendered) -> dict[str, st
     return env
 
 
+def _test_package(module: str, distribution: str) -> Any:
+    """An optional test dependency, or a skip/fail naming the package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        missing(f"{distribution} is not installed ({exc}): pip install -e '.[test]'")
+
+
 @pytest.fixture(scope="session")
 def helm() -> Any:
-    """The helm_python module (Helm's Go SDK), or a skip/fail naming the package."""
-    try:
-        import helm_python
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        missing(f"helm-python-sdk is not installed ({exc}): pip install -e '.[test]'")
+    """The helm_python module (Helm's Go SDK)."""
+    helm_python = _test_package("helm_python", "helm-python-sdk")
     helm_python.disable_logging()
     return helm_python
 
 
 @pytest.fixture(scope="session")
 def kubernetes_validate() -> Any:
-    try:
-        import kubernetes_validate
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        missing(f"kubernetes-validate is not installed ({exc}): pip install -e '.[test]'")
-    return kubernetes_validate
+    return _test_package("kubernetes_validate", "kubernetes-validate")
 
 
 def load_values(path: Path) -> dict[str, Any]:
@@ -169,3 +172,44 @@ def render(helm: Any) -> Callable[..., Rendered]:
 def scenario(request: pytest.FixtureRequest, render: Callable[..., Rendered]) -> Iterator[Rendered]:
     """The chart rendered with each ci/*-values.yaml file."""
     yield render(load_values(SCENARIOS[request.param]))
+
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas
+# kubernetes-validate ships.
+KUBE_VERSIONS = ("1.25.0", "latest")
+CUSTOM_RESOURCES = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+}
+
+
+def default_values() -> dict[str, Any]:
+    return load_values(SCENARIOS["default"])
+
+
+def worker_health_port(values: dict[str, Any]) -> int:
+    """worker.healthPort as the chart resolves it (values.yaml's default: 8001)."""
+    port: int = values.get("worker", {}).get("healthPort", 8001)
+    return port
+
+
+def with_changes(base: dict[str, Any], **paths: Any) -> dict[str, Any]:
+    """A deep copy of ``base`` with nested keys set (``config__log_level`` is config.log_level)."""
+    values = copy.deepcopy(base)
+    for dotted, value in paths.items():
+        node = values
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return values
+
+
+def render_error(render: Any, values: dict[str, Any]) -> str:
+    """The message of Helm's refusal to render ``values``."""
+    import helm_python
+
+    with pytest.raises((helm_python.HelmRenderError, helm_python.HelmValuesError)) as excinfo:
+        render(values)
+    return str(excinfo.value)

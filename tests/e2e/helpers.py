@@ -11,6 +11,9 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+from redis import asyncio as redis_asyncio
+
+from receiver.queue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # noqa: ASYNC109
@@ -22,6 +25,34 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  #
             return value
         await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def requested(sim, path: str):
+    """A :func:`wait_for` predicate: the provider simulator got a request for ``path``."""
+
+    async def check() -> bool:
+        return sim.request_count(path) >= 1
+
+    return check
+
+
+async def queues_empty(redis_url: str) -> bool:
+    """True once no job is queued, waiting for a retry or running, on either queue (arq
+    takes a job off its queue only when it finished)."""
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        return await client.zcard(JOBS_QUEUE) + await client.zcard(BATCHES_QUEUE) == 0
+    finally:
+        await client.aclose()
+
+
+async def worker_started(redis_url: str) -> bool:
+    """True once a worker's poll loop runs (its start-up, sinks opened, is done)."""
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        return bool(await client.exists(HEALTH_CHECK_KEY))
+    finally:
+        await client.aclose()
 
 
 async def pg_rows(url: str, table: str) -> list[dict]:

@@ -13,7 +13,7 @@ import pytest
 
 from receiver.cli import main
 from sinks import registry
-from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for, write_config
+from tests.e2e.helpers import jsonl_rows, pg_rows, post, queues_empty, wait_for, write_config
 from tests.servers import running_api, running_worker
 
 BATCH = {"chunk_size": 200, "lease_s": 2, "sink_attempts": 2, "max_jobs": 2}
@@ -168,71 +168,45 @@ async def test_duplicate_batch_callbacks_write_rows_once(
         # a new delivery of the same event after the batch was delivered
         again = await post(base, *signed_callback(batch.batch_id, event_type="batch.completed"))
         assert again.status_code == 202
-        await asyncio.sleep(1.0)
+        await wait_for(lambda: queues_empty(redis_url))  # that job ran, and found it done
     assert sim.request_count(f"/v1/batches/{batch.batch_id}/results.jsonl") == 1
     assert len(jsonl_rows(tmp_path / "results")) == 501
 
 
-async def start_valar_batch(
-    procs,
-    tmp_path,
-    sim,
-    batch,
-    *,
-    redis_url,
-    pg_url,
-    pg_table,
-    signed_callback,
-    make_settings,
-    worker_extra: str = "",
-):
-    """A `nopoll worker` process (valar, Postgres sink, 200-row chunks, 2 s lease) and the
-    batch's signed callback posted to an in-process API; returns (worker, config path)."""
-    config = write_config(
-        tmp_path,
-        sim.base_url,
-        redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-        extra="batch: {chunk_size: 200, lease_s: 2}\n",
-    )
-    text = config.read_text().replace("dialect: openai", "dialect: valar")
-    config.write_text(
-        text.replace("health_check_interval_s: 1}", f"health_check_interval_s: 1{worker_extra}}}")
-    )
-    worker = procs.start("worker", "--config", str(config))
-    settings = make_settings(sim.base_url, redis_url=redis_url)
-    async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as client:
-        body, headers = signed_callback(batch.batch_id, event_type="batch.completed")
-        r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
-        assert r.status_code == 202
-    return worker, config
+@pytest.fixture
+def start_valar_batch(procs, tmp_path, redis_url, pg_url, pg_table, signed_callback, make_settings):
+    """Factory: a `nopoll worker` process (valar, Postgres sink, 200-row chunks, 2 s lease)
+    and the batch's signed callback posted to an in-process API; (worker, config path)."""
+
+    async def start(sim, batch, worker_extra: str = ""):
+        config = write_config(
+            tmp_path,
+            sim.base_url,
+            redis_url=redis_url,
+            sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+            extra="batch: {chunk_size: 200, lease_s: 2}\n",
+        )
+        text = config.read_text().replace("dialect: openai", "dialect: valar")
+        extra = f"health_check_interval_s: 1{worker_extra}}}"
+        config.write_text(text.replace("health_check_interval_s: 1}", extra))
+        worker = procs.start("worker", "--config", str(config))
+        settings = make_settings(sim.base_url, redis_url=redis_url)
+        async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as client:
+            body, headers = signed_callback(batch.batch_id, event_type="batch.completed")
+            r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
+            assert r.status_code == 202
+        return worker, config
+
+    return start
 
 
 @pytest.mark.slow
 async def test_worker_killed_mid_batch_resumes_after_the_last_chunk(
-    procs,
-    tmp_path,
-    provider_sim,
-    redis_url,
-    redis_sync_client,
-    pg_url,
-    pg_table,
-    signed_callback,
-    make_settings,
+    procs, provider_sim, redis_sync_client, pg_url, pg_table, start_valar_batch
 ):
     sim = provider_sim()
     batch = sim.add_batch("valar", "batch_kill", 3000, failed_every=29, row_delay_s=0.01)
-    worker, config = await start_valar_batch(
-        procs,
-        tmp_path,
-        sim,
-        batch,
-        redis_url=redis_url,
-        pg_url=pg_url,
-        pg_table=pg_table,
-        signed_callback=signed_callback,
-        make_settings=make_settings,
-    )
+    worker, config = await start_valar_batch(sim, batch)
 
     async def some_chunks_committed():
         value = redis_sync_client.hget(f"nopoll:batch:sim:{batch.batch_id}", "c:db")
@@ -279,30 +253,11 @@ def test_fetch_batch_command(
 
 @pytest.mark.slow
 async def test_sigterm_during_a_batch_exits_cleanly_and_the_batch_completes_on_restart(
-    procs,
-    tmp_path,
-    provider_sim,
-    redis_url,
-    redis_sync_client,
-    pg_url,
-    pg_table,
-    signed_callback,
-    make_settings,
+    procs, provider_sim, redis_sync_client, pg_url, pg_table, start_valar_batch
 ):
     sim = provider_sim()
     batch = sim.add_batch("valar", "batch_term", 2000, row_delay_s=0.01)
-    worker, config = await start_valar_batch(
-        procs,
-        tmp_path,
-        sim,
-        batch,
-        redis_url=redis_url,
-        pg_url=pg_url,
-        pg_table=pg_table,
-        signed_callback=signed_callback,
-        make_settings=make_settings,
-        worker_extra=", shutdown_wait_s: 1",
-    )
+    worker, config = await start_valar_batch(sim, batch, worker_extra=", shutdown_wait_s: 1")
 
     async def started():
         value = redis_sync_client.hget(f"nopoll:batch:sim:{batch.batch_id}", "c:db")

@@ -9,23 +9,19 @@ import uuid
 
 import boto3
 import orjson
+import pytest
 
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import running_api, running_worker
 from tests.sinks.test_kafka_sink import consume
 
 
-async def test_batch_and_oversized_response_reach_every_sink(
-    make_settings,
-    redis_url,
-    provider_sim,
-    pg_url,
-    pg_table,
-    tmp_path,
-    signed_callback,
-    s3_endpoint,
-    kafka_bootstrap,
+@pytest.fixture
+def every_sink(
+    make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path, s3_endpoint, kafka_bootstrap
 ):
+    """(settings, simulator, bucket, topic): provider ``sim`` speaking sference, and
+    Postgres, S3, Kafka (claim-checked to S3) and JSONL sinks."""
     sim = provider_sim(api_key="sk-test-not-a-real-key")
     bucket, topic = f"b-{uuid.uuid4().hex[:12]}", f"t.{uuid.uuid4().hex[:12]}"
     sinks = {
@@ -54,6 +50,13 @@ async def test_batch_and_oversized_response_reach_every_sink(
     )
     provider = settings.providers["sim"].model_copy(update={"dialect": "sference"})
     settings = settings.model_copy(update={"providers": {"sim": provider}})
+    return settings, sim, bucket, topic
+
+
+async def test_batch_and_oversized_response_reach_every_sink(
+    every_sink, redis_url, pg_url, pg_table, tmp_path, signed_callback, s3_endpoint, kafka_bootstrap
+):
+    settings, sim, bucket, topic = every_sink
     batch = sim.add_batch("sference", "batch_fan", 1000, failed_every=10)
     sim.add_response("resp_huge", text="x" * 50_000)  # envelope ~100 KB, ~50 KB without body
 
@@ -87,10 +90,7 @@ async def test_batch_and_oversized_response_reach_every_sink(
         f"part-{i:05d}.jsonl" for i in range(4)
     ]
     assert [p["rows"] for p in found["parts"]] == [250] * 4 and found["rows"] == 1000
-    keys = set()
-    for part in found["parts"]:
-        body = s3.get_object(Bucket=bucket, Key=part["key"])["Body"].read().decode()
-        keys |= {json.loads(line)["key"] for line in body.splitlines()}
+    keys = _keys_in_parts(s3, bucket, found["parts"])
     assert keys == {f"batch_fan/{batch.custom_id(i)}" for i in range(1000)}
     response = json.loads(
         s3.get_object(Bucket=bucket, Key="nopoll/sim/responses/resp_huge.json")["Body"].read()
@@ -108,3 +108,12 @@ async def test_batch_and_oversized_response_reach_every_sink(
 
     # JSONL: each result once
     assert len(jsonl_rows(tmp_path / "results")) == 1002
+
+
+def _keys_in_parts(s3, bucket: str, parts: list[dict]) -> set[str]:
+    """The envelope keys in the JSONL part objects a manifest lists."""
+    keys: set[str] = set()
+    for part in parts:
+        body = s3.get_object(Bucket=bucket, Key=part["key"])["Body"].read().decode()
+        keys |= {json.loads(line)["key"] for line in body.splitlines()}
+    return keys

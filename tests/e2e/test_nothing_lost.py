@@ -1,90 +1,44 @@
 """Loss paths found by trying nopoll from the outside, each pinned against real servers:
 replayed batch dead letters, unfinished provider objects, job deadlines, jobs arq gives
-up on, a changed chunk size, a dead chunk's summary, and a batch lease that slips."""
+up on, a changed chunk size, a dead chunk's summary and a refused row (the batch lease:
+test_batch_leases.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-
 import pytest
-import redis as redis_sync
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import TransientProviderError
-from receiver._arq import IN_PROGRESS_KEY, JOB_KEY, RETRY_KEY, Lease, arq_pool
-from receiver.batches import LeaseLost
+from receiver._arq import JOB_KEY, RETRY_KEY, arq_pool
 from receiver.deadletter import DeadLetters
-from receiver.metrics import Metrics
 from receiver.queue import (
     BATCHES_QUEUE,
     FETCH_RESPONSE,
     JOBS_QUEUE,
     QueuedJob,
-    batch_job_id,
     put_job,
     response_job_id,
 )
-from receiver.state import build_state
-from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
-from tests.servers import TcpProxy, running_api, running_worker
+from tests.dead_letters import keep_letter
+from tests.e2e.helpers import jsonl_rows, pg_rows, post, queues_empty, wait_for
+from tests.e2e.losses import (
+    batch_done,
+    letters,
+    replay_all,
+    run_batch,
+    serving,
+    summary_rows,
+)
+from tests.servers import running_api, running_worker
 from tests.subscriber import Subscriber
-
-BATCH = {"chunk_size": 200, "lease_s": 2, "sink_attempts": 2, "max_jobs": 2}
-
-
-@pytest.fixture
-def stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
-    """Factory: (settings, simulator) for one provider ``sim`` in ``dialect``."""
-
-    def make(dialect: str = "openai", *, sinks: dict | None = None, **overrides):
-        sim = provider_sim(api_key="sk-test-not-a-real-key")
-        settings = make_settings(
-            sim.base_url,
-            redis_url=redis_url,
-            sinks=sinks or {"warehouse": {"type": "sql", "url": pg_url, "table": pg_table}},
-            batch=overrides.pop("batch", BATCH),
-            **overrides,
-        )
-        provider = settings.providers["sim"].model_copy(update={"dialect": dialect})
-        return settings.model_copy(update={"providers": {"sim": provider}}), sim
-
-    return make
-
-
-async def letters(redis_url: str, **selector) -> list:
-    pool = arq_pool(redis_url)
-    try:
-        return await DeadLetters(pool).find(**selector)
-    finally:
-        await pool.aclose()
-
-
-async def replay_all(redis_url: str) -> int:
-    pool = arq_pool(redis_url)
-    try:
-        store = DeadLetters(pool)
-        return await store.replay(await store.find())
-    finally:
-        await pool.aclose()
-
-
-async def summary_rows(pg_url: str, pg_table: str, batch_id: str) -> list[dict]:
-    async def done() -> list[dict] | None:
-        rows = await pg_rows(pg_url, pg_table)
-        return rows if any(r["kind"] == "batch" and r["key"] == batch_id for r in rows) else None
-
-    return await wait_for(done, timeout=60, interval=0.2)
-
 
 # --- replaying a batch dead letter --------------------------------------------------------
 
 
 async def test_replayed_batch_dead_letter_runs_on_the_batch_queue(
-    stack, redis_url, signed_callback, pg_url, pg_table
+    loss_stack, redis_url, signed_callback, pg_url, pg_table
 ):
-    settings, sim = stack("sference")
+    settings, sim = loss_stack("sference")
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         # the provider does not know the batch yet: a permanent 404, kept as a dead letter
         r = await post(base, *signed_callback("batch_late", event_type="batch.completed"))
@@ -107,15 +61,7 @@ async def test_a_letter_of_an_unknown_function_is_kept_not_queued(redis_url, red
     pool = arq_pool(redis_url)
     try:
         store = DeadLetters(pool)
-        await store.add(
-            sink="fetch",
-            provider="sim",
-            keys=["x"],
-            attempts=1,
-            error="arq gave up",
-            function="",
-            kwargs={"job_id": "deliver:gone"},
-        )
+        await keep_letter(store, "", kwargs={"job_id": "deliver:gone"}, error="arq gave up")
         found = await store.find()
         assert await store.replay(found) == 0
         assert len(await store.find()) == 1  # still kept, still listed
@@ -128,26 +74,22 @@ async def test_a_letter_of_an_unknown_function_is_kept_not_queued(redis_url, red
 
 
 async def test_an_in_progress_response_is_fetched_again_not_stored(
-    stack, redis_url, signed_callback, pg_url, pg_table
+    loss_stack, redis_url, signed_callback, pg_url, pg_table
 ):
-    settings, sim = stack()
+    settings, sim = loss_stack()
     sim.add_response("resp_eventual", pending_times=2, text="finally")
-    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
-        r = await post(base, *signed_callback("resp_eventual"))
-        assert r.status_code == 202
+    async with serving(settings, redis_url, signed_callback("resp_eventual")):
         rows = await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=30)
     assert [(r["status"], r["output_text"]) for r in rows] == [("completed", "finally")]
     assert sim.request_count("/v1/responses/resp_eventual") == 3
 
 
 async def test_a_response_that_never_finishes_is_a_dead_letter_naming_its_status(
-    stack, redis_url, signed_callback, pg_url, pg_table
+    loss_stack, redis_url, signed_callback, pg_url, pg_table
 ):
-    settings, sim = stack()
+    settings, sim = loss_stack()
     sim.add_response("resp_stuck", pending_times=1000, pending_status="queued")
-    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
-        r = await post(base, *signed_callback("resp_stuck"))
-        assert r.status_code == 202
+    async with serving(settings, redis_url, signed_callback("resp_stuck")):
 
         async def one_letter() -> list | None:
             return await letters(redis_url, key="resp_stuck") or None
@@ -158,9 +100,9 @@ async def test_a_response_that_never_finishes_is_a_dead_letter_naming_its_status
 
 
 async def test_a_finalizing_openai_batch_is_retried_until_it_is_terminal(
-    stack, redis_url, signed_callback, pg_url, pg_table
+    loss_stack, redis_url, signed_callback, pg_url, pg_table
 ):
-    settings, sim = stack("openai")
+    settings, sim = loss_stack("openai")
     # finalizing, output_file_id null, twice; then completed with its files
     sim.add_batch("openai", "batch_fin", 500, failed_every=9, pending_times=2)
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
@@ -177,24 +119,24 @@ async def test_a_finalizing_openai_batch_is_retried_until_it_is_terminal(
 
 
 async def test_a_slow_fetch_plus_a_slow_sink_past_the_job_time_limit_is_retried(
-    stack, redis_url, signed_callback, webhook_secret
+    loss_stack, redis_url, signed_callback, webhook_secret
 ):
-    subscriber = await Subscriber(webhook_secret, delay_s=1.3).start()
+    subscriber = await Subscriber(webhook_secret, delay_s=2.2).start()
     try:
-        settings, sim = stack(
+        settings, sim = loss_stack(
             sinks={
                 "hook": {
                     "type": "http",
                     "url": subscriber.url(),
                     "secret": webhook_secret,
-                    "timeout_s": 1.6,
+                    "timeout_s": 2.6,
                 }
             },
             worker={"poll_delay_s": 0.01, "response_job_timeout_s": 4, "shutdown_wait_s": 2},
-            http={"attempts": 2, "connect_timeout_s": 1, "read_timeout_s": 2},
+            http={"connect_timeout_s": 1, "read_timeout_s": 2.5},
         )
-        # try 1: 1.4 s, a 500, 1.4 s more, then the sink's 1.3 s: past the 4 s limit
-        sim.add_response("resp_late", fail_times=1, fail_status=500, delay_s=1.4)
+        # try 1: a 2 s fetch, then the sink's 2.2 s: past the 4 s limit; try 2: 2.2 s
+        sim.add_response("resp_late", delay_s=2.0, delay_times=1)
         async with (
             running_api(settings, redis_url) as (base, _),
             running_worker(settings, redis_url),
@@ -202,11 +144,10 @@ async def test_a_slow_fetch_plus_a_slow_sink_past_the_job_time_limit_is_retried(
             r = await post(base, *signed_callback("resp_late"))
             assert r.status_code == 202
 
-            async def delivered_twice() -> bool:
-                return len(subscriber.deliveries) >= 2
+            async def delivered_twice_and_done() -> bool:
+                return len(subscriber.deliveries) >= 2 and await queues_empty(redis_url)
 
-            await wait_for(delivered_twice, timeout=30)
-            await asyncio.sleep(2)
+            await wait_for(delivered_twice_and_done, timeout=30)
     finally:
         await subscriber.stop()
     assert {d.payload["key"] for d in subscriber.deliveries} == {"resp_late"}
@@ -231,9 +172,9 @@ def test_a_sink_timeout_as_long_as_the_job_is_refused_at_start_up(make_settings)
 
 @pytest.mark.parametrize("fault", ["expired", "max_tries"])
 async def test_a_job_arq_gives_up_on_becomes_a_dead_letter_and_replays(
-    stack, redis_url, redis_sync_client, pg_url, pg_table, fault
+    loss_stack, redis_url, redis_sync_client, pg_url, pg_table, fault
 ):
-    settings, sim = stack()
+    settings, sim = loss_stack()
     sim.add_response("resp_arq", text="rescued")
     job_id = response_job_id("sim", "resp_arq")
     kwargs = {"provider": "sim", "response_id": "resp_arq", "received_at": now_rfc3339()}
@@ -262,37 +203,22 @@ async def test_a_job_arq_gives_up_on_becomes_a_dead_letter_and_replays(
 # --- a chunk size changed between two runs of a batch --------------------------------------
 
 
-async def _run_batch(settings, redis_url: str, batch_id: str, **kwargs):
-    state = build_state(settings, redis_url, Metrics())  # what nopoll fetch-batch uses
-    try:
-        return await state.batch_runner.run(
-            state.dialects["sim"],
-            provider="sim",
-            batch_id=batch_id,
-            event_id=None,
-            received_at=now_rfc3339(),
-            **kwargs,
-        )
-    finally:
-        await state.aclose()
-
-
 @pytest.mark.parametrize("second_chunk_size", [300, 70])
 async def test_a_resume_after_the_chunk_size_changed_writes_every_row_exactly_once(
-    stack, redis_url, redis_sync_client, tmp_path, second_chunk_size
+    loss_stack, redis_url, redis_sync_client, tmp_path, second_chunk_size
 ):
     files = {"files": {"type": "jsonl", "dir": str(tmp_path / "out")}}
-    settings, sim = stack("valar", sinks=files)
+    settings, sim = loss_stack("valar", sinks=files)
     # row 650 (chunk 3 at 200 rows per chunk) fails every try of the first run
     batch = sim.add_batch("valar", "batch_resize", 1000, row_failures={"row-000650": 2})
     with pytest.raises(TransientProviderError):
-        await _run_batch(settings, redis_url, "batch_resize")
+        await run_batch(settings, redis_url, "batch_resize")
     assert redis_sync_client.hget("nopoll:batch:sim:batch_resize", "c:files") == b"2"
 
     resized = settings.model_copy(
         update={"batch": settings.batch.model_copy(update={"chunk_size": second_chunk_size})}
     )
-    outcome = await _run_batch(resized, redis_url, "batch_resize")
+    outcome = await run_batch(resized, redis_url, "batch_resize")
     assert outcome.chunks_skipped == 3  # the first run's three 200-row chunks
     keys = [r["key"] for r in jsonl_rows(tmp_path / "out") if r["kind"] == "batch_row"]
     assert len(keys) == len(set(keys)) == batch.n_rows
@@ -302,12 +228,12 @@ async def test_a_resume_after_the_chunk_size_changed_writes_every_row_exactly_on
 
 
 async def test_a_dead_lettered_chunk_keeps_the_summary_parked_until_its_replay(
-    stack, redis_url, signed_callback, webhook_secret
+    loss_stack, redis_url, signed_callback, webhook_secret
 ):
     subscriber = await Subscriber(webhook_secret, status=400).start()  # refuses everything
     try:
         sinks = {"hook": {"type": "http", "url": subscriber.url(), "secret": webhook_secret}}
-        settings, sim = stack("sference", sinks=sinks)
+        settings, sim = loss_stack("sference", sinks=sinks)
         sim.add_batch("sference", "batch_held", 400)
         async with (
             running_api(settings, redis_url) as (base, _),
@@ -321,7 +247,7 @@ async def test_a_dead_lettered_chunk_keeps_the_summary_parked_until_its_replay(
                 return found if len(found) == 2 else None
 
             await wait_for(two_letters, timeout=30)
-            await asyncio.sleep(1.5)
+            await wait_for(lambda: batch_done(redis_url, "batch_held"), timeout=30)
             accepted = [d for d in subscriber.deliveries if d.verified]
             kinds = {e["kind"] for d in accepted for e in _envelopes(d.payload)}
             assert "batch" not in kinds  # no summary while its rows are dead letters
@@ -349,120 +275,17 @@ def _envelopes(payload) -> list[dict]:
     return payload if isinstance(payload, list) else [payload]
 
 
-# --- the batch lease -----------------------------------------------------------------------
-
-
-async def _watch_lock(redis_url: str, key: str, stop: asyncio.Event) -> list[int]:
-    """PTTL of the lock every 50 ms until ``stop`` (-2: it expired)."""
-    seen: list[int] = []
-    client = redis_sync.Redis.from_url(redis_url)
-    try:
-        while not stop.is_set():
-            seen.append(int(await asyncio.to_thread(client.pttl, key)))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.05)
-    finally:
-        client.close()
-    return seen
-
-
-def _redis_port(redis_url: str) -> tuple[str, int]:
-    hostport = redis_url.split("//", 1)[1].split("/", 1)[0]
-    host, _, port = hostport.partition(":")
-    return host, int(port or 6379)
-
-
-async def _leased_run(stack, redis_url, tmp_path, cut_s: float | None):
-    files = {"files": {"type": "jsonl", "dir": str(tmp_path / "out")}}
-    settings, sim = stack("valar", sinks=files)
-    sim.add_batch("valar", "batch_lease", 3000, row_delay_s=0.05)
-    job_id = batch_job_id("sim", "batch_lease")
-    lock = IN_PROGRESS_KEY + job_id
-    direct = redis_sync.Redis.from_url(redis_url)
-    direct.set(lock, "token-1", px=2000)
-    proxy = TcpProxy(*_redis_port(redis_url))
-    await proxy.up()
-    db = redis_url.rsplit("/", 1)[1]
-    leased = arq_pool(f"redis://127.0.0.1:{proxy.port}/{db}")
-    lease = Lease(leased, job_id, "token-1")
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(_watch_lock(redis_url, lock, stop))
-    run = asyncio.create_task(_run_batch(settings, redis_url, "batch_lease", lease=lease))
-    try:
-        await asyncio.sleep(1.0)
-        await proxy.down()
-        if cut_s is not None:
-            await asyncio.sleep(cut_s)
-            await proxy.up()
-        try:
-            result = await asyncio.wait_for(run, 60)
-        except LeaseLost as exc:
-            result = exc
-        ttl_then = direct.pttl(lock)
-    finally:
-        stop.set()
-        ttls = await watcher
-        await proxy.down()
-        await leased.aclose()
-        direct.close()
-    return result, lease, ttl_then, ttls
-
-
-async def test_one_failed_lease_renewal_does_not_let_the_lock_expire_under_a_running_batch(
-    stack, redis_url, tmp_path
-):
-    outcome, _, _, ttls = await _leased_run(stack, redis_url, tmp_path, cut_s=0.7)
-    assert not isinstance(outcome, LeaseLost) and outcome.rows == 3000
-    assert ttls and min(ttls) > 0, "the batch's lock expired while it was still running"
-
-
-async def test_a_batch_that_cannot_renew_its_lease_stops_before_the_lock_expires(
-    stack, redis_url, tmp_path
-):
-    started = time.monotonic()
-    outcome, lease, ttl_then, _ = await _leased_run(stack, redis_url, tmp_path, cut_s=None)
-    assert isinstance(outcome, LeaseLost) and lease.lost
-    assert time.monotonic() - started < 10
-    assert ttl_then > 0, "the run outlived its lock: a second run could have started"
-
-
-async def test_a_batch_whose_lock_was_taken_over_stops_and_leaves_the_job_to_the_new_owner(
-    stack, redis_url, redis_sync_client, signed_callback
-):
-    settings, sim = stack("valar", sinks={"files": {"type": "jsonl", "dir": "/tmp/nopoll-x"}})
-    sim.add_batch("valar", "batch_taken", 3000, row_delay_s=0.05)
-    job_id = batch_job_id("sim", "batch_taken")
-    lock = IN_PROGRESS_KEY + job_id
-    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
-        r = await post(base, *signed_callback("batch_taken", event_type="batch.completed"))
-        assert r.status_code == 202
-
-        async def running() -> bool:
-            return bool(redis_sync_client.exists(lock))
-
-        await wait_for(running, timeout=20)
-        redis_sync_client.set(lock, "another-worker", px=60_000)  # another run owns it now
-        fetched = sim.request_count("/v1/batches/batch_taken/")
-        await asyncio.sleep(3)  # lease_s 2: the holder renews every 0.67 s
-        stalled = sim.request_count("/v1/batches/batch_taken/")
-        await asyncio.sleep(1)
-        # this run stopped; the new owner's lock and the job are untouched
-        assert sim.request_count("/v1/batches/batch_taken/") == stalled > fetched
-        assert redis_sync_client.get(lock) == b"another-worker"
-        assert redis_sync_client.exists(JOB_KEY + job_id)
-
-
 # --- one bad row fails alone, end to end -----------------------------------------------------
 
 
 async def test_a_row_postgres_refuses_is_a_dead_letter_alone_and_the_rest_land(
-    stack, redis_url, signed_callback, pg_url, pg_table, tmp_path
+    loss_stack, redis_url, signed_callback, pg_url, pg_table, tmp_path
 ):
     sinks = {
         "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
         "files": {"type": "jsonl", "dir": str(tmp_path / "out")},
     }
-    settings, sim = stack(sinks=sinks)
+    settings, sim = loss_stack(sinks=sinks)
     sim.add_response("resp_nul", text="before\x00after")
     huge = sim.add_response("resp_huge")
     huge.body["usage"]["input_tokens"] = 2**40  # beyond the INTEGER column
@@ -489,9 +312,9 @@ async def test_a_row_postgres_refuses_is_a_dead_letter_alone_and_the_rest_land(
 
 
 async def test_a_refused_batch_row_holds_the_summary_and_fails_no_other_row(
-    stack, redis_url, signed_callback, pg_url, pg_table
+    loss_stack, redis_url, signed_callback, pg_url, pg_table
 ):
-    settings, sim = stack("valar")
+    settings, sim = loss_stack("valar")
     batch = sim.add_batch("valar", "batch_bad_row", 600)
     plain = batch.response_body
 
@@ -510,7 +333,7 @@ async def test_a_refused_batch_row_holds_the_summary_and_fails_no_other_row(
             return await letters(redis_url, sink="warehouse") or None
 
         [letter] = await wait_for(one_letter, timeout=30)
-        await asyncio.sleep(1.5)
+        await wait_for(lambda: batch_done(redis_url, "batch_bad_row"), timeout=30)
         rows = await pg_rows(pg_url, pg_table)
     assert letter.keys == ["batch_bad_row/row-000321"]
     assert len(rows) == 599 and all(r["kind"] == "batch_row" for r in rows)  # no summary yet

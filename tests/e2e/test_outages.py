@@ -15,7 +15,7 @@ import pytest
 import redis as redis_sync
 
 from receiver.queue import HEALTH_CHECK_KEY
-from tests.e2e.helpers import await_ready, pg_rows, wait_for, write_config
+from tests.e2e.helpers import await_ready, pg_rows, requested, wait_for, write_config
 from tests.servers import ValkeyProcess, free_port, running_api
 
 pytestmark = pytest.mark.slow
@@ -30,6 +30,17 @@ def own_redis() -> Iterator[ValkeyProcess]:
 
 def _pg_sink(pg_url: str, pg_table: str) -> str:
     return f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n"
+
+
+async def _serve(procs, tmp_path, sim, own_redis, pg_url: str, pg_table: str):
+    """`nopoll serve` on ``own_redis`` with a Postgres sink, once ready: (process, port)."""
+    config = write_config(
+        tmp_path, sim.base_url, redis_url=own_redis.url, sinks=_pg_sink(pg_url, pg_table)
+    )
+    port = free_port()
+    serve = procs.start("serve", "--config", str(config), "--port", str(port))
+    await await_ready(port)
+    return serve, port
 
 
 async def _keys(pg_url: str, pg_table: str) -> list[str]:
@@ -58,10 +69,7 @@ async def test_worker_rides_out_a_redis_restart_and_finishes_the_job_it_was_runn
         r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
         assert r.status_code == 202
 
-        async def fetching() -> bool:
-            return sim.request_count("/v1/responses/resp_inflight") >= 1
-
-        await wait_for(fetching, timeout=20)
+        await wait_for(requested(sim, "/v1/responses/resp_inflight"), timeout=20)
         own_redis.stop()  # SIGKILL, mid-job
         await asyncio.sleep(4)
         assert worker.poll() is None, "the worker exited when Redis went away\n" + procs.logs()
@@ -88,12 +96,7 @@ async def test_serve_answers_503_while_redis_is_down_and_the_same_delivery_succe
 ):
     sim = provider_sim()
     sim.add_response("resp_retried", text="made it")
-    config = write_config(
-        tmp_path, sim.base_url, redis_url=own_redis.url, sinks=_pg_sink(pg_url, pg_table)
-    )
-    port = free_port()
-    serve = procs.start("serve", "--config", str(config), "--port", str(port))
-    await await_ready(port)
+    serve, port = await _serve(procs, tmp_path, sim, own_redis, pg_url, pg_table)
     base = f"http://127.0.0.1:{port}"
     body, headers = signed_callback("resp_retried")
     own_redis.stop()
@@ -124,12 +127,7 @@ async def test_serve_rides_out_a_frozen_redis(
 ):
     sim = provider_sim()
     sim.add_response("resp_thawed")
-    config = write_config(
-        tmp_path, sim.base_url, redis_url=own_redis.url, sinks=_pg_sink(pg_url, pg_table)
-    )
-    port = free_port()
-    serve = procs.start("serve", "--config", str(config), "--port", str(port))
-    await await_ready(port)
+    serve, port = await _serve(procs, tmp_path, sim, own_redis, pg_url, pg_table)
     base = f"http://127.0.0.1:{port}"
     own_redis.freeze()  # SIGSTOP: connections stay open, nothing answers
     try:
@@ -171,8 +169,16 @@ async def test_worker_refuses_a_redis_that_may_evict_jobs(procs, tmp_path, provi
         # redis_policy_check: warn starts anyway, saying why it should not
         config.write_text(config.read_text() + "redis_policy_check: warn\n")
         warned = procs.start("worker", "--config", str(config))
-        await asyncio.sleep(3)
+        direct = redis_sync.Redis.from_url(evicting.url)
+
+        async def warned_and_polling() -> bool:
+            warnings = procs.logs().count("maxmemory-policy is 'allkeys-lru'")
+            return warnings >= 2 and bool(direct.exists(HEALTH_CHECK_KEY))
+
+        try:
+            await wait_for(warned_and_polling, timeout=30)
+        finally:
+            direct.close()
         assert warned.poll() is None, procs.logs()
-        assert procs.logs().count("maxmemory-policy is 'allkeys-lru'") >= 2
     finally:
         evicting.stop()

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from receiver._arq import arq_pool
+from receiver._arq import RETRY_KEY, arq_pool
 from receiver.deadletter import DeadLetters
-from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
+from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for, worker_started
 from tests.servers import TcpProxy, running_api, running_worker
 
 
@@ -32,6 +32,17 @@ def stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
         return make_settings(sim.base_url, redis_url=redis_url, sinks=sinks, **overrides), sim
 
     return make
+
+
+async def delivery_tries_at_least(redis_url: str, tries: int) -> bool:
+    """True once some delivery job (a sink's own retry) has started ``tries`` times."""
+    pool = arq_pool(redis_url)
+    try:
+        keys = [k async for k in pool.scan_iter(match=RETRY_KEY + "deliver:*")]
+        counts = await pool.mget(keys) if keys else []
+        return any(int(c) >= tries for c in counts if c is not None)
+    finally:
+        await pool.aclose()
 
 
 async def test_callback_becomes_one_row_in_every_sink(
@@ -79,8 +90,8 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
     stack, redis_url, signed_callback, pg_url, pg_table
 ):
     settings, sim = stack()
-    # 3 job tries x 2 in-job attempts = 6 requests, all failing
-    broken = sim.add_response("resp_down", fail_times=6, fail_status=500)
+    # 3 job tries, one request each (no in-job retries that would multiply them), all failing
+    broken = sim.add_response("resp_down", fail_times=3, fail_status=500)
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         assert (await post(base, *signed_callback("resp_down"))).status_code == 202
         pool = arq_pool(redis_url)
@@ -91,8 +102,8 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
         assert (letter.sink, letter.keys, letter.attempts) == ("fetch", ["resp_down"], 3)
         assert "500" in letter.error and "sk-test" not in letter.error
         assert await pg_rows(pg_url, pg_table) == []
-        assert sim.request_count("/v1/responses/resp_down") == 6
-        assert broken.served == 6  # the provider works again from now on
+        assert sim.request_count("/v1/responses/resp_down") == 3
+        assert broken.served == 3  # the provider works again from now on
         assert await letters.replay(found) == 1
         rows = await wait_for(lambda: pg_rows(pg_url, pg_table))
         assert [r["key"] for r in rows] == ["resp_down"]
@@ -135,12 +146,12 @@ async def test_postgres_down_jsonl_written_at_once_postgres_after_recovery(
             running_api(settings, redis_url) as (base, _),
             running_worker(settings, redis_url),
         ):
-            await asyncio.sleep(0.3)  # let the worker open its sinks while Postgres is up
+            await wait_for(lambda: worker_started(redis_url))  # sinks opened, Postgres up
             await proxy.down()
             assert (await post(base, *signed_callback("resp_pgdown"))).status_code == 202
             files = await wait_for(lambda: asyncio.to_thread(jsonl_rows, tmp_path / "results"))
             assert [f["key"] for f in files] == ["resp_pgdown"]
-            await asyncio.sleep(1.0)  # several Postgres retries fail meanwhile
+            await wait_for(lambda: delivery_tries_at_least(redis_url, 3))  # Postgres failed
             assert await pg_rows(pg_url, pg_table) == []
             await proxy.up()
             rows = await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=30)

@@ -13,7 +13,15 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.helpers import await_ready, pg_rows, wait_for, wait_ready, write_config
+from tests.e2e.helpers import (
+    await_ready,
+    pg_rows,
+    queues_empty,
+    requested,
+    wait_for,
+    wait_ready,
+    write_config,
+)
 from tests.servers import free_port, running_api
 
 pytestmark = pytest.mark.slow
@@ -37,17 +45,14 @@ async def test_worker_sigkilled_mid_job_runs_it_again_exactly_one_row(
         r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
         assert r.status_code == 202
 
-    async def fetching() -> bool:
-        return sim.request_count("/v1/responses/resp_kill") >= 1
-
-    await wait_for(fetching, timeout=20)
+    await wait_for(requested(sim, "/v1/responses/resp_kill"), timeout=20)
     worker.send_signal(signal.SIGKILL)  # mid-job: the provider has not answered yet
     worker.wait(10)
     slow.delay_s = 0
     procs.start("worker", "--config", str(config))
     # arq re-runs it once the dead worker's in-progress lock (job timeout + 10 s) expires
-    rows = await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=40, interval=0.2)
-    await asyncio.sleep(1.0)
+    await wait_for(lambda: pg_rows(pg_url, pg_table), timeout=40, interval=0.2)
+    await wait_for(lambda: queues_empty(redis_url))  # the job finished: nothing runs it again
     rows = await pg_rows(pg_url, pg_table)
     assert [r["key"] for r in rows] == ["resp_kill"], procs.logs()
     assert sim.request_count("/v1/responses/resp_kill") == 2
@@ -179,9 +184,13 @@ async def test_api_answers_503_beyond_its_concurrency_limit(procs, tmp_path, pro
             writer.write(b"POST /webhooks/sim HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{")
             await writer.drain()
             stalled.append(writer)
-        await asyncio.sleep(0.3)
         async with httpx.AsyncClient(timeout=5) as client:
-            r = await client.post(f"http://127.0.0.1:{port}/webhooks/sim", content=b"{}")
+
+            async def refused() -> httpx.Response | None:  # once the three are taken in
+                r = await client.post(f"http://127.0.0.1:{port}/webhooks/sim", content=b"{}")
+                return r if r.status_code == 503 else None
+
+            r = await wait_for(refused, timeout=5)
         assert r.status_code == 503  # the provider retries later; nothing piles up
     finally:
         for writer in stalled:

@@ -202,7 +202,7 @@ def test_send_test_is_queued_and_the_row_lands_again_with_a_new_webhook_id(stack
     assert "202 queued" in again.stdout
     ids = re.findall(r"webhook-id (\S+)", result.stdout + again.stdout)
     assert len(set(ids)) == 2  # a fresh webhook-id each time: not a duplicate
-    time.sleep(1.0)
+    _wait_rows(stack.db, 1, "key = ? AND event_id = ?", "resp_try_1", ids[1])  # refetched
     assert _rows(stack.db, "key = ?", "resp_try_1") == rows  # still one row
 
 

@@ -19,17 +19,6 @@ from receiver.queue import JOBS_QUEUE
 from tests.servers import ValkeyProcess, running_api
 
 
-@pytest.fixture
-async def api(make_settings, redis_url):
-    settings = make_settings(redis_url=redis_url, max_body_bytes=4096)
-    async with (
-        running_api(settings, redis_url) as (base, metrics),
-        httpx.AsyncClient(base_url=base, timeout=10) as client,
-    ):
-        client.metrics = metrics  # type: ignore[attr-defined]
-        yield client
-
-
 def queued(redis_sync_client) -> list[bytes]:
     return redis_sync_client.zrange(JOBS_QUEUE, 0, -1)
 

@@ -18,17 +18,6 @@ from nopoll.wire import decode_webhook_secret
 from receiver.queue import JOBS_QUEUE
 from receiver.verify import MAX_SIGNATURES
 from tests.receiver.rawhttp import raw_request
-from tests.servers import running_api
-
-
-@pytest.fixture
-async def api(make_settings, redis_url):
-    settings = make_settings(redis_url=redis_url, max_body_bytes=4096)
-    async with (
-        running_api(settings, redis_url) as (base, _),
-        httpx.AsyncClient(base_url=base, timeout=10) as client,
-    ):
-        yield client
 
 
 def sign(secret: str, msg_id: str | bytes, timestamp: str, body: bytes) -> str:

@@ -31,6 +31,15 @@ from receiver.queue import (
 )
 
 QUEUE = JOBS_QUEUE  # put_job routes by function: fetch_response runs on the short-jobs queue
+BURST: dict[str, Any] = {
+    "queue_name": QUEUE,
+    "burst": True,  # run what is queued, then stop
+    "poll_delay": 0.01,
+    "handle_signals": False,
+    "job_serializer": job_serializer,
+    "job_deserializer": job_deserializer,
+    "keep_result": 0,
+}
 
 
 def _recorder() -> tuple[list[dict[str, Any]], Any]:
@@ -52,17 +61,8 @@ async def test_a_job_from_nopolls_enqueue_script_runs_on_a_stock_arq_worker(redi
     queued = QueuedJob("fetch_response", "other", {"provider": "p", "response_id": "r2"})
     queued_ok = await put_job(client, queued, expiry_ms=60_000)
     assert queued_ok  # put_job (batch hand-offs, replays) writes the same format
-    worker = Worker(  # stock arq, nothing of nopoll's but the JSON serializer
-        [func(fetch_response, name="fetch_response")],
-        redis_pool=client,
-        queue_name=QUEUE,
-        burst=True,
-        poll_delay=0.01,
-        handle_signals=False,
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-        keep_result=0,
-    )
+    # stock arq, nothing of nopoll's but the JSON serializer
+    worker = Worker([func(fetch_response, name="fetch_response")], redis_pool=client, **BURST)
     await asyncio.wait_for(worker.async_run(), 20)
     await worker.close()
     assert worker.jobs_complete == 2 and worker.jobs_failed == 0
@@ -82,17 +82,8 @@ async def test_a_job_from_arqs_enqueue_job_runs_on_nopolls_worker(redis_url, red
         async def give_up(self, *args: Any) -> None:
             raise AssertionError(f"nothing should be given up: {args}")
 
-    worker = Probe(
-        [func(fetch_response, name="fetch_response")],
-        redis_pool=arq_pool(redis_url, queue=QUEUE),
-        queue_name=QUEUE,
-        burst=True,
-        poll_delay=0.01,
-        handle_signals=False,
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-        keep_result=0,
-    )
+    pool = arq_pool(redis_url, queue=QUEUE)
+    worker = Probe([func(fetch_response, name="fetch_response")], redis_pool=pool, **BURST)
     await asyncio.wait_for(worker.async_run(), 20)
     await worker.close()
     await client.aclose()

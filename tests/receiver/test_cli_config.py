@@ -25,18 +25,16 @@ sys.meta_path.insert(0, _NoAsyncpg())
 """
 
 CONFIG = """
-redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/2}
-data_dir: {data}
 providers:
+  sail:
+    dialect: sail
+    base_url: https://api.sail.example/v1
+    api_key: ${SAIL_API_KEY}
   sference:
     dialect: sference
     base_url: https://api.sference.com/v1
     api_key: ${SFERENCE_API_KEY}
     webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}"]
-  sail:
-    dialect: sail
-    base_url: https://api.sail.example/v1
-    api_key: ${SAIL_API_KEY}
 sinks:
   warehouse: {type: sql, url: "postgresql://app:${PG_PASSWORD}@db/results"}
   audit:
@@ -44,6 +42,8 @@ sinks:
     url: "https://consumer.example/hook?token=${HOOK_TOKEN}"
     secret: "${AUDIT_SECRET}"
   files: {type: jsonl, dir: {data}/results}
+redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/2}
+data_dir: {data}
 """
 SECRETS = {
     "SFERENCE_API_KEY": "sk-live-SECRETVALUE1",

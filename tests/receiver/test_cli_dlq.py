@@ -12,6 +12,7 @@ from receiver._arq import arq_pool
 from receiver.cli import main
 from receiver.deadletter import DeadLetters
 from receiver.queue import JOBS_QUEUE
+from tests.dead_letters import keep_letter
 
 
 def config(tmp_path: Path, redis_url: str) -> str:
@@ -23,29 +24,21 @@ def config(tmp_path: Path, redis_url: str) -> str:
 async def add_letters(redis_url: str) -> None:
     pool = arq_pool(redis_url)
     letters = DeadLetters(pool)
-    await letters.add(
-        sink="warehouse",
-        provider="sim",
-        keys=["resp_a"],
-        attempts=12,
-        error="sink 'warehouse': ConnectionRefusedError",
-        function="deliver",
-        kwargs={"sink": "warehouse", "envelopes": [], "part": None},
+    delivery = {"sink": "warehouse", "envelopes": [], "part": None}
+    error = "sink 'warehouse': ConnectionRefusedError"
+    await keep_letter(
+        letters, "deliver", "warehouse", ["resp_a"], delivery, attempts=12, error=error
     )
-    await letters.add(
-        sink="fetch",
-        provider="sim",
-        keys=["resp_b"],
-        attempts=8,
-        error="sim GET responses/resp_b (HTTP 500)",
-        function="fetch_response",
-        kwargs={
-            "provider": "sim",
-            "response_id": "resp_b",
-            "event_id": None,
-            "received_at": "2026-01-01T00:00:00.000Z",
-            "tenant": "default",
-        },
+    fetch = {
+        "provider": "sim",
+        "response_id": "resp_b",
+        "event_id": None,
+        "received_at": "2026-01-01T00:00:00.000Z",
+        "tenant": "default",
+    }
+    error = "sim GET responses/resp_b (HTTP 500)"
+    await keep_letter(
+        letters, "fetch_response", "fetch", ["resp_b"], fetch, attempts=8, error=error
     )
     await pool.aclose()
 

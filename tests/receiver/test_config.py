@@ -10,13 +10,16 @@ from nopoll.exceptions import ConfigError
 from receiver.cli import main
 from receiver.config import load_settings
 
-GOOD = """
+HEAD = """
 redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/1}
 data_dir: {data}
 providers:
   sference:
     dialect: sference
-    base_url: https://api.sference.com/v1/
+"""
+GOOD = (
+    HEAD
+    + """    base_url: https://api.sference.com/v1/
     api_key: ${SFERENCE_API_KEY}
     webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}", "raw-old-secret"]
 sinks:
@@ -26,6 +29,7 @@ routes:
   - match: {provider: sference, kind: [response], metadata.label: eval}
     sinks: [db]
 """
+)
 ENV = {"SFERENCE_API_KEY": "sk-live-secret", "SFERENCE_WEBHOOK_SECRET": "whsec_aGVsbG8gd29ybGQ="}
 
 
@@ -232,13 +236,9 @@ def test_webhook_secrets_are_optional(tmp_path: Path) -> None:
         load_settings(write(tmp_path, bad), env=ENV)
 
 
-LENIENT = """
-redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/1}
-data_dir: {data}
-providers:
-  sference:
-    dialect: sference
-    base_url: ${SFERENCE_BASE_URL}
+LENIENT = (
+    HEAD
+    + """    base_url: ${SFERENCE_BASE_URL}
     api_key: ${SFERENCE_API_KEY}
     webhook_secrets: ["${SFERENCE_WEBHOOK_SECRET}", "whsec_${ROTATED}"]
 sinks:
@@ -246,6 +246,7 @@ sinks:
   audit: {type: http, url: "https://consumer.example/hook", secret: "${AUDIT_SECRET}"}
 http: {read_timeout_s: "${READ_TIMEOUT}"}
 """
+)
 
 
 def test_lenient_load_turns_unset_variables_into_notes(tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ async def test_several_round_trips_are_in_flight_at_once(redis, clock, monkeypat
     enq = Enqueuer(redis, dedupe_ttl_s=60, job_expiry_s=3600, max_in_flight=3, clock=clock)
     tasks = [asyncio.create_task(enq.enqueue(job(f"msg_{i}"))) for i in range(200)]
     await until(lambda: len(spy.sizes) >= 3)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # no fourth trip starts meanwhile
     assert len(spy.sizes) == 3  # three trips wait on Redis together; the rest wait for one
     assert len(enq._pending) == 200 - sum(spy.sizes) > 0
     spy.gate.set()
@@ -126,8 +126,7 @@ async def test_a_failing_round_trip_fails_only_its_callers(enqueuer, monkeypatch
     spy = TripSpy(monkeypatch)
     spy.fail_if = lambda commands: any("msg_doomed" in c[3] for c in commands)
     doomed = asyncio.create_task(enqueuer.enqueue(job("msg_doomed")))
-    for _ in range(3):
-        await asyncio.sleep(0)  # its trip leaves alone
+    await until(lambda: len(spy.sizes) == 1)  # its trip left alone
     others = [asyncio.create_task(enqueuer.enqueue(job(f"msg_ok_{i}"))) for i in range(20)]
     with pytest.raises(RedisConnectionError):
         await doomed
@@ -153,7 +152,7 @@ async def test_a_flood_beyond_the_pending_bound_is_refused_at_once(redis, clock,
     assert 0 < len(waiting) <= 10 and len(refused) == 5000 - len(waiting)
     assert len(enq._pending) <= 5  # what the Enqueuer holds does not grow with the flood
     more = [asyncio.create_task(enq.enqueue(job(f"msg_more_{i}"))) for i in range(1000)]
-    await asyncio.sleep(0.05)
+    await until(lambda: sum(t.done() for t in more) >= 995)  # refused at once
     waiting += [t for t in more if not t.done()]
     assert sum(isinstance(t.exception(), QueueBusy) for t in more if t.done()) >= 995
     assert len(waiting) <= 10 and len(enq._pending) <= 5  # in flight + one more batch

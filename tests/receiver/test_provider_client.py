@@ -28,7 +28,7 @@ async def test_429_with_retry_after_is_retried_in_place(provider_sim):
     sim.add_response("resp_1", fail_times=1, fail_status=429, retry_after=0.3)
     c = client(sim.base_url)
     started = time.monotonic()
-    body = await ResponsesDialect(c).fetch_response("resp_1")
+    body = await c.get_json("responses/resp_1")  # a batch job's request: retried in place
     assert body["id"] == "resp_1"
     assert time.monotonic() - started >= 0.3
     assert sim.request_count() == 2
@@ -51,8 +51,11 @@ async def test_500_every_time_gives_up_after_the_attempts(provider_sim):
     sim.add_response("resp_1", fail_times=99, fail_status=500)
     c = client(sim.base_url)
     with pytest.raises(TransientProviderError):
-        await ResponsesDialect(c).fetch_response("resp_1")
+        await c.get_json("responses/resp_1")
     assert sim.request_count() == 3
+    with pytest.raises(TransientProviderError):  # a response's fetch: its job retries it
+        await ResponsesDialect(c).fetch_response("resp_1")
+    assert sim.request_count() == 4
     await c.aclose()
 
 

@@ -155,10 +155,15 @@ async def test_per_row_result_over_the_cap_fails_the_batch_naming_the_cap(provid
 # --- streamed results files: one line at most max_line_bytes -----------------------------
 
 
-async def test_endless_line_in_a_results_file_stops_at_the_line_cap(provider_sim):
+def sference_results(provider_sim, batch_id: str, oversize: Oversize) -> ProviderClient:
+    """A client of a simulated sference batch of 10 rows whose results file is ``oversize``."""
     sim = provider_sim(api_key="sk-test")
-    sim.add_batch("sference", "batch_endless", 10, oversize=Oversize("endless", 8 * MIB))
-    c = client(sim.base_url, "sference")
+    sim.add_batch("sference", batch_id, 10, oversize=oversize)
+    return client(sim.base_url, "sference")
+
+
+async def test_endless_line_in_a_results_file_stops_at_the_line_cap(provider_sim):
+    c = sference_results(provider_sim, "batch_endless", Oversize("endless", 8 * MIB))
     peak, error = await peak_memory(c, lambda: all_rows(c, "sference", "batch_endless"))
     assert "line 4 " in permanent(error, LINE_CAP)
     assert peak < CAP + SLACK, f"peak {peak / MIB:.1f} MiB"
@@ -166,9 +171,7 @@ async def test_endless_line_in_a_results_file_stops_at_the_line_cap(provider_sim
 
 
 async def test_long_line_then_more_lines_is_refused(provider_sim):
-    sim = provider_sim(api_key="sk-test")
-    sim.add_batch("sference", "batch_long", 10, oversize=Oversize("padded", 3 * MIB))
-    c = client(sim.base_url, "sference")
+    c = sference_results(provider_sim, "batch_long", Oversize("padded", 3 * MIB))
     with pytest.raises(ProviderError) as info:
         await all_rows(c, "sference", "batch_long")
     permanent(info.value, LINE_CAP)

@@ -44,6 +44,17 @@ async def subscriber() -> AsyncIterator[Callable[..., Awaitable[Subscriber]]]:
 
 
 @pytest.fixture
+def hooked(subscriber, http_sink, webhook_secret) -> Callable[[], Awaitable[tuple[Any, Any]]]:
+    """Factory: (subscriber, http sink posting to it), both with the test's secret."""
+
+    async def make() -> tuple[Subscriber, HttpSink]:
+        sub = await subscriber(webhook_secret)
+        return sub, await http_sink(sub.url(), webhook_secret)
+
+    return make
+
+
+@pytest.fixture
 async def http_sink() -> AsyncIterator[Callable[..., Awaitable[HttpSink]]]:
     """Factory: an opened ``http`` sink from a raw config entry; closed at the end."""
     sinks: list[HttpSink] = []
@@ -61,9 +72,8 @@ async def http_sink() -> AsyncIterator[Callable[..., Awaitable[HttpSink]]]:
         await sink.aclose()
 
 
-async def test_one_envelope_is_one_signed_object(subscriber, http_sink, webhook_secret) -> None:
-    sub = await subscriber(webhook_secret)
-    sink = await http_sink(sub.url(), webhook_secret)
+async def test_one_envelope_is_one_signed_object(hooked) -> None:
+    sub, sink = await hooked()
     env = envelope(1)
     await sink.write([env])
     [got] = sub.deliveries
@@ -75,11 +85,8 @@ async def test_one_envelope_is_one_signed_object(subscriber, http_sink, webhook_
     assert abs(int(got.headers["webhook-timestamp"]) - time.time()) < 60
 
 
-async def test_many_envelopes_are_arrays_of_batch_size_in_order(
-    subscriber, http_sink, webhook_secret
-) -> None:
-    sub = await subscriber(webhook_secret)
-    sink = await http_sink(sub.url(), webhook_secret)
+async def test_many_envelopes_are_arrays_of_batch_size_in_order(hooked) -> None:
+    sub, sink = await hooked()
     envs = [envelope(i) for i in range(1200)]
     await sink.write(envs)
     assert all(d.verified for d in sub.deliveries)
@@ -100,11 +107,8 @@ async def test_batch_size_is_configurable(subscriber, http_sink, webhook_secret)
     assert shapes[:2] == [2, 2] and shapes[2]["key"] == "resp_4"  # a lone one is an object
 
 
-async def test_same_envelopes_carry_the_same_webhook_id(
-    subscriber, http_sink, webhook_secret
-) -> None:
-    sub = await subscriber(webhook_secret)
-    sink = await http_sink(sub.url(), webhook_secret)
+async def test_same_envelopes_carry_the_same_webhook_id(hooked) -> None:
+    sub, sink = await hooked()
     envs = [envelope(i) for i in range(3)]
     await sink.write(envs)
     await sink.write(envs)

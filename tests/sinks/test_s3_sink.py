@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -84,27 +85,23 @@ async def make_sink(
     bucket: str,
 ) -> AsyncIterator[MakeSink]:
     """Factory: an opened S3Sink on the moto server (bucket created), closed afterwards."""
-    opened: list[S3Sink] = []
+    async with contextlib.AsyncExitStack() as opened:
 
-    async def make(**overrides: Any) -> S3Sink:
-        raw = {
-            "type": "s3",
-            "bucket": bucket,
-            "prefix": "nopoll/",
-            "endpoint_url": s3_endpoint,
-            "create_bucket": True,
-            "timeout_s": 10,
-            **overrides,
-        }
-        sink = create_sink("lake", validate_sink_config("lake", raw))
-        assert isinstance(sink, S3Sink)
-        await sink.open()
-        opened.append(sink)
-        return sink
+        async def make(**overrides: Any) -> S3Sink:
+            raw = {
+                "type": "s3",
+                "bucket": bucket,
+                "prefix": "nopoll/",
+                "endpoint_url": s3_endpoint,
+                "create_bucket": True,
+                "timeout_s": 10,
+                **overrides,
+            }
+            sink = create_sink("lake", validate_sink_config("lake", raw))
+            assert isinstance(sink, S3Sink)
+            return await opened.enter_async_context(sink)
 
-    yield make
-    for sink in opened:
-        await sink.aclose()
+        yield make
 
 
 def keys_under(s3: Any, bucket: str, prefix: str = "") -> list[str]:

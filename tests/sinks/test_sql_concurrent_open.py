@@ -31,6 +31,7 @@ db, go, i = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 
 async def main():
     sink = create_sink("s", validate_sink_config("s", {"type": "sql", "url": f"sqlite:///{db}"}))
+    go.with_name(f"{go.name}.ready{i}").touch()  # imported, sink made: waiting for go
     deadline = time.monotonic() + 30
     while not go.exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.002)
@@ -85,7 +86,11 @@ def test_processes_open_a_fresh_file_at_once(tmp_path: Path) -> None:
             for i in range(4)
         ]
         try:
-            time.sleep(1.5)  # every child imported and waiting
+            ready = [go.with_name(f"{go.name}.ready{i}") for i in range(len(children))]
+            deadline = time.monotonic() + 30
+            while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert all(r.exists() for r in ready), "a child never got ready"
             go.touch()
             results = [c.communicate(timeout=60) for c in children]
         finally:

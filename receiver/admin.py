@@ -1,0 +1,276 @@
+"""The admin API, ``/admin/v1``: register, list and end watches.
+
+Bearer tokens from ``admin_tokens`` (compared in constant time); with none configured
+every ``/admin/v1`` route answers 404, as if it did not exist. A missing or wrong token
+is 401. Bad input is a 4xx whose ``error`` names the field; nothing a client sends gives
+a 500. ``GET /admin/v1/openapi.json`` describes the routes.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from receiver.config import Settings
+from receiver.watches import WatchStore, register_many
+
+__all__ = ["WatchRequest", "admin_routes"]
+
+_MAX_IDS = 10_000
+_MAX_BODY = 4 * 1024 * 1024
+_STATES = ("pending", "landed", "expired")
+
+
+class WatchRequest(BaseModel):
+    """``POST /admin/v1/watches``: ids to watch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: str = Field(description="a provider name from the config")
+    kind: Literal["response", "batch"]
+    ids: list[str] = Field(min_length=1, max_length=_MAX_IDS)
+    expect_callback: bool | None = Field(
+        default=None,
+        description="poll only if no callback came within reconcile_after_s; "
+        "default false (poll from first_poll_s)",
+    )
+
+
+class WatchAnswer(BaseModel):
+    watching: int = Field(description="new watches")
+    already: int = Field(description="ids already watched or landed: nothing changed")
+    invalid: list[dict[str, str]] = Field(description="ids refused, with the reason")
+
+
+def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
+
+
+def _error(status: int, message: str, **headers: str) -> Response:
+    return _json(status, {"error": message}, headers or None)
+
+
+def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
+    """The ``/admin/v1`` routes (all of them 404 when no admin token is configured)."""
+    api = _AdminApi(settings, redis)
+    return [
+        Route("/admin/v1/watches", api.add, methods=["POST"]),
+        Route("/admin/v1/watches", api.listing, methods=["GET"]),
+        Route("/admin/v1/watches/{provider}/{kind}/{id:path}", api.remove, methods=["DELETE"]),
+        Route("/admin/v1/openapi.json", api.openapi, methods=["GET"]),
+    ]
+
+
+class _AdminApi:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self.settings = settings
+        self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
+        self.store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
+
+    def refused(self, request: Request) -> Response | None:
+        if not self.tokens:
+            return _error(404, "not found")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        candidate = given.strip().encode()
+        ok = False
+        for token in self.tokens:  # every token compared: no early exit that times the match
+            ok |= hmac.compare_digest(candidate, token)
+        if scheme.lower() != "bearer" or not ok:
+            return _error(401, "a valid admin bearer token is required", **_CHALLENGE)
+        return None
+
+    async def add(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > _MAX_BODY:
+            return _error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > _MAX_BODY:
+                return _error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
+        try:
+            body = WatchRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _error(400, _first_error(exc))
+        provider = self.settings.providers.get(body.provider)
+        if provider is None:
+            known = ", ".join(sorted(self.settings.providers)) or "none"
+            return _error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
+        try:
+            done = await register_many(
+                self.store,
+                body.provider,
+                body.kind,
+                body.ids,
+                first_poll_s=provider.watch.first_poll_s,
+                reconcile_after_s=provider.watch.reconcile_after_s,
+                expect_callback=bool(body.expect_callback),
+            )
+        except (RedisError, OSError):
+            return _error(503, "Redis unreachable, retry later")
+        invalid = [{"id": i[:300], "reason": r} for i, r in done.invalid]
+        return _json(202, {"watching": done.watching, "already": done.already, "invalid": invalid})
+
+    async def listing(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        q = request.query_params
+        if (kind := q.get("kind")) not in (None, "response", "batch"):
+            return _error(400, "kind: must be response or batch")
+        if (state := q.get("state")) not in (None, *_STATES):
+            return _error(400, f"state: must be one of {', '.join(_STATES)}")
+        provider = q.get("provider")
+        if provider is not None and provider not in self.settings.providers:
+            return _error(400, f"provider: unknown provider {provider[:64]!r}")
+        try:
+            cursor = int(q.get("cursor", "0"))
+            limit = int(q.get("limit", "100"))
+        except ValueError:
+            return _error(400, "cursor and limit: must be whole numbers")
+        if cursor < 0 or not 1 <= limit <= 1000:
+            return _error(400, "limit: must be 1 to 1000; cursor: not negative")
+        try:
+            watches, after = await self.store.scan(
+                provider=provider, kind=kind, state=state, cursor=cursor, count=limit
+            )
+        except (RedisError, OSError):
+            return _error(503, "Redis unreachable, retry later")
+        return _json(
+            200,
+            {"watches": [w.to_dict() for w in watches], "next_cursor": str(after or "")},
+        )
+
+    async def remove(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        p = request.path_params
+        if p["kind"] not in ("response", "batch"):
+            return _error(400, "kind: must be response or batch")
+        try:
+            deleted = await self.store.delete(p["provider"], p["kind"], p["id"])
+        except (RedisError, OSError):
+            return _error(503, "Redis unreachable, retry later")
+        return Response(status_code=204) if deleted else _error(404, "no such watch")
+
+    async def openapi(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        return _json(200, OPENAPI)
+
+
+_CHALLENGE = {"www-authenticate": 'Bearer realm="nopoll admin"'}
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    message = str(err["msg"])
+    if err["type"] == "json_invalid":
+        return "body: not valid JSON"
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{where}: {message}"
+
+
+def _params(*names: str) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "query", "required": False, "schema": {"type": "string"}} for n in names
+    ]
+
+
+_ERROR = {
+    "description": "why",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"error": {"type": "string"}},
+                "required": ["error"],
+            }
+        }
+    },
+}
+_AUTH = {"401": _ERROR, "404": {"description": "no admin token is configured"}}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "nopoll admin API", "version": "1"},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "WatchRequest": WatchRequest.model_json_schema(),
+            "WatchAnswer": WatchAnswer.model_json_schema(),
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/admin/v1/watches": {
+            "post": {
+                "summary": "Watch ids: poll them until they are terminal, then land them",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/WatchRequest"}
+                        }
+                    },
+                },
+                "responses": {
+                    "202": {
+                        "description": "registered",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/WatchAnswer"}
+                            }
+                        },
+                    },
+                    "400": _ERROR,
+                    "503": _ERROR,
+                    **_AUTH,
+                },
+            },
+            "get": {
+                "summary": "List watches (a page; follow next_cursor until it is empty)",
+                "parameters": _params("provider", "kind", "state", "cursor", "limit"),
+                "responses": {
+                    "200": {"description": "a page of watches"},
+                    "400": _ERROR,
+                    "503": _ERROR,
+                    **_AUTH,
+                },
+            },
+        },
+        "/admin/v1/watches/{provider}/{kind}/{id}": {
+            "delete": {
+                "summary": "Stop watching one id",
+                "parameters": [
+                    {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                    for n in ("provider", "kind", "id")
+                ],
+                "responses": {
+                    "204": {"description": "ended"},
+                    "404": _ERROR,
+                    "400": _ERROR,
+                    "401": _ERROR,
+                    "503": _ERROR,
+                },
+            }
+        },
+        "/admin/v1/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI"}, **_AUTH},
+            }
+        },
+    },
+}

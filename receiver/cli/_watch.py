@@ -1,0 +1,156 @@
+"""``nopoll watch``: hand ids to nopoll to poll until they are done, optionally waiting."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from receiver.cli._common import add_config_option, load, run_async
+from receiver.config import Settings
+
+_SHOWN_INVALID = 20
+
+
+def _ids(args: argparse.Namespace) -> list[str]:
+    ids = list(args.ids)
+    if args.from_file:
+        if args.from_file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.from_file, encoding="utf-8") as handle:
+                text = handle.read()
+        ids += [line.strip() for line in text.splitlines() if line.strip()]
+    return ids
+
+
+async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from nopoll.exceptions import ConfigError
+    from receiver._arq import arq_pool
+    from receiver.watches import WatchStore, register_many
+
+    provider = settings.providers.get(args.provider)
+    if provider is None:
+        known = ", ".join(sorted(settings.providers)) or "none"
+        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    ids = _ids(args)
+    redis = arq_pool(url)
+    store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
+    try:
+        done = await register_many(
+            store,
+            args.provider,
+            args.kind,
+            ids,
+            first_poll_s=provider.watch.first_poll_s,
+            reconcile_after_s=provider.watch.reconcile_after_s,
+            expect_callback=args.expect_callback,
+        )
+        for object_id, reason in done.invalid[:_SHOWN_INVALID]:
+            print(f"skipped {object_id[:80]!r}: {reason}", file=sys.stderr)
+        if len(done.invalid) > _SHOWN_INVALID:
+            print(f"... and {len(done.invalid) - _SHOWN_INVALID} more invalid", file=sys.stderr)
+        print(
+            f"watching {done.watching} new {args.kind} id(s) of {args.provider}"
+            f"{f', {done.already} already watched or landed' if done.already else ''}"
+            f"{f', {len(done.invalid)} invalid' if done.invalid else ''}"
+        )
+        if done.watching + done.already == 0:
+            return 2
+        if not args.wait:
+            return 0
+        valid = [i for i in dict.fromkeys(ids) if i not in {x for x, _ in done.invalid}]
+        limit_s = provider.watch.expire_after_s + provider.watch.max_interval_s + 60
+        return await _wait(store, args.provider, args.kind, valid, limit_s)
+    finally:
+        await redis.aclose()
+
+
+async def _states(store: Any, provider: str, kind: str, ids: list[str]) -> dict[str, int]:
+    counts = {"pending": 0, "landed": 0, "expired": 0}
+    for start in range(0, len(ids), 1000):
+        async with store.redis.pipeline(transaction=False) as pipe:
+            for object_id in ids[start : start + 1000]:
+                pipe.hget(f"nopoll:watch:{provider}:{kind}:{object_id}", "state")
+            for raw in await pipe.execute():
+                state = (raw or b"landed").decode()  # gone: ended long ago
+                shown = {"polling": "pending", "landing": "landed", "callback": "landed"}
+                counts[shown.get(state, state)] = counts.get(shown.get(state, state), 0) + 1
+    return counts
+
+
+async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: float) -> int:
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    started = time.monotonic()
+    counts = await _states(store, provider, kind, ids)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "landed {task.fields[landed]}, expired {task.fields[expired]}, "
+            "pending {task.fields[pending]}"
+        ),
+        refresh_per_second=2,
+    ) as bar:
+        task = bar.add_task(
+            f"{provider} {kind}s",
+            total=len(ids),
+            landed=counts["landed"],
+            expired=counts["expired"],
+            pending=counts["pending"],
+        )
+        while counts["pending"] and time.monotonic() - started < limit_s:
+            await asyncio.sleep(1.0)
+            counts = await _states(store, provider, kind, ids)
+            bar.update(
+                task,
+                completed=counts["landed"] + counts["expired"],
+                landed=counts["landed"],
+                expired=counts["expired"],
+                pending=counts["pending"],
+            )
+    elapsed = time.monotonic() - started
+    print(
+        f"{counts['landed']} landed, {counts['expired']} expired, {counts['pending']} still "
+        f"pending after {elapsed:.0f} s"
+    )
+    if counts["expired"]:
+        print("expired watches are dead letters: nopoll dlq list --sink watch")
+    return 0 if counts["landed"] == len(ids) else 1
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from receiver.runtime import redis_url_for
+
+    settings = load(args)
+    with redis_url_for(settings) as url:
+        return run_async(_watch(args, settings, url))
+
+
+def register(sub: Any) -> None:
+    """Add this module's commands to the ``nopoll`` parser."""
+    p = sub.add_parser(
+        "watch",
+        help="poll response or batch ids until they are done, and land their results",
+        description="Register ids for nopoll's workers to poll (a running `nopoll worker` or "
+        "`serve` does the polling), politely and within the provider's rate limit.",
+    )
+    add_config_option(p)
+    p.add_argument("provider", help="provider name from the config")
+    p.add_argument("kind", choices=("response", "batch"))
+    p.add_argument("ids", nargs="*", help="ids to watch")
+    p.add_argument("--from", dest="from_file", help="a file of ids, one per line ('-': stdin)")
+    p.add_argument(
+        "--expect-callback",
+        action="store_true",
+        help="poll only if no callback came within the provider's reconcile_after_s",
+    )
+    p.add_argument(
+        "--wait", action="store_true", help="show progress until every id landed or expired"
+    )
+    p.set_defaults(func=_cmd_watch)

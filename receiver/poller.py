@@ -1,0 +1,238 @@
+"""The watch poller: each worker process polls the due watches of every provider.
+
+One loop per process looks at each provider's earliest due time only (a watch that is not
+due costs nothing), takes as many due watches as it has room for (``max_concurrency`` per
+provider), and polls each one once the provider's shared rate limit gives it a slot:
+
+- not terminal yet: polled again after ``first_poll_s * 2**(polls-1)``, capped at
+  ``max_interval_s``, times a random 0.85-1 (so watches registered together spread out);
+  older than ``expire_after_s``: the watch ends as a dead letter (``sink`` ``watch``).
+- terminal: a response's polled body is landed as it is (no second GET); a batch goes to
+  the batch pipeline (the ``fetch_batch`` job). Either only if no callback claimed it first.
+- ``429``: the whole provider pauses for its ``Retry-After`` (every process), the watch
+  is polled again after it. Other failures are retried at the watch's interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from nopoll.envelope import now_rfc3339
+from nopoll.exceptions import ProviderError, TransientProviderError
+from receiver.logs import bind
+from receiver.queue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
+from receiver.ratelimit import RateLimiter
+from receiver.status import TERMINAL_BATCH, TERMINAL_RESPONSE, unfinished_status
+from receiver.watches import Watch, WatchStore
+
+if TYPE_CHECKING:
+    from receiver.config import ProviderConfig, WatchConfig
+    from receiver.state import WorkerState
+
+__all__ = ["WatchPoller", "next_interval_s"]
+
+log = logging.getLogger("nopoll.watch")
+
+LEASE_S = 120.0
+"""How long a taken watch is this process's: a poll (slot wait, GET, landing) must end
+within it, else the watch comes due again for any process."""
+_IDLE_S = 1.0
+"""The longest sleep between looks at the due times (new watches are seen this soon)."""
+
+
+def next_interval_s(config: WatchConfig, polls: int) -> float:
+    """Seconds until the next poll of a watch polled ``polls`` times."""
+    ceiling = min(config.max_interval_s, config.first_poll_s * 2.0 ** max(0, polls - 1))
+    return float(ceiling * random.uniform(0.85, 1.0))
+
+
+class WatchPoller:
+    """Polls due watches for one worker process (see the module docs)."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        self.store = WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
+        self.providers: dict[str, ProviderConfig] = dict(state.settings.providers)
+        self.limiters = {
+            name: RateLimiter(state.redis, name, cfg.watch.rate_limit_rps)
+            for name, cfg in self.providers.items()
+        }
+        self._free = {name: cfg.max_concurrency for name, cfg in self.providers.items()}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Poll until cancelled; a Redis outage pauses the loop, it never ends it."""
+        try:
+            while True:
+                try:
+                    wait_s = await self._round()
+                except (RedisError, OSError) as exc:
+                    log.debug("watch poller waits for Redis: %s", type(exc).__name__)
+                    wait_s = _IDLE_S
+                await asyncio.sleep(wait_s)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _round(self) -> float:
+        """Take and start what is due; returns how long to sleep."""
+        wait_s = _IDLE_S
+        for name in self.providers:
+            if self._free[name] > 0:
+                for watch in await self.store.take_due(
+                    name, limit=self._free[name], lease_s=LEASE_S
+                ):
+                    self._start(watch)
+            due_in = await self.store.next_due_in_s(name)
+            if due_in is not None and self._free[name] > 0:
+                wait_s = min(wait_s, due_in)
+        return max(0.01, wait_s)
+
+    def _start(self, watch: Watch) -> None:
+        self._free[watch.provider] -= 1
+        task = asyncio.create_task(self._poll_logged(watch))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            self._free[watch.provider] += 1
+
+        task.add_done_callback(done)
+
+    async def _poll_logged(self, watch: Watch) -> None:
+        with bind(watch_provider=watch.provider, watch_kind=watch.kind, watch_id=watch.id):
+            try:
+                await self._poll(watch)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError):
+                pass  # the watch comes due again when its lease runs out
+            except Exception:
+                log.exception("polling %s %s failed", watch.kind, watch.id)
+
+    async def _poll(self, watch: Watch) -> None:
+        config = self.providers.get(watch.provider)
+        dialect = self.state.dialects.get(watch.provider)
+        if config is None or dialect is None:
+            return  # the provider left the config: the watch stays for a later one
+        limiter = self.limiters[watch.provider]
+        try:
+            waited = await limiter.acquire(limit_s=LEASE_S / 2)
+        except TimeoutError:
+            await self.store.reschedule(watch, in_s=1.0, status=watch.status)
+            return
+        metrics = self.state.metrics
+        if waited:
+            metrics.rate_limit_wait_seconds.labels(watch.provider).inc(waited)
+        try:
+            if watch.kind == "response":
+                obj = await dialect.fetch_response(watch.id)
+                status = unfinished_status(obj, TERMINAL_RESPONSE)
+            else:
+                obj = await dialect.fetch_batch_object(watch.id)  # type: ignore[attr-defined]
+                status = unfinished_status(obj, TERMINAL_BATCH)
+        except TransientProviderError as exc:
+            outcome = "429" if exc.status == 429 else "error"
+            metrics.watch_polls.labels(watch.provider, outcome).inc()
+            retry_s = exc.retry_after_s or next_interval_s(config.watch, 1)
+            if exc.status == 429:
+                await limiter.pause(retry_s)
+            await self._again(watch, config, retry_s, watch.status)
+            return
+        except ProviderError as exc:
+            metrics.watch_polls.labels(watch.provider, "error").inc()
+            log.info("poll of %s %s failed: %s", watch.kind, watch.id, exc)
+            await self._again(watch, config, next_interval_s(config.watch, watch.polls), None)
+            return
+        if status is not None:
+            metrics.watch_polls.labels(watch.provider, "pending").inc()
+            await self._again(watch, config, next_interval_s(config.watch, watch.polls), status)
+            return
+        metrics.watch_polls.labels(watch.provider, "terminal").inc()
+        await self._land(watch, obj)
+
+    async def _again(
+        self, watch: Watch, config: ProviderConfig, in_s: float, status: str | None
+    ) -> None:
+        """Poll again later, or end the watch as a dead letter once it is too old."""
+        age_s = time.time() - watch.registered_at
+        if age_s + in_s <= config.watch.expire_after_s:
+            await self.store.reschedule(watch, in_s=in_s, status=status)
+            return
+        function, kwargs = _fetch_job(watch, received_at=now_rfc3339())
+        letter = await self.state.dead_letters.add(
+            sink="watch",
+            provider=watch.provider,
+            keys=[watch.id],
+            attempts=watch.polls,
+            error=f"expired: still {status or 'unknown'} after {age_s:.0f} s "
+            f"({watch.polls} polls; expire_after_s {config.watch.expire_after_s:g})",
+            function=function,
+            kwargs=kwargs,
+        )
+        await self.store.finish(watch.provider, watch.kind, watch.id, "expired")
+        self.state.metrics.dead_letters.labels("watch").inc()
+        log.warning("watch %s %s expired: dead letter %s", watch.kind, watch.id, letter.id)
+
+    async def _land(self, watch: Watch, obj: dict[str, Any]) -> None:
+        """Deliver a terminal object once: unless a callback's job got there first."""
+        status = str(obj.get("status"))
+        if not await self.store.claim_landing(watch, status, lease_s=LEASE_S):
+            return
+        started = time.monotonic()
+        received_at = now_rfc3339()
+        if watch.kind == "response":
+            from receiver.worker import land_response
+
+            await land_response(
+                self.state,
+                watch.provider,
+                obj,
+                event_id=None,
+                received_at=received_at,
+                tenant=watch.tenant,
+            )
+        else:
+            _, kwargs = _fetch_job(watch, received_at=received_at)
+            job = QueuedJob(FETCH_BATCH, batch_job_id(watch.provider, watch.id), kwargs)
+            await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
+        await self.store.finish(watch.provider, watch.kind, watch.id, "landed")
+        self.state.metrics.watch_landing_seconds.labels(watch.provider).observe(
+            time.monotonic() - started
+        )
+        log.info("watch %s %s/%s: %s, landed", watch.kind, watch.provider, watch.id, status)
+
+
+def _fetch_job(watch: Watch, *, received_at: str) -> tuple[str, dict[str, Any]]:
+    """The fetch job that lands ``watch``'s object (a replay of an expired watch runs it)."""
+    if watch.kind == "response":
+        return FETCH_RESPONSE, {
+            "provider": watch.provider,
+            "response_id": watch.id,
+            "event_id": None,
+            "received_at": received_at,
+            "tenant": watch.tenant,
+        }
+    return FETCH_BATCH, {
+        "provider": watch.provider,
+        "batch_id": watch.id,
+        "event_id": None,
+        "received_at": received_at,
+        "tenant": watch.tenant,
+        "from_watch": True,
+    }
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    """Cancel a poller's task and wait for it."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,21 @@
+"""Fixtures shared by the receiver's tests."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.servers import running_api
+
+
+@pytest.fixture
+async def api(make_settings, redis_url):
+    """An httpx client on nopoll's app under a real server (4 KiB body cap); its
+    ``metrics`` attribute is the app's metrics."""
+    settings = make_settings(redis_url=redis_url, max_body_bytes=4096)
+    async with (
+        running_api(settings, redis_url) as (base, metrics),
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+    ):
+        client.metrics = metrics  # type: ignore[attr-defined]
+        yield client
