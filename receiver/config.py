@@ -35,7 +35,14 @@ from pydantic import (
 
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
-from receiver.backoff import Backoff
+from receiver.config_sections import (
+    ApiConfig,
+    BatchConfig,
+    HttpConfig,
+    RetryConfig,
+    WatchConfig,
+    WorkerConfig,
+)
 from receiver.config_source import (
     Interpolation,
     dotted,
@@ -81,27 +88,6 @@ _WebhookSecret = Annotated[SecretStr, AfterValidator(_check_webhook_secret)]
 """One entry of ``webhook_secrets``, checked on its own so an error names its index."""
 
 
-class WatchConfig(_Model):
-    """How nopoll polls this provider's watched ids (results without callbacks)."""
-
-    first_poll_s: float = Field(default=1.0, gt=0, le=3600)
-    """The first poll, this long after the watch starts."""
-    max_interval_s: float = Field(default=60.0, gt=0, le=86_400)
-    """Polls back off exponentially (with jitter) up to this interval."""
-    rate_limit_rps: float = Field(default=20.0, gt=0, le=10_000)
-    """Polls per second to this provider, summed over every worker process."""
-    expire_after_s: float = Field(default=86_400.0, gt=0)
-    """A watch still pending after this long ends as a dead letter (``expired``)."""
-    reconcile_after_s: float = Field(default=900.0, ge=0)
-    """For ids that expect a callback: poll only when none came by then."""
-
-    @model_validator(mode="after")
-    def _order(self) -> WatchConfig:
-        if self.first_poll_s > self.max_interval_s:
-            raise ValueError("first_poll_s must not be above max_interval_s")
-        return self
-
-
 class ProviderConfig(_Model):
     """One inference provider: where to fetch results and how its callbacks are signed.
 
@@ -139,81 +125,6 @@ class ProviderConfig(_Model):
     def secret_keys(self) -> list[bytes]:
         """The HMAC keys of every accepted webhook secret (several while rotating)."""
         return [decode_webhook_secret(s.get_secret_value()) for s in self.webhook_secrets]
-
-
-class RetryConfig(_Model):
-    """A job's retries: ``max_tries`` tries, waiting with :class:`~receiver.backoff.Backoff`
-    (full jitter up to ``base_delay_s * 2**(try-1)``, capped at ``max_delay_s``)."""
-
-    max_tries: int = Field(default=8, ge=1, le=100)
-    base_delay_s: float = Field(default=1.0, ge=0.0)
-    max_delay_s: float = Field(default=300.0, ge=0.0)
-
-    def backoff(self, max_s: float | None = None) -> Backoff:
-        """This rule's backoff; ``max_s`` caps it lower (a wait inside a running job)."""
-        cap = self.max_delay_s if max_s is None else min(max_s, self.max_delay_s)
-        return Backoff(self.base_delay_s, cap)
-
-    def delay(self, job_try: int, retry_after_s: float | None = None) -> float:
-        """Seconds to wait before try ``job_try + 1``: random up to the backoff's ceiling,
-        never less than a provider's Retry-After (itself capped at ``max_delay_s``)."""
-        return self.backoff().delay(job_try, retry_after_s)
-
-
-class HttpConfig(_Model):
-    """The pooled httpx client used for provider requests."""
-
-    connect_timeout_s: float = Field(default=5.0, gt=0)
-    read_timeout_s: float = Field(default=30.0, gt=0)
-    max_connections: int = Field(default=100, ge=1)
-    transport: Literal["aiohttp", "httpcore"] = "aiohttp"
-    """The httpx transport: aiohttp (httpx-aiohttp) or httpx's own httpcore."""
-    lanes: int = Field(default=8, ge=1, le=64)
-    """With ``transport: httpcore``: pools the connections are spread over."""
-    attempts: int = Field(default=3, ge=1, le=10)
-    """Tries of one request inside a batch job before the job itself is retried later (a
-    single response's fetch is tried once per job try: the job's retries are its retries)."""
-    max_retry_after_s: float = Field(default=10.0, ge=0)
-    """The longest in-job wait for a Retry-After; a longer one defers the whole job."""
-    max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """The largest JSON answer read whole (a response, a batch object, one per-row result),
-    counted before and after decompression; a larger one is a dead letter naming the cap."""
-    max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """The longest line of a streamed JSONL result file (one batch row)."""
-
-
-class BatchConfig(_Model):
-    """How batch results are streamed into the sinks."""
-
-    chunk_size: int = Field(default=1000, ge=1, le=100_000)
-    """Rows per chunk: the unit of sink writes, progress and resumption."""
-    job_timeout_s: float = Field(default=6 * 3600, gt=1)
-    lease_s: float = Field(default=60.0, ge=1)
-    """A killed worker's batch is picked up again after at most this long."""
-    max_jobs: int = Field(default=2, ge=1)
-    sink_attempts: int = Field(default=3, ge=1, le=20)
-    """Tries of a chunk within the batch job before it is handed to its own delivery job."""
-    sink_queue_chunks: int = Field(default=2, ge=1, le=64)
-    """Chunks that may wait for one sink before the stream waits for it."""
-
-
-class ApiConfig(_Model):
-    """The HTTP server in front of the webhook route."""
-
-    limit_concurrency: int = Field(default=1000, ge=1)
-    """Connections and requests served at once; beyond it, uvicorn answers 503 (retry)."""
-    body_timeout_s: float = Field(default=10.0, gt=0)
-    """A callback body must arrive whole within this long (slow senders hold memory)."""
-
-
-class WorkerConfig(_Model):
-    """arq worker settings that matter for latency, locking and shutdown."""
-
-    poll_delay_s: float = Field(default=0.02, gt=0, le=5)
-    max_jobs: int = Field(default=64, ge=1)
-    response_job_timeout_s: float = Field(default=120.0, gt=1)
-    health_check_interval_s: float = Field(default=10.0, gt=0)
-    shutdown_wait_s: float = Field(default=20.0, ge=0)
 
 
 class RouteMatch(_Model):

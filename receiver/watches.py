@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 from redis.asyncio import Redis
+
+from receiver import watch_scripts as lua
 
 __all__ = ["Registered", "Watch", "WatchStore", "due_key", "register_many", "watch_key"]
 
@@ -74,78 +75,6 @@ class Watch:
         }
 
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 now ms, 3 first poll at ms,
-# 4 expect_callback, 5 tenant
-_REGISTER = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'polls', 0, 'next_at', ARGV[3],
-           'registered_at', ARGV[2], 'expect_callback', ARGV[4], 'tenant', ARGV[5])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-return 1
-"""
-
-# KEYS: 1 due zset. ARGV: 1 now ms, 2 lease ms, 3 limit, 4 watch key prefix
-# Take due watches: push each one's due time a lease ahead and mark it polling.
-_TAKE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
-for _, member in ipairs(due) do
-  redis.call('ZADD', KEYS[1], until_ms, member)
-  local key = ARGV[4] .. member
-  local state = redis.call('HGET', key, 'state')
-  if state == 'pending' or state == 'polling' or state == 'landing' then
-    redis.call('HSET', key, 'state', 'polling', 'next_at', until_ms)
-    redis.call('HINCRBY', key, 'polls', 1)
-  else
-    redis.call('ZREM', KEYS[1], member)  -- ended meanwhile (callback, deleted)
-  end
-end
-return due
-"""
-
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status
-_RESCHEDULE = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'polling' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'next_at', ARGV[2], 'status', ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-return 1
-"""
-
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 status, 3 lease until (ms)
-# A poll found the object terminal: claim the landing unless a callback got there first.
-# The watch stays due a lease ahead: if the poller dies while delivering, it is polled
-# (and delivered) again.
-_CLAIM_LANDING = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'polling' and state ~= 'pending' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'landing', 'status', ARGV[2], 'next_at', ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-return 1
-"""
-
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 final state, 3 now ms, 4 ttl s
-_FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'landed_at', ARGV[3])
-redis.call('HDEL', KEYS[1], 'next_at')
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
-"""
-
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member
-# A callback came: 'landed' (a poll delivered it already: skip), 'landing' (a poll is
-# delivering it: skip), else the callback's job delivers it and polling stops.
-_CALLBACK = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 'none' end
-if state == 'landed' or state == 'landing' then return state end
-redis.call('HSET', KEYS[1], 'state', 'callback')
-redis.call('ZREM', KEYS[2], ARGV[1])
-return 'callback'
-"""
-
-
 class WatchStore:
     """The watches of every provider on the shared Redis (see the module docs)."""
 
@@ -164,20 +93,15 @@ class WatchStore:
         tenant: str = "default",
     ) -> bool:
         """Start watching; False when this id is already watched (or landed, or expired)."""
-        now = _ms()
-        return bool(
-            await self.redis.eval(  # type: ignore[misc]
-                _REGISTER,
-                2,
-                watch_key(provider, kind, object_id),
-                due_key(provider),
-                f"{kind}:{object_id}",
-                str(now),
-                str(now + int(first_poll_in_s * 1000)),
-                "1" if expect_callback else "0",
-                tenant,
-            )
+        [added] = await self.register_all(
+            provider,
+            kind,
+            [object_id],
+            first_poll_in_s=first_poll_in_s,
+            expect_callback=expect_callback,
+            tenant=tenant,
         )
+        return added
 
     async def register_all(
         self,
@@ -196,7 +120,7 @@ class WatchStore:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for object_id in ids[start : start + 1000]:
                     pipe.eval(
-                        _REGISTER,
+                        lua.REGISTER,
                         2,
                         watch_key(provider, kind, object_id),
                         due_key(provider),
@@ -212,7 +136,7 @@ class WatchStore:
     async def take_due(self, provider: str, *, limit: int, lease_s: float) -> list[Watch]:
         """Due watches of ``provider`` (at most ``limit``), each taken for ``lease_s``."""
         members: list[bytes] = await self.redis.eval(  # type: ignore[misc]
-            _TAKE,
+            lua.TAKE,
             1,
             due_key(provider),
             str(_ms()),
@@ -237,7 +161,7 @@ class WatchStore:
 
     async def reschedule(self, watch: Watch, *, in_s: float, status: str | None) -> None:
         await self.redis.eval(  # type: ignore[misc]
-            _RESCHEDULE,
+            lua.RESCHEDULE,
             2,
             watch_key(watch.provider, watch.kind, watch.id),
             due_key(watch.provider),
@@ -251,7 +175,7 @@ class WatchStore:
         ``lease_s``, else the watch comes due again)."""
         return bool(
             await self.redis.eval(  # type: ignore[misc]
-                _CLAIM_LANDING,
+                lua.CLAIM_LANDING,
                 2,
                 watch_key(watch.provider, watch.kind, watch.id),
                 due_key(watch.provider),
@@ -264,7 +188,7 @@ class WatchStore:
     async def finish(self, provider: str, kind: str, object_id: str, state: str) -> None:
         """The watch ended: ``landed`` or ``expired`` (kept a dedupe window for lookups)."""
         await self.redis.eval(  # type: ignore[misc]
-            _FINISH,
+            lua.FINISH,
             2,
             watch_key(provider, kind, object_id),
             due_key(provider),
@@ -278,7 +202,7 @@ class WatchStore:
         """A callback's job is about to fetch: ``none`` (not watched) or ``callback`` (go
         on; polling stopped), ``landed``/``landing`` (a poll delivered it: skip)."""
         result = await self.redis.eval(  # type: ignore[misc]
-            _CALLBACK,
+            lua.CALLBACK,
             2,
             watch_key(provider, kind, object_id),
             due_key(provider),
@@ -369,10 +293,6 @@ def _watch(provider: str, kind: str, object_id: str, raw: dict[bytes, bytes]) ->
         tenant=text("tenant") or "default",
         status=text("status") or None,
     )
-
-
-def dumps(watches: list[Watch]) -> bytes:
-    return orjson.dumps([w.to_dict() for w in watches])
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,73 @@
+"""The watch state machine's transitions, each one atomic Lua call (see
+:mod:`receiver.watches` for the keys and the states)."""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 now ms, 3 first poll at ms,
+# 4 expect_callback, 5 tenant
+REGISTER = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'polls', 0, 'next_at', ARGV[3],
+           'registered_at', ARGV[2], 'expect_callback', ARGV[4], 'tenant', ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 due zset. ARGV: 1 now ms, 2 lease ms, 3 limit, 4 watch key prefix
+# Take due watches: push each one's due time a lease ahead and mark it polling.
+TAKE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
+for _, member in ipairs(due) do
+  redis.call('ZADD', KEYS[1], until_ms, member)
+  local key = ARGV[4] .. member
+  local state = redis.call('HGET', key, 'state')
+  if state == 'pending' or state == 'polling' or state == 'landing' then
+    redis.call('HSET', key, 'state', 'polling', 'next_at', until_ms)
+    redis.call('HINCRBY', key, 'polls', 1)
+  else
+    redis.call('ZREM', KEYS[1], member)  -- ended meanwhile (callback, deleted)
+  end
+end
+return due
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status
+RESCHEDULE = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'polling' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'next_at', ARGV[2], 'status', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 status, 3 lease until (ms)
+# A poll found the object terminal: claim the landing unless a callback got there first.
+# The watch stays due a lease ahead: if the poller dies while delivering, it is polled
+# (and delivered) again.
+CLAIM_LANDING = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'polling' and state ~= 'pending' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'landing', 'status', ARGV[2], 'next_at', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 final state, 3 now ms, 4 ttl s
+FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'landed_at', ARGV[3])
+redis.call('HDEL', KEYS[1], 'next_at')
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member
+# A callback came: 'landed' (a poll delivered it already: skip), 'landing' (a poll is
+# delivering it: skip), else the callback's job delivers it and polling stops.
+CALLBACK = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'none' end
+if state == 'landed' or state == 'landing' then return state end
+redis.call('HSET', KEYS[1], 'state', 'callback')
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 'callback'
+"""
