@@ -10,6 +10,8 @@ the workers' state is open, the cyclic GC is set for jobs (:func:`_tune_gc`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import Mapping
@@ -108,6 +110,8 @@ class Shared:
     extra: dict[str, Any] = field(default_factory=dict)
     gc_threshold: tuple[int, int, int] | None = None
     """The cyclic GC's thresholds before the state was opened (see :func:`_tune_gc`)."""
+    poller: asyncio.Task[None] | None = None
+    """The process's watch poller (:mod:`receiver.poller`), started with the state."""
 
 
 _JOB_GC_THRESHOLD = (20_000, 20, 20)
@@ -151,6 +155,11 @@ async def startup(ctx: dict[str, Any]) -> None:
     if first:
         await shared.state.open()
         _tune_gc(shared)
+        if shared.state.settings.providers:
+            from receiver.poller import WatchPoller
+
+            poller = WatchPoller(shared.state)
+            shared.poller = asyncio.create_task(poller.run(), name="watch poller")
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
@@ -159,5 +168,10 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     shared.users -= 1
     if shared.users <= 0 and shared.state is not None:
         state, shared.state = shared.state, None
+        if shared.poller is not None:
+            shared.poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shared.poller
+            shared.poller = None
         _restore_gc(shared)
         await state.aclose()

@@ -20,7 +20,7 @@ for _, member in ipairs(due) do
   redis.call('ZADD', KEYS[1], until_ms, member)
   local key = ARGV[4] .. member
   local state = redis.call('HGET', key, 'state')
-  if state == 'pending' or state == 'polling' or state == 'landing' then
+  if state == 'pending' or state == 'polling' or state == 'landing' or state == 'callback' then
     redis.call('HSET', key, 'state', 'polling', 'next_at', until_ms)
     redis.call('HINCRBY', key, 'polls', 1)
   else
@@ -30,10 +30,12 @@ end
 return due
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status, 4 polls to
+# take back (a take that made no request)
 RESCHEDULE = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'polling' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'next_at', ARGV[2], 'status', ARGV[3])
+if ARGV[4] ~= '0' then redis.call('HINCRBY', KEYS[1], 'polls', -tonumber(ARGV[4])) end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 1
 """
@@ -50,9 +52,15 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 final state, 3 now ms, 4 ttl s
+# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash. ARGV: 1 member, 2 final state,
+# 3 now ms, 4 ttl s
 FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+if state ~= ARGV[2] then
+  redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+  if state == 'landed' or state == 'expired' then redis.call('HINCRBY', KEYS[3], state, -1) end
+end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'landed_at', ARGV[3])
 redis.call('HDEL', KEYS[1], 'next_at')
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -60,14 +68,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member
+# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash. ARGV: 1 member, 2 recheck at (ms)
 # A callback came: 'landed' (a poll delivered it already: skip), 'landing' (a poll is
-# delivering it: skip), else the callback's job delivers it and polling stops.
+# delivering it: skip), else the callback's job delivers it and polling stops; unless
+# that job has not landed it by the recheck time (it failed for good): then the watch is
+# polled again, so a dead-lettered fetch never leaves it stuck.
 CALLBACK = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'none' end
 if state == 'landed' or state == 'landing' then return state end
-redis.call('HSET', KEYS[1], 'state', 'callback')
-redis.call('ZREM', KEYS[2], ARGV[1])
+if state == 'expired' then redis.call('HINCRBY', KEYS[3], 'expired', -1) end  -- replayed
+redis.call('HSET', KEYS[1], 'state', 'callback', 'next_at', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 'callback'
 """

@@ -6,12 +6,16 @@ A watch is ``(provider, kind, id)`` with ``kind`` ``response`` or ``batch``. Key
                                             expect_callback, tenant, status (last seen),
                                             landed_at; expires a dedupe window after it ends
     nopoll:watches:due:<provider>           zset: "<kind>:<id>" by next poll time (ms),
-                                            pending watches only
+                                            every watch that has not ended
+    nopoll:watches:ended:<provider>         hash: landed, expired (how many ever ended so)
 
 States: ``pending`` (polled when due), ``polling`` (taken by a worker: its due time is
 pushed ``lease_ms`` ahead, so a worker killed mid-poll loses nothing, the watch comes due
 again), ``landing`` (a poll found it terminal and is delivering it), ``callback`` (a
-callback came: its job delivers, polling stops), ``landed``, ``expired``.
+callback came: its job delivers, polling stops; if it has not landed the result by
+``recheck_s`` later, the watch is polled again), ``landed``, ``expired``. Outside, only
+``pending`` (every state before the end), ``landed`` and ``expired`` are shown; the
+stored one is ``phase``.
 
 Exactly one delivery: the poll that finds a watch terminal claims it (``landing``) only if
 no callback claimed it first, and a callback's job skips fetching if a poll already
@@ -29,10 +33,23 @@ from redis.asyncio import Redis
 
 from receiver import watch_scripts as lua
 
-__all__ = ["Registered", "Watch", "WatchStore", "due_key", "register_many", "watch_key"]
+__all__ = [
+    "RECHECK_S",
+    "Registered",
+    "Watch",
+    "WatchStore",
+    "due_key",
+    "ended_key",
+    "register_many",
+    "shown_state",
+    "watch_key",
+]
 
 Kind = Literal["response", "batch"]
 STATES = ("pending", "polling", "landing", "callback", "landed", "expired")
+RECHECK_S = 900.0
+"""A callback's job that has not landed its watched id this long after it started (its
+retries ran out: a dead letter) hands the id back to polling."""
 
 
 def watch_key(provider: str, kind: str, object_id: str) -> str:
@@ -41,6 +58,15 @@ def watch_key(provider: str, kind: str, object_id: str) -> str:
 
 def due_key(provider: str) -> str:
     return f"nopoll:watches:due:{provider}"
+
+
+def ended_key(provider: str) -> str:
+    return f"nopoll:watches:ended:{provider}"
+
+
+def shown_state(state: str) -> str:
+    """The state users see: ``pending`` until the watch ended, then ``landed``/``expired``."""
+    return state if state in ("landed", "expired") else "pending"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +91,8 @@ class Watch:
             "provider": self.provider,
             "kind": self.kind,
             "id": self.id,
-            "state": "pending" if self.state == "polling" else self.state,
+            "state": shown_state(self.state),
+            "phase": self.state,
             "polls": self.polls,
             "next_poll_at": self.next_at,
             "registered_at": self.registered_at,
@@ -159,7 +186,11 @@ class WatchStore:
             return None
         return max(0.0, (float(first[0][1]) - _ms()) / 1000)
 
-    async def reschedule(self, watch: Watch, *, in_s: float, status: str | None) -> None:
+    async def reschedule(
+        self, watch: Watch, *, in_s: float, status: str | None, polled: bool = True
+    ) -> None:
+        """Poll ``watch`` again in ``in_s``; ``polled=False``: its take made no request
+        (no rate-limit slot), so it does not count as a poll."""
         await self.redis.eval(  # type: ignore[misc]
             lua.RESCHEDULE,
             2,
@@ -168,6 +199,7 @@ class WatchStore:
             f"{watch.kind}:{watch.id}",
             str(_ms() + int(in_s * 1000)),
             status or "",
+            "0" if polled else "1",
         )
 
     async def claim_landing(self, watch: Watch, status: str, *, lease_s: float) -> bool:
@@ -189,24 +221,30 @@ class WatchStore:
         """The watch ended: ``landed`` or ``expired`` (kept a dedupe window for lookups)."""
         await self.redis.eval(  # type: ignore[misc]
             lua.FINISH,
-            2,
+            3,
             watch_key(provider, kind, object_id),
             due_key(provider),
+            ended_key(provider),
             f"{kind}:{object_id}",
             state,
             str(_ms()),
             str(self._ended_ttl_s),
         )
 
-    async def callback_arrived(self, provider: str, kind: str, object_id: str) -> str:
+    async def callback_arrived(
+        self, provider: str, kind: str, object_id: str, *, recheck_s: float = RECHECK_S
+    ) -> str:
         """A callback's job is about to fetch: ``none`` (not watched) or ``callback`` (go
-        on; polling stopped), ``landed``/``landing`` (a poll delivered it: skip)."""
+        on; polling stops, unless the job has not landed it ``recheck_s`` from now),
+        ``landed``/``landing`` (a poll delivered it: skip)."""
         result = await self.redis.eval(  # type: ignore[misc]
             lua.CALLBACK,
-            2,
+            3,
             watch_key(provider, kind, object_id),
             due_key(provider),
+            ended_key(provider),
             f"{kind}:{object_id}",
+            str(_ms() + int(recheck_s * 1000)),
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 
@@ -240,7 +278,7 @@ class WatchStore:
             for key in keys:
                 _, _, p, k, object_id = key.decode().split(":", 4)
                 watch = await self.get(p, k, object_id)
-                shown = watch.to_dict()["state"] if watch else None
+                shown = shown_state(watch.state) if watch else None
                 if watch is not None and (state is None or shown == state):
                     found.append(watch)
             if next_cursor == 0 or len(found) >= count:
@@ -248,27 +286,17 @@ class WatchStore:
         return found, int(next_cursor)
 
     async def counts(self, provider: str) -> dict[str, int]:
-        """Watches of ``provider`` by state (scans them: for metrics and status pages)."""
-        totals = dict.fromkeys(("pending", "landed", "expired"), 0)
-        cursor = 0
-        for _ in range(10_000):
-            cursor, keys = await self.redis.scan(
-                cursor, match=f"nopoll:watch:{provider}:*", count=1000
-            )
-            if keys:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for key in keys:
-                        pipe.hget(key, "state")
-                    states = await pipe.execute()
-                for raw in states:
-                    name = (raw or b"").decode()
-                    shown = "landed" if name in ("landed", "landing", "callback") else name
-                    shown = "pending" if shown == "polling" else shown
-                    if shown in totals:
-                        totals[shown] += 1
-            if cursor == 0:
-                break
-        return totals
+        """Watches of ``provider`` by shown state: ``pending`` (not ended: O(1) from the
+        due set), ``landed`` and ``expired`` (how many ever ended so, from a counter)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(due_key(provider))
+            pipe.hmget(ended_key(provider), ["landed", "expired"])
+            pending, (landed, expired) = await pipe.execute()
+        return {
+            "pending": int(pending),
+            "landed": int(landed or 0),
+            "expired": int(expired or 0),
+        }
 
 
 def _ms() -> int:

@@ -40,6 +40,7 @@ from receiver.providers import Dialect
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.state import WorkerState
 from receiver.status import TERMINAL_RESPONSE, unfinished_status
+from receiver.watches import RECHECK_S, WatchStore
 
 __all__ = [
     "FetchBatch",
@@ -124,6 +125,12 @@ async def fetch_response(
     ctx: dict[str, Any], job: FetchResponse, dialect: Dialect
 ) -> dict[str, Any]:
     """Fetch one finished response and fan it out (see module docs)."""
+    watches = _watches(ctx)
+    verdict = await watches.callback_arrived(
+        job.provider, "response", job.response_id, recheck_s=_recheck_s(ctx, job.provider)
+    )
+    if verdict in ("landed", "landing"):
+        return _skipped(job.provider, "response", job.response_id, verdict)
     try:
         body = await dialect.fetch_response(job.response_id)
         status = unfinished_status(body, TERMINAL_RESPONSE)
@@ -143,8 +150,29 @@ async def fetch_response(
         tenant=job.tenant,
     )
     landed = await _land(ctx, envelope)
+    if verdict == "callback":  # a watched id: the callback ended its watch
+        await watches.finish(job.provider, "response", job.response_id, "landed")
     ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
     return landed
+
+
+def _recheck_s(ctx: dict[str, Any], provider: str) -> float:
+    """How long a callback's job has to land a watched id before polling takes it back."""
+    config = ctx["state"].settings.providers.get(provider)
+    return max(RECHECK_S, config.watch.reconcile_after_s if config is not None else 0.0)
+
+
+def _watches(ctx: dict[str, Any]) -> WatchStore:
+    state: WorkerState = ctx["state"]
+    return WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
+
+
+def _skipped(provider: str, kind: str, object_id: str, verdict: str) -> dict[str, Any]:
+    """A callback for an id its watch's poll already delivered: one delivery, not two."""
+    log.info(
+        "%s %s/%s: a poll has %s it already; nothing to do", kind, provider, object_id, verdict
+    )
+    return {"skipped": verdict}
 
 
 async def land_response(
@@ -199,6 +227,13 @@ def _log_landed(
 async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) -> dict[str, Any]:
     """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches`)."""
     state: WorkerState = ctx["state"]
+    verdict = "none"
+    if not job.from_watch:  # a poll queued this job itself after claiming the landing
+        verdict = await _watches(ctx).callback_arrived(
+            job.provider, "batch", job.batch_id, recheck_s=_recheck_s(ctx, job.provider)
+        )
+        if verdict in ("landed", "landing"):
+            return _skipped(job.provider, "batch", job.batch_id, verdict)
     lease = ctx.get("leases", {}).get(ctx.get("job_id"))
     try:
         outcome = await state.batch_runner.run(dialect, lease=lease, **job.runner_kwargs())
@@ -214,6 +249,8 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
         return await dead_letter(ctx, FETCH_BATCH, job.kwargs(), str(exc))
     except SinkError as exc:
         return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), str(exc))
+    if verdict == "callback":
+        await _watches(ctx).finish(job.provider, "batch", job.batch_id, "landed")
     done = "already_done" if outcome.already_done else "ok"
     state.metrics.batches.labels(job.provider, done).inc()
     state.metrics.jobs.labels(FETCH_BATCH, "ok").inc()

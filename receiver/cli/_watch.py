@@ -68,15 +68,18 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
 
 
 async def _states(store: Any, provider: str, kind: str, ids: list[str]) -> dict[str, int]:
-    counts = {"pending": 0, "landed": 0, "expired": 0}
+    """How many of ``ids`` are pending, landed or expired, and their ``polls`` in all."""
+    from receiver.watches import shown_state, watch_key
+
+    counts = {"pending": 0, "landed": 0, "expired": 0, "polls": 0}
     for start in range(0, len(ids), 1000):
         async with store.redis.pipeline(transaction=False) as pipe:
             for object_id in ids[start : start + 1000]:
-                pipe.hget(f"nopoll:watch:{provider}:{kind}:{object_id}", "state")
-            for raw in await pipe.execute():
-                state = (raw or b"landed").decode()  # gone: ended long ago
-                shown = {"polling": "pending", "landing": "landed", "callback": "landed"}
-                counts[shown.get(state, state)] = counts.get(shown.get(state, state), 0) + 1
+                pipe.hmget(watch_key(provider, kind, object_id), ["state", "polls"])
+            for raw_state, raw_polls in await pipe.execute():
+                state = shown_state((raw_state or b"landed").decode())  # gone: ended long ago
+                counts[state] += 1
+                counts["polls"] += int(raw_polls or 0)
     return counts
 
 
@@ -93,7 +96,7 @@ async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: f
         MofNCompleteColumn(),
         TextColumn(
             "landed {task.fields[landed]}, expired {task.fields[expired]}, "
-            "pending {task.fields[pending]}"
+            "pending {task.fields[pending]}, {task.fields[rate]:.1f} polls/s"
         ),
         refresh_per_second=2,
     ) as bar:
@@ -103,8 +106,10 @@ async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: f
             landed=counts["landed"],
             expired=counts["expired"],
             pending=counts["pending"],
+            rate=0.0,
         )
         while counts["pending"] and time.monotonic() - started < limit_s:
+            before, at = counts["polls"], time.monotonic()
             await asyncio.sleep(1.0)
             counts = await _states(store, provider, kind, ids)
             bar.update(
@@ -113,11 +118,12 @@ async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: f
                 landed=counts["landed"],
                 expired=counts["expired"],
                 pending=counts["pending"],
+                rate=max(0, counts["polls"] - before) / (time.monotonic() - at),
             )
     elapsed = time.monotonic() - started
     print(
         f"{counts['landed']} landed, {counts['expired']} expired, {counts['pending']} still "
-        f"pending after {elapsed:.0f} s"
+        f"pending after {elapsed:.0f} s ({counts['polls']} polls)"
     )
     if counts["expired"]:
         print("expired watches are dead letters: nopoll dlq list --sink watch")

@@ -141,11 +141,14 @@ class ResponsesDialect:
             )
         return data
 
-    async def fetch_batch_object(self, batch_id: str) -> dict[str, Any]:
-        """``GET {base_url}/batches/{id}`` (after checking the id is safe)."""
+    async def fetch_batch_object(
+        self, batch_id: str, *, attempts: int | None = None
+    ) -> dict[str, Any]:
+        """``GET {base_url}/batches/{id}`` (after checking the id is safe), tried up to
+        ``attempts`` times (default ``http.attempts``)."""
         if not safe_id(batch_id):
             raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
-        return await self.client.get_json(f"batches/{batch_id}")
+        return await self.client.get_json(f"batches/{batch_id}", attempts=attempts)
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         raise NotImplementedError

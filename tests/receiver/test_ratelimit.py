@@ -60,7 +60,7 @@ def test_two_processes_never_exceed_the_rate_in_any_one_second_window(redis_url)
         assert p.returncode == 0
         stamps += json.loads(out)
     span = max(stamps) - min(stamps)
-    assert len(stamps) >= 135  # the budget is used (less the 5 % jitter allowance)...
+    assert len(stamps) >= 125  # the budget is used (less the 10 % jitter allowance)...
     assert len(stamps) <= 50 * span + 1  # ...not exceeded overall...
     assert _max_in_any_second(stamps) <= 50  # ...nor in any one-second window
 
@@ -90,7 +90,7 @@ async def test_callers_get_their_slots_in_order(redis_url):
         assert waits[0] == 0
         assert all(w is not None for w in waits)
         gaps = [b - a for a, b in itertools.pairwise(waits)]  # type: ignore[operator]
-        assert all(0.050 <= g <= 0.055 for g in gaps), gaps  # 1/20 s plus the allowance
+        assert all(0.054 <= g <= 0.056 for g in gaps), gaps  # 1/20 s plus the allowance
         await asyncio.sleep(0)
     finally:
         await redis.aclose()

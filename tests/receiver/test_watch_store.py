@@ -101,3 +101,35 @@ async def test_scan_filters_and_counts(store):
     assert await store.counts("p") == {"pending": 29, "landed": 1, "expired": 1}
     assert await store.delete("p", "batch", "b1")
     assert not await store.delete("p", "batch", "b1")
+
+
+async def test_a_callback_whose_job_never_lands_hands_the_id_back_to_polling(store):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    assert await store.callback_arrived("p", "response", "r1", recheck_s=0.2) == "callback"
+    assert await store.take_due("p", limit=1, lease_s=30) == []  # the callback's job works
+    watch = await store.get("p", "response", "r1")
+    assert watch is not None and watch.to_dict()["state"] == "pending"
+    assert watch.to_dict()["phase"] == "callback"
+    await asyncio.sleep(0.3)  # its retries ran out (a dead letter): polling takes over
+    [again] = await store.take_due("p", limit=1, lease_s=30)
+    assert again.id == "r1" and again.state == "polling"
+    assert await store.claim_landing(again, "completed", lease_s=30)
+
+
+async def test_ended_counts_move_with_a_replayed_expired_watch(store):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    await store.finish("p", "response", "r1", "expired")
+    assert await store.counts("p") == {"pending": 0, "landed": 0, "expired": 1}
+    assert await store.callback_arrived("p", "response", "r1") == "callback"  # replayed
+    assert (await store.counts("p"))["pending"] == 1
+    await store.finish("p", "response", "r1", "landed")
+    await store.finish("p", "response", "r1", "landed")  # twice: counted once
+    assert await store.counts("p") == {"pending": 0, "landed": 1, "expired": 0}
+
+
+async def test_a_take_without_a_request_is_not_counted_as_a_poll(store):
+    await store.register("p", "response", "r1", first_poll_in_s=0)
+    [watch] = await store.take_due("p", limit=1, lease_s=30)
+    await store.reschedule(watch, in_s=0, status=None, polled=False)
+    [again] = await store.take_due("p", limit=1, lease_s=30)
+    assert again.polls == 1
