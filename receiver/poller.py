@@ -8,8 +8,9 @@ provider), and polls each one once the provider's shared rate limit gives it a s
   ``max_interval_s``, times a random 0.9-1 (so watches registered together spread out):
   with the defaults at about 1, 2, 6, 22 and 82 s, then every minute. Growth by 4 rather
   than 2 is what ``bench/watch.py`` measured: for log-normal completion times (median
-  60 s, p99 20 min) it makes 0.047 of the documented 1-s loop's requests where doubling
-  makes 0.061, and the delay after completion stays under ``max_interval_s`` either way;
+  60 s, p99 20 min) and no rate limit it makes 0.047 of the documented 1-s loop's
+  requests where doubling makes 0.062; the delay after completion stays under
+  ``max_interval_s`` either way;
   older than ``expire_after_s``: the watch ends as a dead letter (``sink`` ``watch``).
 - terminal: a response's polled body is landed as it is (no second GET); a batch goes to
   the batch pipeline (the ``fetch_batch`` job). Either only if no callback claimed it first.
