@@ -60,6 +60,8 @@ class SimBatch:
     row_oversize: dict[str, Oversize] = field(default_factory=dict)
     """custom_id → how its per-row GET (Sail fallback, Valar) is too large."""
     served: dict[str, int] = field(default_factory=dict)
+    _by_custom_id: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)
+    _indexed: int = field(default=-1, init=False, repr=False)
 
     # --- rows ---------------------------------------------------------------------------
     def custom_id(self, i: int) -> str | None:
@@ -70,10 +72,14 @@ class SimBatch:
         return f"row-{i:06d}"
 
     def index_of(self, custom_id: str) -> int | None:
-        """The row index whose custom_id this is, or None."""
-        for i, cid in self.custom_ids.items():
-            if cid == custom_id:
-                return i
+        """The row index whose custom_id this is, or None (an index of ``custom_ids``, built
+        once, keeps per-row GETs of a 100,000-row created batch fast)."""
+        if self._indexed != len(self.custom_ids):
+            self._by_custom_id, self._indexed = {}, len(self.custom_ids)
+            for i, cid in self.custom_ids.items():
+                self._by_custom_id.setdefault(cid, i)
+        if custom_id in self._by_custom_id:
+            return self._by_custom_id[custom_id]
         if custom_id.startswith("row-") and custom_id[4:].isdigit():
             i = int(custom_id[4:])
             if i < self.n_rows and self.custom_id(i) == custom_id:

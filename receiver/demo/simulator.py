@@ -6,7 +6,8 @@ number of times first (429 with Retry-After, 500, a slow answer, still in progre
 send it gzip-encoded or too large (padded, endless, a gzip bomb: see
 :class:`~receiver.demo.answers.Oversize`), counts every request it gets, and sends
 Standard Webhooks-signed callbacks (signed by the ``standardwebhooks`` package, not by
-nopoll's own code).
+nopoll's own code). ``POST /v1/responses``, ``/v1/files`` and ``/v1/batches`` create
+responses and batches as ``nopoll submit`` does (see :mod:`receiver.demo.creates`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -30,6 +32,7 @@ from starlette.routing import Route
 
 from receiver.demo.answers import Oversize, answer, json_answer
 from receiver.demo.batches import SimBatch
+from receiver.demo.creates import CreateSettings, Creations
 from receiver.demo.responses import (
     generated_response,
     make_response,
@@ -86,6 +89,9 @@ class _State:
     auto_respond: bool = False
 
 
+_Endpoint = Callable[[Request], Awaitable[Response]]
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     body = orjson.dumps({"error": {"message": message}})
     return Response(body, status, headers=headers, media_type="application/json")
@@ -94,9 +100,10 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 class _Routes:
     """The simulator's endpoints over its shared :class:`_State` (every request counted)."""
 
-    def __init__(self, state: _State, api_key: str | None) -> None:
+    def __init__(self, state: _State, api_key: str | None, creates: Creations) -> None:
         self.state = state
         self.api_key = api_key
+        self.creates = creates
 
     def _count(self, request: Request) -> None:
         with self.state.lock:
@@ -108,6 +115,17 @@ class _Routes:
             self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
         )
 
+    def guarded(self, endpoint: _Endpoint) -> _Endpoint:
+        """``endpoint`` counted and behind the same Bearer check as the GET routes."""
+
+        async def guarded(request: Request) -> Response:
+            self._count(request)
+            if not self._authorized(request):
+                return _error(401, "bad api key")
+            return await endpoint(request)
+
+        return guarded
+
     async def get_response(self, request: Request) -> Response:
         state = self.state
         rid = request.path_params["rid"]
@@ -115,6 +133,8 @@ class _Routes:
             state.requests[request.url.path] += 1
             state.times.append((time.time(), request.url.path))
             sim = state.responses.get(rid)
+            if sim is None and (created := self.creates.response(rid)) is not None:
+                sim = SimResponse(body=created[0], pending_until=created[1])
             if sim is not None:
                 sim.served += 1
                 failing = sim.served <= sim.fail_times
@@ -198,7 +218,8 @@ class ProviderSimulator:
 
     With ``auto_respond=True``, ``GET /v1/responses/resp_...`` for an id it was never told
     about answers :func:`generated_response` instead of 404 (``nopoll simulate`` uses it, so
-    any id a user sends a test callback for can be fetched).
+    any id a user sends a test callback for can be fetched). Other keywords are
+    :class:`~receiver.demo.creates.CreateSettings` (``sim.creates.settings`` later).
     """
 
     def __init__(
@@ -208,8 +229,11 @@ class ProviderSimulator:
         port: int = 0,
         host: str = "127.0.0.1",
         auto_respond: bool = False,
+        **create: Any,
     ) -> None:
         self.state = _State(auto_respond=auto_respond)
+        self.creates = Creations(CreateSettings(**create), self.add_batch)
+        """The create side: its settings, what it created and received."""
         self._api_key = api_key
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -260,15 +284,23 @@ class ProviderSimulator:
         with self.state.lock:
             return sum(n for p, n in self.state.requests.items() if p.startswith(path_prefix))
 
+    def creations(self, kind: str) -> int:
+        """How many ``responses``, ``files`` or ``batches`` the create routes really created."""
+        return self.creates.creations(kind)
+
     def set_delay(self, seconds: float) -> None:
         """Delay every answer by ``seconds`` (a slow provider)."""
         self.state.default_delay_s = seconds
 
     # --- the server ---------------------------------------------------------------------
     def _app(self) -> Starlette:
-        routes = _Routes(self.state, self._api_key)
+        routes, creates = _Routes(self.state, self._api_key, self.creates), self.creates
         return Starlette(
             routes=[
+                *(
+                    Route(f"/v1/{kind}", routes.guarded(creates.endpoint(kind)), methods=["POST"])
+                    for kind in ("responses", "files", "batches")
+                ),
                 Route("/v1/responses/{rid}", routes.get_response),
                 Route("/v1/batches/{bid}", routes.get_batch),
                 Route("/v1/batches/{bid}/{part}", routes.get_batch_part),
@@ -286,11 +318,13 @@ class ProviderSimulator:
             loop = asyncio.new_event_loop()
 
             async def main() -> None:
+                self.creates.open()
                 task = asyncio.create_task(self._server.serve(sockets=[self._sock]))  # type: ignore[union-attr]
                 while not self._server.started and not task.done():  # type: ignore[union-attr]  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
                     await asyncio.sleep(0.01)
                 started.set()
                 await task
+                await self.creates.aclose()
 
             loop.run_until_complete(main())
             loop.close()

@@ -1,0 +1,398 @@
+"""The provider simulator's create side, as ``nopoll submit`` calls it: ``POST /v1/responses``,
+``/v1/files`` and ``/v1/batches`` with idempotency keys and injected faults, and Standard
+Webhooks callbacks announcing each created response once it completes.
+
+Accepted shapes, with the providers' documented limits (else a 400 naming the field):
+
+- responses: ``{"model", "input": str | list, "background": true, "metadata"?}`` (at most 16
+  string values); ``custom_id`` is an unknown parameter (it goes in ``metadata``).
+- ``openai``: ``POST /v1/files`` (multipart ``purpose=batch``, ``file`` of at most 50,000
+  lines ``{"custom_id", "method": "POST", "url", "body"}``), then ``POST /v1/batches``
+  ``{"input_file_id", "endpoint", "completion_window": "24h"}``: urls = endpoint, one model.
+- ``sference``: ``{"window": "24h", "requests": [{"custom_id"?, "body"}]}``: one ``body.model``
+  for all rows, each with non-empty ``messages`` or an ``input``; a bad row refuses the whole
+  batch as ``requests[i] (custom_id="x"): why``.
+- ``sail``, ``valar``: ``{"endpoint": "/v1/responses", "label", "requests": [{"custom_id",
+  "params"}]}``; ``params.metadata.completion_window``, if given, is the batch window (Valar
+  ``standard``, no ``asap``; Sail ``flex``). At most 100,000 rows (sference too), custom_ids
+  unique; the documented body caps (256 MiB, OpenAI files 200 MB) are not enforced.
+
+An ``Idempotency-Key`` already answered on a path replays that answer, creating nothing
+(another body: 422); only creations are stored, a refused body is refused again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any, Literal, NamedTuple
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from receiver.demo.batches import SimBatch
+from receiver.demo.responses import make_response, send_callback
+
+__all__ = ["CreateRequest", "CreateSettings", "Creations", "created_output_text"]
+
+_ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+_BATCH_WINDOW = {"sail": "flex", "valar": "standard"}
+_WORDS = ("positive", "negative", "neutral")
+
+
+@dataclass
+class CreateSettings:
+    """How the create side behaves, read on every request (set ``sim.creates.settings.x``).
+    ``create_fail_first``: the share of Idempotency-Keys (by a hash of the key) whose first try
+    answers ``create_fail_status`` (``Retry-After: create_retry_after`` if set): in mode ``before``
+    it creates nothing, in ``after`` it creates and the retry gets the stored answer. With
+    ``webhook_url`` and ``webhook_secret``, each created response is announced once complete."""
+
+    create_dialect: Literal["openai", "sference", "sail", "valar"] = "openai"  # whose batches
+    complete_after_s: float = 0.0  # a created response or batch is in_progress this long
+    create_delay_s: float = 0.0  # every create answer waits this long (creation is at once)
+    create_fail_first: float = 0.0
+    create_fail_mode: Literal["before", "after"] = "before"
+    create_fail_status: int = 500
+    create_retry_after: float | None = None
+    reject_model: str | None = "reject-me"  # a create with this model: 400 does not exist
+    webhook_url: str | None = None
+    webhook_secret: str | None = field(default=None, repr=False)
+    webhook_attempts: int = 4  # tries per callback, with backoff
+    webhook_concurrency: int = 16  # callbacks in flight at most
+    batch_options: dict[str, Any] = field(default_factory=dict)  # SimBatch options for all
+    log_size: int = 200_000  # create requests and callback deliveries remembered
+
+
+class CreateRequest(NamedTuple):
+    """A create request as received (``body`` None when it could not be read)."""
+
+    path: str
+    idempotency_key: str | None
+    body: Any
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+_Create = Callable[[], dict[str, Any]]
+_CustomIds = dict[int, str | None]
+
+
+def created_output_text(input_: Any) -> str:
+    """The output text a created response completes with: a word picked by a hash of its
+    ``input``, then the hash's start (so different inputs get different texts)."""
+    digest = hashlib.sha256(orjson.dumps(input_, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return f"{_WORDS[int(digest[:2], 16) % len(_WORDS)]} {digest[:12]}"
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise _Refused(message)
+
+
+def _error(message: str) -> bytes:
+    return orjson.dumps({"error": {"message": message}})
+
+
+def _text(value: Any, where: str) -> str:
+    _need(isinstance(value, str) and bool(value), f"{where}: required, a non-empty string")
+    return str(value)
+
+
+def _metadata(value: Any, where: str) -> dict[str, str]:
+    _need(isinstance(value, dict | None), f"{where}: must be an object of strings")
+    _need(len(value or {}) <= 16, f"{where}: at most 16 keys, got {len(value or {})}")
+    for key, item in (value or {}).items():
+        _need(isinstance(item, str), f"{where}.{key}: must be a string")
+    return dict(value or {})
+
+
+def _unique(custom_ids: Iterable[str | None], where: str) -> None:
+    twice = [cid for cid, n in Counter(custom_ids).items() if cid is not None and n > 1]
+    _need(not twice, f"{where}: custom_id {twice[0] if twice else ''} is not unique")
+
+
+def _line(line: bytes) -> Any:
+    """A JSONL line parsed; one that is not JSON stays text, a blank one is None."""
+    try:
+        return orjson.loads(line) if line.strip() else None
+    except orjson.JSONDecodeError:
+        return line.decode(errors="replace")
+
+
+class Creations:
+    """The create endpoints and what they created (``add_batch`` registers a batch with the
+    simulator); :meth:`open` and :meth:`aclose` start and stop the callback deliveries."""
+
+    def __init__(self, settings: CreateSettings, add_batch: Callable[..., SimBatch]) -> None:
+        self.settings = settings
+        self._add_batch = add_batch
+        self._lock = threading.Lock()
+        self._log: deque[CreateRequest] = deque(maxlen=settings.log_size)
+        self.deliveries: deque[tuple[str, int, int | None]] = deque(maxlen=settings.log_size)
+        """(response id, tries, last status or None) of every callback sent, newest last."""
+        self._counts: Counter[str] = Counter()
+        self._answers: dict[tuple[str, str | None], tuple[bytes, bytes]] = {}
+        self._failed: set[tuple[str, str | None]] = set()
+        self._responses: dict[str, tuple[str, str, dict[str, str], float, float]] = {}
+        """Response id → (model, output text, metadata, created at, completes at)."""
+        self._files: dict[str, list[tuple[str, str, str]]] = {}
+        self._ready: asyncio.Queue[str] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: httpx.AsyncClient | None = None
+
+    def creations(self, kind: str) -> int:
+        """How many ``responses``, ``files`` or ``batches`` were really created."""
+        with self._lock:
+            return self._counts[kind]
+
+    def received(self, path_prefix: str = "") -> list[CreateRequest]:
+        """The latest create requests whose path starts with ``path_prefix``, oldest first."""
+        with self._lock:
+            return [r for r in self._log if r.path.startswith(path_prefix)]
+
+    def response(self, response_id: str) -> tuple[dict[str, Any], float] | None:
+        """A created response as it is once complete, and the time it completes."""
+        if (made := self._responses.get(response_id)) is None:
+            return None
+        model, text, metadata, created_at, complete_at = made
+        body = make_response(response_id, text=text, model=model, metadata=metadata)
+        return {**body, "created_at": int(created_at)}, complete_at
+
+    def endpoint(self, kind: str) -> Callable[[Request], Awaitable[Response]]:
+        """The ``POST /v1/{kind}`` endpoint, ``kind`` being ``responses``, ``files`` or
+        ``batches`` (in the shape of ``create_dialect``)."""
+        read = self._read_file if kind == "files" else self._read_json
+        check = {"responses": self._response, "files": self._file, "batches": self._batch}[kind]
+
+        async def create(request: Request) -> Response:
+            path, key = request.url.path, request.headers.get("idempotency-key") or None
+            body: dict[str, Any] | None = None
+            try:
+                body, digest = await read(request)
+                answer = self._decide(kind, (path, key), digest, lambda: check(body or {}))
+            except _Refused as refused:
+                answer = (refused.status, _error(refused.message), {})
+            with self._lock:
+                self._log.append(CreateRequest(path, key, body))
+            if self.settings.create_delay_s > 0:
+                await asyncio.sleep(self.settings.create_delay_s)
+            return Response(answer[1], answer[0], answer[2], media_type="application/json")
+
+        return create
+
+    def _decide(
+        self, kind: str, slot: tuple[str, str | None], digest: bytes, check: Callable[[], _Create]
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """Replay, refuse (raises), fail or create; no await here, so one key creates once."""
+        key, settings, failure = slot[1], self.settings, None
+        if slot in self._answers:
+            stored, data = self._answers[slot]
+            if stored != digest:
+                raise _Refused(f"Idempotency-Key {key} was used with another body", 422)
+            return 200, data, {}
+        create = check()
+        share = int.from_bytes(hashlib.sha256(f"{key}".encode()).digest()[:8], "big") / 2**64
+        if key is not None and slot not in self._failed and share < settings.create_fail_first:
+            self._failed.add(slot)
+            retry = settings.create_retry_after
+            headers = {"retry-after": f"{retry:g}"} if retry is not None else {}
+            failure = (settings.create_fail_status, _error("internal error, try again"), headers)
+            if settings.create_fail_mode == "before":
+                return failure
+        data = bytes(memoryview(orjson.dumps(create())))  # orjson's own bytes keep 4 KiB
+        with self._lock:
+            self._counts[kind] += 1
+        if key is not None:
+            self._answers[slot] = (digest, data)
+        return failure or (200, data, {})
+
+    async def _read_json(self, request: Request) -> tuple[dict[str, Any], bytes]:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            raise _Refused("request body is not valid JSON") from None
+        _need(isinstance(body, dict), "request body must be a JSON object")
+        return body, hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).digest()
+
+    async def _read_file(self, request: Request) -> tuple[dict[str, Any], bytes]:
+        """A multipart upload as ``{"purpose", "filename", "bytes", "file": [line, ...]}``."""
+        raw, head = await request.body(), request.headers.get("content-type", "").encode()
+        form = BytesParser(policy=HTTP).parsebytes(b"content-type: " + head + b"\r\n\r\n" + raw)
+        parts = {p.get_param("name", header="content-disposition"): p for p in form.iter_parts()}
+        purpose, upload = parts.get("purpose"), parts.get("file")
+        purpose = purpose.get_content() if purpose is not None else None
+        content = upload.get_payload(decode=True) if upload is not None else b""
+        assert isinstance(content, bytes)
+        file = [_line(line) for line in content.splitlines()] if upload is not None else None
+        filename = upload.get_filename() if upload is not None else None
+        body = {"purpose": purpose, "filename": filename, "bytes": len(content), "file": file}
+        return body, hashlib.sha256(f"{purpose}\0".encode() + content).digest()
+
+    def _model(self, model: Any, where: str) -> str:
+        model = _text(model, where)
+        prefix = "" if where == "model" else f"{where}: "
+        _need(model != self.settings.reject_model, f"{prefix}model {model} does not exist")
+        return str(model)
+
+    def _response(self, body: dict[str, Any]) -> _Create:
+        model, input_ = self._model(body.get("model"), "model"), body.get("input")
+        _need(isinstance(input_, str | list), "input: required, a string or a list")
+        _need(body.get("background") is True, "background: must be true (background only)")
+        _need("custom_id" not in body, "custom_id: unknown parameter (put it in metadata)")
+        metadata, text = _metadata(body.get("metadata"), "metadata"), created_output_text(input_)
+
+        def create() -> dict[str, Any]:
+            rid, now = f"resp_{uuid.uuid4().hex}", time.time()
+            delay = self.settings.complete_after_s
+            self._responses[rid] = (model, text, metadata, now, now + delay)
+            if self.settings.webhook_url is not None and self._ready is not None:
+                asyncio.get_running_loop().call_later(delay, self._ready.put_nowait, rid)
+            body, _ = self.response(rid) or ({}, 0)
+            return {**body, "status": "queued", "output": [], "usage": None}
+
+        return create
+
+    def _file(self, body: dict[str, Any]) -> _Create:
+        _need(body["purpose"] == "batch", 'purpose: must be "batch"')
+        _need(body["file"] is not None, "file: required, a JSONL file of batch requests")
+        rows: list[tuple[str, str, str]] = []
+        for n, line in enumerate(body["file"], 1):
+            where = f"file line {n}"
+            if line is not None:
+                _need(isinstance(line, dict), f"{where}: not a JSON object")
+                cid = _text(line.get("custom_id"), f"{where}: custom_id")
+                _need(line.get("method") == "POST", f'{where}: method: must be "POST"')
+                url = line.get("url")
+                _need(url in _ENDPOINTS, f"{where}: url: must be one of {', '.join(_ENDPOINTS)}")
+                _need(isinstance(line.get("body"), dict), f"{where}: body: required, an object")
+                rows.append((cid, url, _text(line["body"].get("model"), f"{where}: body.model")))
+        _need(0 < len(rows) <= 50_000, f"file: 1 to 50,000 requests, got {len(rows):,}")
+        _unique((row[0] for row in rows), "file")
+
+        def create() -> dict[str, Any]:
+            fid, now = f"file-{uuid.uuid4().hex}", int(time.time())
+            self._files[fid] = rows
+            head = {"id": fid, "object": "file", "bytes": body["bytes"], "created_at": now}
+            tail = {"purpose": "batch", "status": "processed", "expires_at": None}
+            return {**head, "filename": body["filename"], **tail}
+
+        return create
+
+    def _batch(self, body: dict[str, Any]) -> _Create:
+        dialect = self.settings.create_dialect
+        inline = dialect != "openai"
+        custom_ids = self._inline_batch(body, dialect) if inline else self._openai_batch(body)
+
+        def create() -> dict[str, Any]:
+            options = {"pending_status": "in_progress", **self.settings.batch_options}
+            options["pending_until"] = time.time() + self.settings.complete_after_s
+            options["custom_ids"] = custom_ids
+            bid = f"batch_{uuid.uuid4().hex}"
+            return self._add_batch(dialect, bid, len(custom_ids), **options).pending_object()
+
+        return create
+
+    def _openai_batch(self, body: dict[str, Any]) -> _CustomIds:
+        fid, endpoint = _text(body.get("input_file_id"), "input_file_id"), body.get("endpoint")
+        _need(endpoint in _ENDPOINTS, f"endpoint: must be one of {', '.join(_ENDPOINTS)}")
+        _need(body.get("completion_window") == "24h", 'completion_window: must be "24h"')
+        _metadata(body.get("metadata"), "metadata")
+        rows = self._files.get(fid, [])
+        _need(bool(rows), f"input_file_id: no file {fid} with purpose batch")
+        for n, (cid, url, model) in enumerate(rows, 1):
+            where = f"input_file_id: request {n} (custom_id {cid})"
+            _need(url == endpoint, f"{where}: url {url} is not the endpoint {endpoint}")
+            _need(model == rows[0][2], f"{where}: one model per batch, got {model}")
+        self._model(rows[0][2], "model")
+        return {i: cid for i, (cid, _, _) in enumerate(rows)}
+
+    def _inline_batch(self, body: dict[str, Any], dialect: str) -> _CustomIds:
+        """The rows of a sference, Sail or Valar batch (see the module docstring)."""
+        sference, requests = dialect == "sference", body.get("requests")
+        if sference:
+            _need(body.get("window") == "24h", 'window: must be "24h" (the only supported value)')
+        else:
+            _need(body.get("endpoint") == "/v1/responses", 'endpoint: must be "/v1/responses"')
+            _text(body.get("label"), "label")
+        if not isinstance(requests, list) or not requests:
+            raise _Refused("requests: required, a non-empty list")
+        _need(len(requests) <= 100_000, f"requests: at most 100,000, got {len(requests):,}")
+        custom_ids: _CustomIds = {}
+        first_model, part = None, "body" if sference else "params"
+        for i, row in enumerate(requests):
+            where = f"requests[{i}]"
+            _need(isinstance(row, dict), f"{where}: must be an object")
+            cid = row.get("custom_id")
+            cid = _text(cid, f"{where}.custom_id") if cid is not None or not sference else None
+            where += f' (custom_id="{cid}")' if cid is not None else ""
+            inner = row.get(part)
+            _need(isinstance(inner, dict), f"{where}: {part}: required, an object")
+            model = _text(inner.get("model"), f"{where}: {part}.model")
+            input_ok = isinstance(inner.get("input"), str | list)
+            if sference:
+                ok = model != self.settings.reject_model
+                _need(ok, f'{where}: Model "{model}" is not available for inference')
+                expected = f'expected "{first_model}", got "{model}"'
+                ok = first_model in (None, model)
+                _need(ok, f"{where}: all batch rows must use the same model; {expected}")
+                first_model, messages = model, inner.get("messages")
+                ok = input_ok if messages is None else isinstance(messages, list) and bool(messages)
+                _need(ok, f"{where}: body needs messages (a non-empty list) or input")
+            else:
+                self._model(model, f"{where}: params.model")
+                _need(input_ok, f"{where}: params.input: required, a string or a list")
+                meta = _metadata(inner.get("metadata"), f"{where}: params.metadata")
+                window, wanted = meta.get("completion_window"), _BATCH_WINDOW[dialect]
+                _need(window in (None, wanted), f"{where}: completion_window: must be {wanted}")
+            custom_ids[i] = cid
+        _unique(custom_ids.values(), "requests")
+        return custom_ids
+
+    def open(self) -> None:
+        """Start the callback deliveries (in the simulator's running event loop)."""
+        self._ready, workers = asyncio.Queue(), max(1, self.settings.webhook_concurrency)
+        self._tasks = [asyncio.create_task(self._deliver()) for _ in range(workers)]
+
+    async def aclose(self) -> None:
+        """Stop the callback deliveries; callbacks not sent yet are dropped."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks, self._ready = [], None
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _deliver(self) -> None:
+        """POST a signed ``response.completed`` event for each response that completes,
+        retrying a failure a bounded number of times with the same webhook-id."""
+        while self._ready is not None:
+            rid, msg_id = await self._ready.get(), f"msg_{uuid.uuid4().hex}"
+            client = self._client = self._client or httpx.AsyncClient(timeout=5, trust_env=False)
+            attempts, status = 0, None
+            while attempts < self.settings.webhook_attempts and not 200 <= (status or 0) < 300:
+                url, secret = self.settings.webhook_url, self.settings.webhook_secret
+                if url is None or secret is None:
+                    break
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempts) if attempts else 0)
+                attempts, status = attempts + 1, None
+                with contextlib.suppress(httpx.HTTPError):
+                    answer = await send_callback(client, url, secret, rid, msg_id=msg_id)
+                    status = answer.status_code
+            with self._lock:
+                self.deliveries.append((rid, attempts, status))
