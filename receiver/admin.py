@@ -1,4 +1,5 @@
-"""The admin API, ``/admin/v1``: register, list and end watches.
+"""The admin API, ``/admin/v1``: register, list and end watches; submit requests
+(:mod:`receiver.admin_submit`).
 
 Bearer tokens from ``admin_tokens`` (compared in constant time); with none configured
 every ``/admin/v1`` route answers 404, as if it did not exist. A missing or wrong token
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from receiver.admin_submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
 from receiver.config import Settings
 from receiver.watches import WatchStore, register_many
 
@@ -66,6 +68,7 @@ def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
         Route("/admin/v1/watches", api.listing, methods=["GET"]),
         Route("/admin/v1/watches/{provider}/{kind}/{id:path}", api.remove, methods=["DELETE"]),
         Route("/admin/v1/openapi.json", api.openapi, methods=["GET"]),
+        Route("/admin/v1/submit", submit_endpoint(settings, redis, api.refused), methods=["POST"]),
     ]
 
 
@@ -210,6 +213,7 @@ OPENAPI: dict[str, Any] = {
         "schemas": {
             "WatchRequest": WatchRequest.model_json_schema(),
             "WatchAnswer": WatchAnswer.model_json_schema(),
+            "SubmitRequest": SubmitRequest.model_json_schema(),
         },
     },
     "security": [{"bearer": []}],
@@ -266,6 +270,7 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        "/admin/v1/submit": SUBMIT_OPENAPI,
         "/admin/v1/openapi.json": {
             "get": {
                 "summary": "This document",

@@ -13,11 +13,11 @@ import sys
 from collections.abc import Sequence
 
 from nopoll.exceptions import ConfigError, NopollError
-from receiver.cli import _batch, _config, _demo, _dlq, _serve, _try, _watch
+from receiver.cli import _batch, _config, _demo, _dlq, _serve, _submit, _try, _watch
 
 __all__ = ["main"]
 
-_COMMANDS = (_serve, _dlq, _config, _batch, _demo, _try, _watch)
+_COMMANDS = (_serve, _dlq, _config, _batch, _demo, _try, _watch, _submit)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -335,6 +335,38 @@ class ProviderClient:
         if line.strip():
             yield line
 
+    async def post_once(
+        self, path: str, content: bytes, *, content_type: str, idempotency_key: str
+    ) -> tuple[int, bytes, float | None]:
+        """One POST to ``{base_url}/{path}`` (a create call): its status, its body (capped
+        like every answer) and its Retry-After. Timeouts and network failures raise
+        :class:`TransientProviderError`; the caller retries with the same key."""
+        headers = self._headers.copy()
+        headers["content-type"] = content_type
+        headers["idempotency-key"] = idempotency_key
+        request = httpx.Request(
+            "POST",
+            self._base + path,
+            headers=headers,
+            content=content,
+            extensions=self._extensions,
+        )
+        started = time.perf_counter()
+        status: int | None = None
+        try:
+            with self._transient(path, _timeout_text, "connection failed"):
+                response = await next(self._next).handle_async_request(request)
+                response.request = request
+                try:
+                    body = await self._read_capped(response, path)
+                finally:
+                    await response.aclose()
+                status = response.status_code
+        finally:
+            if self._on_request is not None:
+                self._on_request(self.name, status, time.perf_counter() - started)
+        return response.status_code, bytes(body), retry_after_s(response.headers)
+
     async def aclose(self) -> None:
         for transport in self._transports:
             await transport.aclose()

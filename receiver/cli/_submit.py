@@ -1,0 +1,232 @@
+"""``nopoll submit``: a JSONL file of requests in, rows in the sinks out (with ``--wait``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from receiver.cli._common import add_config_option, load, run_async
+from receiver.config import Settings
+
+_SHOWN = 10
+
+
+async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from nopoll.exceptions import ConfigError
+    from receiver._arq import arq_pool
+    from receiver.providers.client import ProviderClient
+    from receiver.submit import Submitter, file_digest
+
+    provider = settings.providers.get(args.provider)
+    if provider is None:
+        known = ", ".join(sorted(settings.providers)) or "none"
+        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    path = Path(args.file)
+    digest = file_digest(path)
+    redis = arq_pool(url)
+    client = ProviderClient(args.provider, provider, settings.http)
+    started = time.monotonic()
+    try:
+        if args.batch:
+            return await _batch(
+                args, Submitter(args.provider, provider, client, redis), path, digest
+            )
+        total = _count_lines(path)
+        with _Bar(f"submitting to {args.provider}", total) as bar:
+            submitter = Submitter(
+                args.provider,
+                provider,
+                client,
+                redis,
+                concurrency=args.concurrency,
+                on_progress=bar.update,
+            )
+            result = await submitter.submit_lines(_lines(path), digest)
+            bar.update(result)
+        elapsed = time.monotonic() - started
+        print(
+            f"{result.submitted} submitted, {result.already} already submitted, "
+            f"{len(result.rejected)} rejected in {elapsed:.1f} s "
+            f"({result.submitted / elapsed if elapsed else 0:.0f}/s, {result.requests} POSTs)"
+        )
+        code = _report_rejected(args, path, result.rejected)
+        if args.wait and result.ids:
+            code = max(
+                code,
+                await _wait_for(
+                    redis, settings, args.provider, "response", result.ids, result.requests
+                ),
+            )
+        return code
+    finally:
+        await client.aclose()
+        await redis.aclose()
+
+
+async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: str) -> int:
+    from receiver.submit_batch import submit_batch
+
+    result = await submit_batch(submitter, _lines(path), digest, path.name)
+    if result.rejected:
+        print(f"nothing submitted: {len(result.rejected)} problem(s) in {path.name}")
+        return _report_rejected(args, path, result.rejected) or 1
+    state = "already submitted" if result.already else f"submitted ({result.rows} rows)"
+    print(f"batch {result.batch_id} {state}; watching it")
+    if args.wait and result.batch_id:
+        return await _wait_for(
+            submitter.redis, None, submitter.name, "batch", [result.batch_id], result.requests
+        )
+    return 0
+
+
+async def _wait_for(
+    redis: Any, settings: Settings | None, provider: str, kind: str, ids: list[str], creates: int
+) -> int:
+    from receiver.cli._watch import _states, _wait
+    from receiver.watches import WatchStore
+
+    store = WatchStore(redis)
+    config = settings.providers[provider].watch if settings is not None else None
+    limit_s = (config.expire_after_s + config.max_interval_s + 60) if config else 86_400 + 120
+    code = await _wait(store, provider, kind, ids, limit_s)
+    counts = await _states(store, provider, kind, ids)
+    landed = counts["landed"]
+    if landed:
+        # Each id landed by a callback costs one GET (its fetch), one landed by a poll none
+        # beyond its polls.
+        by_callback = await _landed_without_polls(redis, provider, kind, ids)
+        requests = creates + counts["polls"] + by_callback
+        print(
+            f"provider requests per result: {requests / landed:.2f} "
+            f"({creates} creates, {counts['polls']} polls, {by_callback} callback fetches)"
+        )
+    return code
+
+
+async def _landed_without_polls(redis: Any, provider: str, kind: str, ids: list[str]) -> int:
+    from receiver.watches import watch_key
+
+    n = 0
+    for start in range(0, len(ids), 1000):
+        async with redis.pipeline(transaction=False) as pipe:
+            for object_id in ids[start : start + 1000]:
+                pipe.hmget(watch_key(provider, kind, object_id), ["state", "polls"])
+            for state, polls in await pipe.execute():
+                n += state == b"landed" and int(polls or 0) == 0
+    return n
+
+
+def _report_rejected(args: argparse.Namespace, path: Path, rejected: list[Any]) -> int:
+    if not rejected:
+        return 0
+    import orjson
+
+    report = Path(args.report) if args.report else path.with_name(path.name + ".rejected.jsonl")
+    with report.open("wb") as f:
+        for item in sorted(rejected, key=lambda r: r.line):
+            f.write(orjson.dumps(item.to_dict()) + b"\n")
+    for item in sorted(rejected, key=lambda r: r.line)[:_SHOWN]:
+        where = f"line {item.line}" if item.line else path.name
+        status = f" (HTTP {item.status})" if item.status else ""
+        print(f"  {where}{status}: {item.error}", file=sys.stderr)
+    if len(rejected) > _SHOWN:
+        print(f"  ... and {len(rejected) - _SHOWN} more", file=sys.stderr)
+    print(f"rejected lines: {report}", file=sys.stderr)
+    return 1
+
+
+def _count_lines(path: Path) -> int:
+    n = 0
+    with path.open("rb") as f:
+        while piece := f.read(1 << 20):
+            n += piece.count(b"\n")
+    return n
+
+
+def _lines(path: Path) -> Any:
+    from receiver.submit import read_lines
+
+    return read_lines(path)
+
+
+class _Bar:
+    """A rich progress bar of submitted / already / rejected lines and the rate."""
+
+    def __init__(self, title: str, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "new {task.fields[new]}, already {task.fields[already]}, "
+                "rejected {task.fields[rejected]}, {task.fields[rate]:.0f}/s"
+            ),
+            refresh_per_second=4,
+        )
+        self.task = self.progress.add_task(
+            title, total=total, new=0, already=0, rejected=0, rate=0.0
+        )
+        self.started = time.monotonic()
+        self.last = 0.0
+
+    def __enter__(self) -> _Bar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def update(self, result: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.1 and result.done % 100:
+            return
+        self.last = now
+        elapsed = max(1e-6, now - self.started)
+        self.progress.update(
+            self.task,
+            completed=result.done,
+            new=result.submitted,
+            already=result.already,
+            rejected=len(result.rejected),
+            rate=result.submitted / elapsed,
+        )
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from receiver.runtime import redis_url_for
+
+    settings = load(args)
+    if not Path(args.file).is_file():
+        print(f"nopoll submit: no such file: {args.file}", file=sys.stderr)
+        return 2
+    with redis_url_for(settings) as url:
+        return run_async(_submit(args, settings, url))
+
+
+def register(sub: Any) -> None:
+    """Add this module's commands to the ``nopoll`` parser."""
+    p = sub.add_parser(
+        "submit",
+        help="submit a JSONL file of requests (or one batch) and watch every result",
+        description="Create background responses from FILE (one Responses create body per "
+        "line), or with --batch one batch from OpenAI batch-input lines; each id is watched "
+        "until its result lands in the sinks. Running it again on the same file submits "
+        "nothing new.",
+    )
+    add_config_option(p)
+    p.add_argument("provider", help="provider name from the config")
+    p.add_argument("file", help="the JSONL file")
+    p.add_argument("--batch", action="store_true", help="submit the file as one batch")
+    p.add_argument(
+        "--concurrency", type=int, default=200, help="create calls in flight (default 200)"
+    )
+    p.add_argument("--wait", action="store_true", help="show progress until every result landed")
+    p.add_argument(
+        "--report", help="where rejected lines are written (default FILE.rejected.jsonl)"
+    )
+    p.set_defaults(func=_cmd_submit)

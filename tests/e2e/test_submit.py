@@ -1,0 +1,216 @@
+"""``nopoll submit`` end to end: the provider simulator's create endpoints (idempotency,
+failing first tries, rejections, the four batch dialects), a real worker, real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.e2e.helpers import NOPOLL, pg_rows, wait_for, wait_ready, write_config
+from tests.servers import free_port
+
+pytestmark = pytest.mark.slow
+
+WATCH = "    watch: {first_poll_s: 0.2, max_interval_s: 0.5, rate_limit_rps: 200}\n"
+
+
+def _config(tmp_path, sim, redis_url, pg_url, pg_table, dialect="openai", *, callbacks=False):
+    config = write_config(
+        tmp_path,
+        sim.base_url,
+        redis_url=redis_url,
+        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+    )
+    text = config.read_text().replace("    dialect: openai\n", f"    dialect: {dialect}\n")
+    if not callbacks:
+        text = text.replace("    webhook_secrets: ['${SIM_SECRET}']\n", WATCH)
+    config.write_text(text)
+    return config
+
+
+def _lines(path: Path, n: int, overrides: dict[int, dict] | None = None) -> Path:
+    with path.open("wb") as f:
+        for i in range(n):
+            body = {"model": "m-1", "input": f"question {i}", "custom_id": f"q{i:04d}"}
+            f.write(orjson.dumps({**body, **(overrides or {}).get(i, {})}) + b"\n")
+    return path
+
+
+def _submit(procs, config, *args, timeout=180):
+    return subprocess.run(
+        [str(NOPOLL), "submit", "--config", str(config), "sim", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=procs.env,
+    )
+
+
+async def _count(pg_url, pg_table, n):
+    rows = await pg_rows(pg_url, pg_table)
+    return rows if len(rows) >= n else None
+
+
+async def test_500_lines_with_failing_first_tries_create_500_responses_and_rows_once(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    sim = provider_sim(create_fail_first=0.1, create_fail_mode="after", complete_after_s=0.5)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    procs.start("worker", "--config", str(config))
+    source = _lines(tmp_path / "requests.jsonl", 500)
+    first = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "500 submitted, 0 already submitted, 0 rejected" in first.stdout
+    assert sim.creations("responses") == 500  # retried failures replayed, never repeated
+    failed_first = [r for r in sim.creates.received("/v1/responses")]
+    assert len(failed_first) > 500  # some first tries did fail and were retried
+    rows = await wait_for(lambda: _count(pg_url, pg_table, 500), timeout=60)
+    assert len({r["key"] for r in rows}) == 500
+    metadata = [m if isinstance(m := r["metadata"], dict) else orjson.loads(m) for r in rows]
+    assert {m["custom_id"] for m in metadata} == {f"q{i:04d}" for i in range(500)}
+
+    again = await asyncio.to_thread(_submit, procs, config, source)
+    assert again.returncode == 0, again.stderr
+    assert "0 submitted, 500 already submitted" in again.stdout
+    assert sim.creations("responses") == 500  # the same file again: nothing new
+    assert len(sim.creates.received("/v1/responses")) == len(failed_first)  # not one POST
+
+
+async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    sim = provider_sim(complete_after_s=0.2)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    procs.start("worker", "--config", str(config))
+    source = _lines(tmp_path / "mixed.jsonl", 20, {7: {"model": "reject-me"}})
+    with source.open("ab") as f:
+        f.write(b"this is not json\n")
+    done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    assert done.returncode == 1
+    assert "19 submitted, 0 already submitted, 2 rejected" in done.stdout
+    assert "line 8 (HTTP 400): model reject-me does not exist" in done.stderr
+    report = [
+        orjson.loads(x) for x in (tmp_path / "mixed.jsonl.rejected.jsonl").read_bytes().splitlines()
+    ]
+    assert report[0] == {
+        "line": 8,
+        "custom_id": "q0007",
+        "status": 400,
+        "error": "model reject-me does not exist",
+    }
+    assert report[1]["line"] == 21 and report[1]["status"] is None
+    assert report[1]["error"].startswith("not JSON")
+    rows = await wait_for(lambda: _count(pg_url, pg_table, 19), timeout=60)
+    assert len(rows) == 19
+
+
+@pytest.mark.parametrize("dialect", ["openai", "sference", "sail", "valar"])
+async def test_a_batch_is_created_in_the_dialects_own_shape_then_lands(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, dialect
+):
+    sim = provider_sim(create_dialect=dialect, complete_after_s=0.5)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, dialect)
+    procs.start("worker", "--config", str(config))
+    source = tmp_path / "batch.jsonl"
+    with source.open("wb") as f:
+        for i in range(30):
+            body = {"model": "m-1", "input": f"q {i}"}
+            line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/responses", "body": body}
+            f.write(orjson.dumps(line) + b"\n")
+    done = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [create] = sim.creates.received("/v1/batches")
+    assert create.idempotency_key
+    first = {"model": "m-1", "input": "q 0"}
+    if dialect == "openai":
+        [upload] = sim.creates.received("/v1/files")
+        assert upload.body["purpose"] == "batch" and len(upload.body["file"]) == 30
+        assert create.body == {
+            "input_file_id": create.body["input_file_id"],
+            "endpoint": "/v1/responses",
+            "completion_window": "24h",
+        }
+    elif dialect == "sference":
+        assert create.body["window"] == "24h" and set(create.body) == {"window", "requests"}
+        assert create.body["requests"][0] == {"custom_id": "c0", "body": first}
+    else:
+        assert create.body["endpoint"] == "/v1/responses" and create.body["label"]
+        assert create.body["requests"][0] == {"custom_id": "c0", "params": first}
+    rows = await wait_for(lambda: _count(pg_url, pg_table, 31), timeout=60)
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 30
+    assert [r["kind"] for r in rows].count("batch") == 1
+    again = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    assert again.returncode == 0 and "already submitted" in again.stdout
+    assert sim.creations("batches") == 1
+
+
+async def test_a_bad_batch_file_sends_nothing_and_lists_every_bad_line(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    sim = provider_sim(create_dialect="sference")
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
+    source = tmp_path / "bad.jsonl"
+    rows = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {"model": "m-1"}},
+        {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {"model": "m-1"}},
+        {"custom_id": "b", "method": "POST", "url": "/v1/responses", "body": {"model": "m-2"}},
+    ]
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    done = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    assert done.returncode == 1
+    assert "line 2: custom_id: a appears twice" in done.stderr
+    assert "line 3: body.model: m-2, but the batch's first line has m-1" in done.stderr
+    assert sim.request_count("/v1/") == 0  # checked before anything was sent
+
+
+async def test_sigkill_halfway_then_a_rerun_creates_no_duplicate(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    sim = provider_sim(create_delay_s=0.05, complete_after_s=0.2)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    source = _lines(tmp_path / "big.jsonl", 600)
+    killed = procs.start(
+        "submit", "--config", str(config), "sim", str(source), "--concurrency", "20"
+    )
+
+    async def halfway():
+        return sim.creations("responses") >= 200
+
+    await wait_for(halfway, timeout=60)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    before = sim.creations("responses")
+    assert before < 600
+    procs.start("worker", "--config", str(config))
+    done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sim.creations("responses") == 600  # every line once, none twice
+    rows = await wait_for(lambda: _count(pg_url, pg_table, 600), timeout=90)
+    assert len({r["key"] for r in rows}) == 600
+
+
+async def test_with_callbacks_each_result_costs_one_create_and_one_fetch(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, webhook_secret
+):
+    port = free_port()
+    sim = provider_sim(
+        complete_after_s=0.3,
+        webhook_url=f"http://127.0.0.1:{port}/webhooks/sim",
+        webhook_secret=webhook_secret,
+    )
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, callbacks=True)
+    procs.start("serve", "--config", str(config), "--port", str(port))
+    await asyncio.to_thread(wait_ready, port)
+    source = _lines(tmp_path / "called.jsonl", 100)
+    done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = await wait_for(lambda: _count(pg_url, pg_table, 100), timeout=60)
+    assert len(rows) == 100 and all(r["event_id"] for r in rows)  # landed by callbacks
+    assert sim.creations("responses") == 100
+    assert sim.request_count("/v1/responses/") == 100  # one fetch each, not one poll
+    assert "provider requests per result: 2.00 (100 creates, 0 polls, 100 callback" in done.stdout
