@@ -53,15 +53,26 @@ from receiver.config_source import (
     redact_url,
     validate_lenient,
 )
+from receiver.config_tenants import (
+    ConsumerToken,
+    ResultsConfig,
+    TenantConfig,
+    TenantProviderConfig,
+    check_tenant_names,
+)
 
 __all__ = [
     "ApiConfig",
     "BatchConfig",
+    "ConsumerToken",
     "HttpConfig",
     "ProviderConfig",
+    "ResultsConfig",
     "RetryConfig",
     "RouteConfig",
     "Settings",
+    "TenantConfig",
+    "TenantProviderConfig",
     "WatchConfig",
     "WorkerConfig",
     "decode_webhook_secret",
@@ -179,6 +190,15 @@ class Settings(_Model):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     admin_tokens: list[SecretStr] = Field(default_factory=list)
     """Bearer tokens of the admin API (``/admin/v1``); none: the admin API is 404."""
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    """Teams with their own provider accounts, each behind signed ``/webhooks/t/{token}``."""
+    tenant_keys: list[SecretStr] = Field(default_factory=list)
+    """Keys of the tenant endpoint tokens: the first signs, every one verifies."""
+    public_url: str | None = None
+    """The URL providers reach nopoll at (``nopoll endpoint`` prints full URLs with it)."""
+    consumer_tokens: list[ConsumerToken] = Field(default_factory=list)
+    """Bearer tokens of the results API (``/v1``); none: ``/v1`` is 404."""
+    results: ResultsConfig = Field(default_factory=ResultsConfig)
     redis_policy_check: Literal["refuse", "warn"] = "refuse"
     """A Redis whose ``maxmemory-policy`` may evict keys can drop queued jobs: refuse to
     start (default), or only warn."""
@@ -228,6 +248,36 @@ class Settings(_Model):
                         f"routes.{i}.sinks: unknown sink {sink!r} (configured: "
                         f"{', '.join(sorted(self.sinks)) or 'none'})"
                     )
+        return self
+
+    @field_validator("consumer_tokens")
+    @classmethod
+    def _consumer_tokens(cls, value: list[ConsumerToken]) -> list[ConsumerToken]:
+        return [t for t in value if t.token.get_secret_value()]
+
+    @field_validator("tenant_keys")
+    @classmethod
+    def _tenant_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        kept = [t for t in value if t.get_secret_value()]
+        if any(len(t.get_secret_value()) < 32 for t in kept):
+            raise ValueError("a tenant key must be at least 32 characters long")
+        return kept
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else None
+
+    @model_validator(mode="after")
+    def _tenants(self) -> Settings:
+        check_tenant_names(self.tenants, set(self.providers))
+        if self.tenants and not self.tenant_keys:
+            raise ValueError("tenants need tenant_keys (the keys that sign their endpoints)")
+        for i, consumer in enumerate(self.consumer_tokens):
+            if consumer.tenant is not None and consumer.tenant not in {*self.tenants, "default"}:
+                raise ValueError(f"consumer_tokens.{i}.tenant: no tenant {consumer.tenant!r}")
         return self
 
     @field_validator("admin_tokens")

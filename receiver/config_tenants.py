@@ -1,0 +1,80 @@
+"""Configuration of tenants (teams with their own provider accounts) and of the results
+API's consumers (re-exported by :mod:`receiver.config`, documented in
+docs/configuration.md)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+__all__ = ["ConsumerToken", "ResultsConfig", "TenantConfig", "TenantProviderConfig"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MIN_TOKEN = 16
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _kept(value: list[SecretStr]) -> list[SecretStr]:
+    """Entries left empty by ``${VAR:-}`` are dropped (a rotation slot not in use)."""
+    return [v for v in value if v.get_secret_value()]
+
+
+class TenantProviderConfig(_Model):
+    """A tenant's own account at one provider: overrides the provider's key and secrets
+    (the provider's ``dialect``, ``base_url`` and settings stay)."""
+
+    api_key: SecretStr | None = None
+    webhook_secrets: list[SecretStr] = Field(default_factory=list)
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
+        return _kept(value)
+
+
+class TenantConfig(_Model):
+    """One tenant: ``providers`` maps provider names (from ``providers:``) to its account."""
+
+    providers: dict[str, TenantProviderConfig] = Field(default_factory=dict)
+
+
+class ConsumerToken(_Model):
+    """A bearer token of the results API; ``tenant`` set: it sees that tenant's results only."""
+
+    token: SecretStr
+    tenant: str | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _long(cls, value: SecretStr) -> SecretStr:
+        if value.get_secret_value() and len(value.get_secret_value()) < MIN_TOKEN:
+            raise ValueError(f"a consumer token must be at least {MIN_TOKEN} characters long")
+        return value
+
+
+class ResultsConfig(_Model):
+    """The results API (``/v1/results``): how long landed envelopes stay readable."""
+
+    stream_max_entries: int = Field(default=1_000_000, ge=100, le=100_000_000)
+    """The live stream keeps at most this many envelopes (older ones are trimmed)."""
+    stream_retention_s: int = Field(default=86_400, ge=60)
+    """... and none older than this. A client that reconnects with an older Last-Event-ID
+    gets a ``reset`` event."""
+    latest_ttl_s: int = Field(default=7 * 86_400, ge=60)
+    """``GET /v1/results/{provider}/{key}`` finds an envelope this long after it landed."""
+    max_wait_s: float = Field(default=60.0, gt=0, le=60)
+    """The longest ``?wait=`` a request may ask for."""
+
+
+def check_tenant_names(tenants: dict[str, TenantConfig], providers: set[str]) -> None:
+    """Tenant names are safe tokens; every provider a tenant names is configured."""
+    for name, tenant in tenants.items():
+        if not _NAME.match(name):
+            raise ValueError(f"tenants.{name[:64]}: a name must match [A-Za-z0-9_-]{{1,64}}")
+        for provider in tenant.providers:
+            if provider not in providers:
+                raise ValueError(f"tenants.{name}.providers.{provider}: no such provider")
