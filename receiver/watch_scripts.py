@@ -53,7 +53,7 @@ return 1
 """
 
 # KEYS: 1 watch hash, 2 due zset, 3 ended counts hash. ARGV: 1 member, 2 final state,
-# 3 now ms, 4 ttl s
+# 3 now ms, 4 ttl s, 5 the object's final status ('' if not known)
 FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
@@ -62,6 +62,7 @@ if state ~= ARGV[2] then
   if state == 'landed' or state == 'expired' then redis.call('HINCRBY', KEYS[3], state, -1) end
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'landed_at', ARGV[3])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'status', ARGV[5]) end
 redis.call('HDEL', KEYS[1], 'next_at')
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])

@@ -217,8 +217,11 @@ class WatchStore:
             )
         )
 
-    async def finish(self, provider: str, kind: str, object_id: str, state: str) -> None:
-        """The watch ended: ``landed`` or ``expired`` (kept a dedupe window for lookups)."""
+    async def finish(
+        self, provider: str, kind: str, object_id: str, state: str, *, status: str | None = None
+    ) -> None:
+        """The watch ended: ``landed`` (with the object's final ``status`` when known) or
+        ``expired``; kept a dedupe window for lookups."""
         await self.redis.eval(  # type: ignore[misc]
             lua.FINISH,
             3,
@@ -229,6 +232,7 @@ class WatchStore:
             state,
             str(_ms()),
             str(self._ended_ttl_s),
+            status or "",
         )
 
     async def callback_arrived(

@@ -151,7 +151,9 @@ async def fetch_response(
     )
     landed = await _land(ctx, envelope)
     if verdict == "callback":  # a watched id: the callback ended its watch
-        await watches.finish(job.provider, "response", job.response_id, "landed")
+        await watches.finish(
+            job.provider, "response", job.response_id, "landed", status=envelope.status
+        )
     ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
     return landed
 

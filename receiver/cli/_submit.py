@@ -97,8 +97,10 @@ async def _wait_for(
     if landed:
         # Each id landed by a callback costs one GET (its fetch), one landed by a poll none
         # beyond its polls.
-        by_callback = await _landed_without_polls(redis, provider, kind, ids)
+        by_callback, statuses = await _landed_detail(redis, provider, kind, ids)
         requests = creates + counts["polls"] + by_callback
+        shown = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+        print(f"landed by status: {shown}")
         print(
             f"provider requests per result: {requests / landed:.2f} "
             f"({creates} creates, {counts['polls']} polls, {by_callback} callback fetches)"
@@ -106,17 +108,25 @@ async def _wait_for(
     return code
 
 
-async def _landed_without_polls(redis: Any, provider: str, kind: str, ids: list[str]) -> int:
+async def _landed_detail(
+    redis: Any, provider: str, kind: str, ids: list[str]
+) -> tuple[int, dict[str, int]]:
+    """How many landed ids no poll found (a callback's fetch landed them), and the landed
+    ones by their final status."""
+    from collections import Counter
+
     from receiver.watches import watch_key
 
-    n = 0
+    by_callback, statuses = 0, Counter[str]()
     for start in range(0, len(ids), 1000):
         async with redis.pipeline(transaction=False) as pipe:
             for object_id in ids[start : start + 1000]:
-                pipe.hmget(watch_key(provider, kind, object_id), ["state", "polls"])
-            for state, polls in await pipe.execute():
-                n += state == b"landed" and int(polls or 0) == 0
-    return n
+                pipe.hmget(watch_key(provider, kind, object_id), ["state", "polls", "status"])
+            for state, polls, status in await pipe.execute():
+                if state == b"landed":
+                    by_callback += int(polls or 0) == 0
+                    statuses[(status or b"unknown").decode()] += 1
+    return by_callback, dict(statuses)
 
 
 def _report_rejected(args: argparse.Namespace, path: Path, rejected: list[Any]) -> int:

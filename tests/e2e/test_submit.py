@@ -66,6 +66,7 @@ async def test_500_lines_with_failing_first_tries_create_500_responses_and_rows_
     first = await asyncio.to_thread(_submit, procs, config, source, "--wait")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "500 submitted, 0 already submitted, 0 rejected" in first.stdout
+    assert "landed by status: 500 completed" in first.stdout
     assert sim.creations("responses") == 500  # retried failures replayed, never repeated
     failed_first = [r for r in sim.creates.received("/v1/responses")]
     assert len(failed_first) > 500  # some first tries did fail and were retried
@@ -214,3 +215,4 @@ async def test_with_callbacks_each_result_costs_one_create_and_one_fetch(
     assert sim.creations("responses") == 100
     assert sim.request_count("/v1/responses/") == 100  # one fetch each, not one poll
     assert "provider requests per result: 2.00 (100 creates, 0 polls, 100 callback" in done.stdout
+    assert "landed by status: 100 completed" in done.stdout
