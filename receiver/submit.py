@@ -7,17 +7,21 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
 
 - 429, 408, 409, 425, 5xx, timeouts and broken connections are retried with the *same*
   key (so a create the provider did but whose answer was lost is replayed, not repeated),
-  waiting with :class:`~receiver.backoff.Backoff` and never less than a ``Retry-After``;
-- any other 4xx rejects the line, with the provider's own reason;
-- every created id is recorded in Redis (``nopoll:submit:<provider>:<file hash>``, field
-  the line number) and gets a watch (``expect_callback`` when the provider has webhook
-  secrets: callbacks do the work, polling is the safety net). A second run of the same
+  waiting with :class:`~receiver.backoff.Backoff` and never less than a ``Retry-After``
+  (itself capped at 300 s);
+- any other 4xx rejects the line, with the provider's own reason; so does anything
+  unexpected (the line is reported, the other lines go on);
+- a ``custom_id`` seen on an earlier line of the run rejects the line (both would share
+  one key);
+- every created id gets a watch (``expect_callback`` when the provider has webhook
+  secrets: callbacks do the work, polling is the safety net), then is recorded in Redis
+  (``nopoll:submit:<provider>:<file hash>``, field the line number). A second run of the same
   file skips every recorded line without a request; a line whose create was answered but
   not yet recorded (the process was killed) is sent again with its key, and the provider
   replays the same id.
 
 The file is streamed twice (hash, then lines), a block at a time through a bounded queue:
-memory does not grow with the file, only the list of ids (for ``--wait``) does.
+memory does not grow with the file, only the ids (for ``--wait``) and custom_ids do.
 """
 
 from __future__ import annotations
@@ -180,6 +184,8 @@ class Submitter:
         self.backoff = backoff or Backoff(0.5, 30.0, 300.0)
         self.on_progress = on_progress
         self.expect_callback = bool(config.webhook_secrets)
+        self._custom_ids: dict[str, int] = {}
+        """custom_id → the line that used it first (this run)."""
 
     async def post(
         self, path: str, content: bytes, key: str, content_type: str, result: SubmitResult
@@ -246,29 +252,47 @@ class Submitter:
     ) -> None:
         while (item := await queue.get()) is not None:
             number, raw = item
-            body, custom_id, error = create_body(raw)
-            if body is None:
-                result.rejected.append(Rejected(number, custom_id, None, error or "bad line"))
-                self._progress(result)
-                continue
-            key = idempotency_key(
-                self.name, digest, f"custom_id:{custom_id}" if custom_id else f"line:{number}"
-            )
-            status, content, error = await self.post(
-                "responses", orjson.dumps(body), key, "application/json", result
-            )
-            response_id = created_id(status, content)
-            if response_id is not None:
-                created.append((number, response_id))
-                result.submitted += 1
-            else:
-                reason = error or (
-                    provider_reason(status or 0, content)
-                    if status is not None and status >= 400
-                    else "the answer holds no usable response id"
-                )
-                result.rejected.append(Rejected(number, custom_id, status, reason))
+            try:
+                await self._one(number, raw, digest, result, created)
+            except Exception as exc:  # never a stuck run: the line is reported, others go on
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                result.rejected.append(Rejected(number, None, None, error))
             self._progress(result)
+
+    async def _one(
+        self,
+        number: int,
+        raw: bytes,
+        digest: str,
+        result: SubmitResult,
+        created: list[tuple[int, str]],
+    ) -> None:
+        """Create one line's response (or reject the line, saying why)."""
+        body, custom_id, error = create_body(raw)
+        if body is not None and custom_id is not None:
+            first = self._custom_ids.setdefault(custom_id, number)
+            if first != number:
+                body, error = None, f"custom_id: {custom_id} is also on line {first}"
+        if body is None:
+            result.rejected.append(Rejected(number, custom_id, None, error or "bad line"))
+            return
+        key = idempotency_key(
+            self.name, digest, f"custom_id:{custom_id}" if custom_id else f"line:{number}"
+        )
+        status, content, error = await self.post(
+            "responses", orjson.dumps(body), key, "application/json", result
+        )
+        response_id = created_id(status, content)
+        if response_id is not None:
+            created.append((number, response_id))
+            result.submitted += 1
+        else:
+            reason = error or (
+                provider_reason(status or 0, content)
+                if status is not None and status >= 400
+                else "the answer holds no usable response id"
+            )
+            result.rejected.append(Rejected(number, custom_id, status, reason))
 
     async def _record(
         self, digest: str, created: list[tuple[int, str]], result: SubmitResult
@@ -277,12 +301,9 @@ class Submitter:
         if not created:
             return
         batch, created[:] = list(created), []
-        key = record_key(self.name, digest)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={str(n): rid for n, rid in batch})
-            pipe.expire(key, RECORD_TTL_S)
-            await pipe.execute()
         watch = self.config.watch
+        # Watched first: killed in between, a rerun sends the line again with its key, the
+        # provider replays the id, and registering it again changes nothing.
         await self.store.register_all(
             self.name,
             "response",
@@ -290,6 +311,11 @@ class Submitter:
             first_poll_in_s=watch.reconcile_after_s if self.expect_callback else watch.first_poll_s,
             expect_callback=self.expect_callback,
         )
+        key = record_key(self.name, digest)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={str(n): rid for n, rid in batch})
+            pipe.expire(key, RECORD_TTL_S)
+            await pipe.execute()
         result.ids.extend(rid for _, rid in batch)
 
     def _progress(self, result: SubmitResult) -> None:

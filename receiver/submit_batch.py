@@ -6,7 +6,7 @@ whole file, a ``body`` object with a ``model``, one model per batch, the dialect
 limit); any problem rejects the file with every bad line listed. Then the dialect's own
 create call, with an ``Idempotency-Key`` from the provider and the file's hash:
 
-- ``openai``: ``POST /files`` (multipart, ``purpose=batch``, the lines as they are), then
+- ``openai``: ``POST /files`` (multipart, ``purpose=batch``, the lines re-serialized), then
   ``POST /batches {"input_file_id", "endpoint", "completion_window": "24h"}``;
 - ``sference``: ``POST /batches {"window": "24h", "requests": [{"custom_id", "body"}]}``;
 - ``sail``, ``valar``: ``POST /batches {"endpoint", "label", "requests": [{"custom_id",
@@ -51,6 +51,8 @@ class BatchResult:
     """A run before had created this batch: nothing sent."""
     rejected: list[Rejected] = field(default_factory=list)
     requests: int = 0
+    problems: int = 0
+    """Bad lines, and other reasons nothing was created (``rejected`` lists at most 1,000)."""
 
 
 @dataclass
@@ -153,6 +155,7 @@ async def submit_batch(
     dialect = submitter.config.dialect
     built = build_batch(lines, dialect)
     result.rows, result.rejected = built.rows, built.rejected
+    result.problems = built.bad + (len(built.rejected) - min(built.bad, _MAX_LISTED))
     if built.rejected:
         return result
     key = idempotency_key(submitter.name, digest, "batch")
@@ -209,7 +212,10 @@ async def _upload(
         submitter, "files", content, key, f"multipart/form-data; boundary={boundary}", result
     )
     if file_id is not None:
-        await submitter.redis.hset(record, "file", file_id)  # type: ignore[misc]
+        async with submitter.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(record, "file", file_id)
+            pipe.expire(record, RECORD_TTL_S)
+            await pipe.execute()
     return file_id
 
 
@@ -234,6 +240,7 @@ async def _create(
             else f"POST /{path}: the answer holds no usable id"
         )
         result.rejected.append(Rejected(0, None, status, f"POST /{path}: {reason}"))
+        result.problems += 1
     return created
 
 

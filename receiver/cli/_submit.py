@@ -27,7 +27,11 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
     path = Path(args.file)
     digest = file_digest(path)
     redis = arq_pool(url)
-    client = ProviderClient(args.provider, provider, settings.http)
+    # as many connections as creates in flight (the pool would otherwise cap them)
+    http = settings.http.model_copy(
+        update={"max_connections": max(settings.http.max_connections, args.concurrency)}
+    )
+    client = ProviderClient(args.provider, provider, http)
     started = time.monotonic()
     try:
         if args.batch:
@@ -45,7 +49,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
                 on_progress=bar.update,
             )
             result = await submitter.submit_lines(_lines(path), digest)
-            bar.update(result)
+            bar.update(result, force=True)
         elapsed = time.monotonic() - started
         print(
             f"{result.submitted} submitted, {result.already} already submitted, "
@@ -71,7 +75,9 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
 
     result = await submit_batch(submitter, _lines(path), digest, path.name)
     if result.rejected:
-        print(f"nothing submitted: {len(result.rejected)} problem(s) in {path.name}")
+        shown = len(result.rejected)
+        more = f" (the first {shown} listed)" if result.problems > shown else ""
+        print(f"nothing submitted: {result.problems} problem(s) in {path.name}{more}")
         return _report_rejected(args, path, result.rejected) or 1
     state = "already submitted" if result.already else f"submitted ({result.rows} rows)"
     print(f"batch {result.batch_id} {state}; watching it")
@@ -130,11 +136,12 @@ async def _landed_detail(
 
 
 def _report_rejected(args: argparse.Namespace, path: Path, rejected: list[Any]) -> int:
+    report = Path(args.report) if args.report else path.with_name(path.name + ".rejected.jsonl")
     if not rejected:
+        report.unlink(missing_ok=True)  # an older run's report no longer holds
         return 0
     import orjson
 
-    report = Path(args.report) if args.report else path.with_name(path.name + ".rejected.jsonl")
     with report.open("wb") as f:
         for item in sorted(rejected, key=lambda r: r.line):
             f.write(orjson.dumps(item.to_dict()) + b"\n")
@@ -149,11 +156,10 @@ def _report_rejected(args: argparse.Namespace, path: Path, rejected: list[Any]) 
 
 
 def _count_lines(path: Path) -> int:
-    n = 0
-    with path.open("rb") as f:
-        while piece := f.read(1 << 20):
-            n += piece.count(b"\n")
-    return n
+    """The non-blank lines: what the progress bar counts."""
+    from receiver.submit import read_lines
+
+    return sum(1 for _ in read_lines(path))
 
 
 def _lines(path: Path) -> Any:
@@ -191,9 +197,9 @@ class _Bar:
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(None, None, None)
 
-    def update(self, result: Any) -> None:
+    def update(self, result: Any, *, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self.last < 0.1 and result.done % 100:
+        if not force and now - self.last < 0.1 and result.done % 100:
             return
         self.last = now
         elapsed = max(1e-6, now - self.started)

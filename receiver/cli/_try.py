@@ -97,7 +97,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     api_key = "sk-sim-" + secrets.token_hex(20)
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     try:
-        sim = ProviderSimulator(api_key=api_key, port=args.port, host=args.host, auto_respond=True)
+        sim = ProviderSimulator(
+            api_key=api_key,
+            port=args.port,
+            host=args.host,
+            auto_respond=True,
+            create_dialect=args.dialect,
+        )
     except OSError as exc:
         print(
             f"nopoll: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "

@@ -101,7 +101,7 @@ async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: f
         refresh_per_second=2,
     ) as bar:
         task = bar.add_task(
-            f"{provider} {kind}s",
+            f"{provider} {'batches' if kind == 'batch' else 'responses'}",
             total=len(ids),
             landed=counts["landed"],
             expired=counts["expired"],

@@ -91,9 +91,10 @@ async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
     source = _lines(tmp_path / "mixed.jsonl", 20, {7: {"model": "reject-me"}})
     with source.open("ab") as f:
         f.write(b"this is not json\n")
+        f.write(orjson.dumps({"model": "m-1", "input": "again", "custom_id": "q0003"}) + b"\n")
     done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
     assert done.returncode == 1
-    assert "19 submitted, 0 already submitted, 2 rejected" in done.stdout
+    assert "19 submitted, 0 already submitted, 3 rejected" in done.stdout
     assert "line 8 (HTTP 400): model reject-me does not exist" in done.stderr
     report = [
         orjson.loads(x) for x in (tmp_path / "mixed.jsonl.rejected.jsonl").read_bytes().splitlines()
@@ -106,6 +107,13 @@ async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
     }
     assert report[1]["line"] == 21 and report[1]["status"] is None
     assert report[1]["error"].startswith("not JSON")
+    assert report[2] == {
+        "line": 22,
+        "custom_id": "q0003",
+        "status": None,
+        "error": "custom_id: q0003 is also on line 4",
+    }
+    assert sim.creations("responses") == 19
     rows = await wait_for(lambda: _count(pg_url, pg_table, 19), timeout=60)
     assert len(rows) == 19
 
