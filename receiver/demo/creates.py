@@ -61,6 +61,7 @@ class CreateSettings:
 
     create_dialect: Literal["openai", "sference", "sail", "valar"] = "openai"  # whose batches
     complete_after_s: float = 0.0  # a created response or batch is in_progress this long
+    complete_after: Callable[[str], float] | None = None  # a response's own, by its id
     create_delay_s: float = 0.0  # every create answer waits this long (creation is at once)
     create_fail_first: float = 0.0
     create_fail_mode: Literal["before", "after"] = "before"
@@ -258,8 +259,8 @@ class Creations:
         metadata, text = _metadata(body.get("metadata"), "metadata"), created_output_text(input_)
 
         def create() -> dict[str, Any]:
-            rid, now = f"resp_{uuid.uuid4().hex}", time.time()
-            delay = self.settings.complete_after_s
+            rid, now, after = f"resp_{uuid.uuid4().hex}", time.time(), self.settings.complete_after
+            delay = after(rid) if after is not None else self.settings.complete_after_s
             self._responses[rid] = (model, text, metadata, now, now + delay)
             if self.settings.webhook_url is not None and self._ready is not None:
                 asyncio.get_running_loop().call_later(delay, self._ready.put_nowait, rid)

@@ -146,6 +146,7 @@ async def test_the_openapi_document_describes_the_routes(admin):
         "/admin/v1/watches",
         "/admin/v1/watches/{provider}/{kind}/{id}",
         "/admin/v1/openapi.json",
+        "/admin/v1/submit",
     }
     request = doc["components"]["schemas"]["WatchRequest"]
     assert set(request["required"]) == {"provider", "kind", "ids"}
