@@ -114,8 +114,9 @@ COLUMNS: tuple[Column, ...] = tuple(_column(f) for f in dataclasses.fields(Envel
 come from."""
 FIELDS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 """The envelope's field names, in contract order."""
-PRIMARY_KEY = ("provider", "key")
-"""What identifies a result: ``key`` is unique within a provider."""
+PRIMARY_KEY = ("provider", "key", "tenant")
+"""What identifies a result: ``key`` is unique within a provider's account, and each
+tenant has its own account (two tenants' results with the same id are two results)."""
 _FIELD_SET = frozenset(FIELDS)
 _values = operator.attrgetter(*FIELDS)
 

@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from receiver.admin_submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
 from receiver.config import Settings
+from receiver.tenants import tenant_problem
 from receiver.watches import WatchStore, register_many
 
 __all__ = ["WatchRequest", "admin_routes"]
@@ -43,6 +44,10 @@ class WatchRequest(BaseModel):
         default=None,
         description="poll only if no callback came within reconcile_after_s; "
         "default false (poll from first_poll_s)",
+    )
+    tenant: str = Field(
+        default="default",
+        description="the tenant whose account polls them (from tenants:, or default)",
     )
 
 
@@ -109,6 +114,8 @@ class _AdminApi:
         if provider is None:
             known = ", ".join(sorted(self.settings.providers)) or "none"
             return _error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
+        if (problem := tenant_problem(self.settings, body.tenant, body.provider)) is not None:
+            return _error(400, f"tenant: {problem}")
         try:
             done = await register_many(
                 self.store,
@@ -118,6 +125,7 @@ class _AdminApi:
                 first_poll_s=provider.watch.first_poll_s,
                 reconcile_after_s=provider.watch.reconcile_after_s,
                 expect_callback=bool(body.expect_callback),
+                tenant=body.tenant,
             )
         except (RedisError, OSError):
             return _error(503, "Redis unreachable, retry later")

@@ -3,8 +3,9 @@
 ``{"provider", "requests": [create bodies]}`` creates background responses (each body as
 one line of a ``nopoll submit`` file), ``{"provider", "batch": [batch-input lines]}`` one
 batch (as ``nopoll submit --batch``). The content's hash takes the file's place in the
-idempotency keys, so sending the same request again submits nothing new. The answer
-comes once every create call was answered (at most 10,000 bodies per request).
+idempotency keys, so sending the same request again submits nothing new. An optional
+``"tenant"`` creates them with that tenant's account (its records and keys are its own).
+The answer comes once every create call was answered (at most 10,000 bodies per request).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receiver.config import Settings
+from receiver.tenants import tenant_problem, tenant_provider
 
 __all__ = ["SUBMIT_OPENAPI", "SubmitRequest", "submit_endpoint"]
 
@@ -45,6 +47,10 @@ class SubmitRequest(BaseModel):
         description='OpenAI batch-input lines {"custom_id","method","url","body"}',
     )
     concurrency: int = Field(default=50, ge=1, le=200, description="create calls in flight")
+    tenant: str = Field(
+        default="default",
+        description="the tenant whose account creates them (from tenants:, or default)",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> SubmitRequest:
@@ -82,6 +88,8 @@ def submit_endpoint(
         if config is None:
             known = ", ".join(sorted(settings.providers)) or "none"
             return _error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
+        if (problem := tenant_problem(settings, body.tenant, body.provider)) is not None:
+            return _error(400, f"tenant: {problem}")
         try:
             return await _run(settings, redis, body)
         except (RedisError, OSError):
@@ -95,9 +103,12 @@ async def _run(settings: Settings, redis: Redis, body: SubmitRequest) -> Respons
     from receiver.submit import Submitter
     from receiver.submit_batch import submit_batch
 
-    config = settings.providers[body.provider]
+    config = tenant_provider(settings, body.tenant, body.provider)
+    assert config is not None  # checked: a known tenant with an account there
     client = ProviderClient(body.provider, config, settings.http)
-    submitter = Submitter(body.provider, config, client, redis, concurrency=body.concurrency)
+    submitter = Submitter(
+        body.provider, config, client, redis, concurrency=body.concurrency, tenant=body.tenant
+    )
     try:
         if body.batch is not None:
             lines = [(n, orjson.dumps(item)) for n, item in enumerate(body.batch, 1)]

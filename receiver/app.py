@@ -1,4 +1,5 @@
-"""The web app: ``POST /webhooks/{provider}``, health, readiness and metrics.
+"""The web app: ``POST /webhooks/{provider}`` (and a tenant's ``/webhooks/t/{token}``),
+health, readiness and metrics.
 
 A callback gets a 2xx only once its job is durably in Redis; anything else tells the
 provider to retry. Status codes are docs/http.md's table; every 4xx body says why, and
@@ -14,7 +15,6 @@ stack, about a third of the server's CPU per callback. Everything else is Starle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -35,9 +35,10 @@ from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
 from receiver.admin import admin_routes
 from receiver.config import Settings
-from receiver.health import read_sink_health
+from receiver.health import metrics_page as _metrics_page
+from receiver.health import readiness_page as _readiness
 from receiver.logs import Throttle
-from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
+from receiver.metrics import Metrics
 from receiver.providers import safe_id
 from receiver.queue import (
     BATCHES_QUEUE,
@@ -52,8 +53,15 @@ from receiver.queue import (
     response_job_id,
 )
 from receiver.redis_link import RedisLink
+from receiver.results import results_routes
+from receiver.tenants import (
+    DEFAULT_TENANT,
+    TENANT_PREFIX,
+    TenantEndpoint,
+    TenantEndpoints,
+    scoped,
+)
 from receiver.verify import Verifier
-from receiver.watches import WatchStore
 from receiver.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
@@ -70,7 +78,8 @@ _CONTENT_TYPE = (b"content-type", b"application/json")
 
 
 class WebhookEndpoint:
-    """ASGI endpoint for ``POST /webhooks/{provider}``: verify, parse, enqueue, answer."""
+    """ASGI endpoint for ``POST /webhooks/{provider}``: verify, parse, enqueue, answer.
+    :meth:`tenant` serves a tenant's ``POST /webhooks/t/{token}`` the same way."""
 
     def __init__(self, settings: Settings, enqueuer: Enqueuer, metrics: Metrics) -> None:
         self._verifiers = {
@@ -87,19 +96,30 @@ class WebhookEndpoint:
         self._callbacks = metrics.callbacks
         self._verify_seconds = metrics.verify_seconds
         self._enqueue_seconds = metrics.enqueue_seconds
-        self._accepted = {p: metrics.callbacks.labels(p, "accepted") for p in self._verifiers}
+        self._tenants = TenantEndpoints(settings)
+        self._accepted = {
+            p: metrics.callbacks.labels(p, "accepted")
+            for p in (*self._verifiers, *self._tenants.providers)
+        }
         self._link = RedisLink("api")
         self._rejections = Throttle(log)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        provider = scope["path"][len(_PREFIX) :]
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: TenantEndpoint | None = None
+    ) -> None:
+        if endpoint is None:  # POST /webhooks/{provider}: the hot path, nothing more to do
+            provider, tenant = scope["path"][len(_PREFIX) :], DEFAULT_TENANT
+            verifier = self._verifiers.get(provider)
+        else:
+            provider, tenant, verifier = endpoint.provider, endpoint.tenant, endpoint.verifier
         try:
-            status, payload = await self._handle(provider, scope, receive)
+            status, payload = await self._handle(provider, tenant, verifier, scope, receive)
         except Reply as reply:
-            label = provider if provider in self._verifiers else "unknown"
+            label = provider if provider in self._accepted else "unknown"
             self._callbacks.labels(label, reply.outcome).inc()
             if reply.status >= 400:
-                self._log_rejection(label, provider, scope, reply)
+                where = provider if tenant == DEFAULT_TENANT else f"t/... ({tenant}, {provider})"
+                self._log_rejection(label, where, scope, reply)
             if reply.then is not Then.KEEP_ALIVE:
                 await answer_and_close(reply, receive, send)
                 return
@@ -109,29 +129,43 @@ class WebhookEndpoint:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _log_rejection(self, label: str, provider: str, scope: Scope, reply: Reply) -> None:
-        """One line per provider and status every 10 s at most, with the reason."""
+    async def tenant(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /webhooks/t/{token}``: a token that is not genuine is 404 at once, before
+        the body is read or Redis is touched; else as ``/webhooks/{provider}``, with the
+        tenant's secrets."""
+        endpoint = self._tenants.resolve(scope["path"][len(TENANT_PREFIX) :])
+        if endpoint is None:
+            reply = Reply(404, {"error": "unknown endpoint"}, then=Then.DRAIN_AND_CLOSE)
+            self._callbacks.labels("unknown", reply.outcome).inc()
+            self._log_rejection("unknown", "t/...", scope, reply)
+            await answer_and_close(reply, receive, send)
+            return
+        await self(scope, receive, send, endpoint)
+
+    def _log_rejection(self, label: str, where: str, scope: Scope, reply: Reply) -> None:
+        """One line per provider and status every 10 s at most, with the reason (a tenant
+        endpoint's token is not logged: it is the endpoint's address)."""
         client = scope.get("client")
         self._rejections.log(
             logging.WARNING,
             (label, reply.status),
             "callback to /webhooks/%s answered %d: %s (from %s)",
-            provider[:64],
+            where[:160],
             reply.status,
             reply.payload.get("error") or reply.payload.get("reason"),
             client[0] if client else "unknown",
         )
 
     async def _handle(
-        self, provider: str, scope: Scope, receive: Receive
+        self, provider: str, tenant: str, verifier: Verifier | None, scope: Scope, receive: Receive
     ) -> tuple[int, dict[str, Any]]:
-        verifier = self._verifiers.get(provider)
         if verifier is None:
-            reason = (
-                f"provider {provider!r} takes no callbacks (it has no webhook_secrets)"
-                if provider in self._no_callbacks
-                else "unknown provider"
-            )
+            if tenant != DEFAULT_TENANT:
+                reason = "this endpoint takes no callbacks (no webhook_secrets)"
+            elif provider in self._no_callbacks:
+                reason = f"provider {provider!r} takes no callbacks (it has no webhook_secrets)"
+            else:
+                reason = "unknown provider"
             raise Reply(404, {"error": reason}, then=Then.DRAIN_AND_CLOSE)
         headers, declared = callback_headers(scope["headers"])
         body = await self._read_body(declared, receive)
@@ -163,7 +197,7 @@ class WebhookEndpoint:
             raise Reply(400, {"error": "data.id must match [A-Za-z0-9_.:-]{1,256}"})
         assert isinstance(object_id, str)
 
-        outcome = await self._enqueue(_job(provider, webhook_id, event_type, object_id))
+        outcome = await self._enqueue(_job(provider, webhook_id, event_type, object_id, tenant))
         if outcome is EnqueueOutcome.DUPLICATE:
             raise Reply(200, {"status": "duplicate"}, "duplicate")
         self._accepted[provider].inc()
@@ -226,25 +260,31 @@ class WebhookEndpoint:
             self._deadlines.stop(task)
 
 
-def _job(provider: str, webhook_id: str, event_type: str, object_id: str) -> CallbackJob:
+def _job(
+    provider: str, webhook_id: str, event_type: str, object_id: str, tenant: str = DEFAULT_TENANT
+) -> CallbackJob:
     """The fetch job a callback asks for: a response's on the short queue, a batch's on
-    the batch queue."""
+    the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
     kwargs: dict[str, Any] = {
         "provider": provider,
         "event_id": webhook_id,
         "received_at": now_rfc3339(),
     }
+    scope = provider
+    if tenant != DEFAULT_TENANT:
+        kwargs["tenant"], scope = tenant, scoped(provider, tenant)
     if event_type in RESPONSE_EVENTS:
-        function, job_id, queue = FETCH_RESPONSE, response_job_id(provider, object_id), JOBS_QUEUE
+        function, job_id, queue = FETCH_RESPONSE, response_job_id(scope, object_id), JOBS_QUEUE
         kwargs["response_id"] = object_id
     else:
-        function, job_id, queue = FETCH_BATCH, batch_job_id(provider, object_id), BATCHES_QUEUE
+        function, job_id, queue = FETCH_BATCH, batch_job_id(scope, object_id), BATCHES_QUEUE
         kwargs.update(batch_id=object_id, event_type=event_type)
-    return CallbackJob(provider, webhook_id, function, job_id, kwargs, queue)
+    return CallbackJob(scope, webhook_id, function, job_id, kwargs, queue)
 
 
 class _Dispatch:
-    """POST /webhooks/<name> goes to the endpoint; everything else to Starlette."""
+    """POST /webhooks/<name> and /webhooks/t/<token> go to the endpoint; everything else
+    to Starlette."""
 
     def __init__(self, webhooks: WebhookEndpoint, app: Starlette) -> None:
         self.webhooks, self.app = webhooks, app
@@ -259,73 +299,18 @@ class _Dispatch:
             scope["type"] == "http"
             and scope["method"] == "POST"
             and scope["path"].startswith(_PREFIX)
-            and "/" not in scope["path"][len(_PREFIX) :]
         ):
-            await self.webhooks(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
-
-
-async def queue_depths(redis: Redis) -> dict[str, float]:
-    """Ready and deferred short jobs (due now vs. waiting for a retry time), batch jobs."""
-    now_ms = int(time.time() * 1000)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zcount(JOBS_QUEUE, "-inf", now_ms)
-        pipe.zcard(JOBS_QUEUE)
-        pipe.zcard(BATCHES_QUEUE)
-        ready, total, batches = await pipe.execute()
-    return {
-        "nopoll_queue_ready_jobs": float(ready),
-        "nopoll_queue_deferred_jobs": float(total - ready),
-        "nopoll_batch_queue_jobs": float(batches),
-    }
+            if "/" not in scope["path"][len(_PREFIX) :]:
+                await self.webhooks(scope, receive, send)
+                return
+            if scope["path"].startswith(TENANT_PREFIX):
+                await self.webhooks.tenant(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _json(status: int, payload: dict[str, Any]) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
-
-
-def _readiness(redis: Redis, worker_heartbeat_key: str | None) -> Callable[..., Any]:
-    """``GET /readyz``: Redis answers (and the worker's heartbeat is there, where it runs);
-    the sinks' health is shown but not required (callbacks queue safely meanwhile)."""
-
-    async def readyz(request: Request) -> Response:
-        checks: dict[str, str] = {}
-        try:
-            await redis.ping()
-            checks["redis"] = "ok"
-        except (RedisError, OSError) as exc:
-            checks["redis"] = f"unreachable ({type(exc).__name__})"
-        if worker_heartbeat_key is not None and checks["redis"] == "ok":
-            try:
-                alive = await redis.exists(worker_heartbeat_key)
-            except (RedisError, OSError):
-                alive = 0
-            checks["worker"] = "ok" if alive else "no heartbeat"
-        ready = all(v == "ok" for v in checks.values())
-        body: dict[str, Any] = {"ready": ready, **checks}
-        if checks["redis"] == "ok":
-            with contextlib.suppress(RedisError, OSError):
-                body["sinks"] = await read_sink_health(redis)
-        return _json(200 if ready else 503, body)
-
-    return readyz
-
-
-def _metrics_page(redis: Redis, metrics: Metrics, providers: list[str]) -> Callable[..., Any]:
-    """``GET /metrics``: Prometheus text, with the queue depths and watches read now."""
-    watches = WatchStore(redis)
-
-    async def metrics_endpoint(request: Request) -> Response:
-        try:
-            metrics.set_queue_depths(await queue_depths(redis))
-            metrics.set_watch_counts({p: await watches.counts(p) for p in providers})
-        except (RedisError, OSError):
-            metrics.set_queue_depths(None)
-            metrics.set_watch_counts(None)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return metrics_endpoint
 
 
 async def _not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
@@ -359,10 +344,12 @@ def create_app(
     routes = [
         # POSTs never reach this route (see _Dispatch); other methods get Starlette's 405.
         Route("/webhooks/{provider}", _not_post, methods=["POST"]),
+        Route("/webhooks/t/{token}", _not_post, methods=["POST"]),
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", _readiness(redis, worker_heartbeat_key), methods=["GET"]),
         Route("/metrics", _metrics_page(redis, metrics, list(settings.providers)), methods=["GET"]),
         *admin_routes(settings, redis),
+        *results_routes(settings, redis),
     ]
     starlette = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

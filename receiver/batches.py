@@ -44,6 +44,7 @@ from receiver.fanout import FanOut
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.status import TERMINAL_BATCH, unfinished_status
+from receiver.tenants import scoped
 
 __all__ = ["BatchOutcome", "BatchRunner", "Lease", "LeaseLost", "batch_state_key"]
 
@@ -104,6 +105,7 @@ class BatchRunner:
         self.metrics = metrics
 
     def state(self, provider: str, batch_id: str) -> BatchState:
+        """A batch's progress; ``provider`` is :func:`~receiver.tenants.scoped` by tenant."""
         return BatchState.of(
             self.redis,
             provider,
@@ -149,7 +151,7 @@ class BatchRunner:
     ) -> BatchOutcome:
         """Deliver every row of the batch, then its summary, to every routed sink. With a
         ``lease``, the run stops (:class:`LeaseLost`) when the lease cannot be kept."""
-        state = self.state(provider, batch_id)
+        state = self.state(scoped(provider, tenant), batch_id)
         context = _Context(provider, batch_id, event_id, received_at, tenant, state)
         run = self._run(dialect, context, force, on_progress)
         if lease is None:

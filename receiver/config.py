@@ -144,6 +144,7 @@ class RouteMatch(_Model):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     provider: str | list[str] | None = None
+    tenant: str | list[str] | None = None
     kind: str | list[str] | None = None
     status: str | list[str] | None = None
     model: str | list[str] | None = None
@@ -156,7 +157,7 @@ class RouteMatch(_Model):
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 raise ValueError(
                     f"unknown match key {key!r}: {hint}"
-                    "use provider, kind, status, model or metadata.<key>"
+                    "use provider, tenant, kind, status, model or metadata.<key>"
                 )
         return self
 
@@ -278,6 +279,11 @@ class Settings(_Model):
         for i, consumer in enumerate(self.consumer_tokens):
             if consumer.tenant is not None and consumer.tenant not in {*self.tenants, "default"}:
                 raise ValueError(f"consumer_tokens.{i}.tenant: no tenant {consumer.tenant!r}")
+        for i, route in enumerate(self.routes):
+            wanted = route.match.tenant
+            for tenant in [wanted] if isinstance(wanted, str) else wanted or []:
+                if tenant not in {*self.tenants, "default"}:
+                    raise ValueError(f"routes.{i}.match.tenant: no tenant {tenant!r}")
         return self
 
     @field_validator("admin_tokens")

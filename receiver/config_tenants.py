@@ -8,6 +8,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from nopoll.wire import decode_webhook_secret
+
 __all__ = ["ConsumerToken", "ResultsConfig", "TenantConfig", "TenantProviderConfig"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -33,7 +35,13 @@ class TenantProviderConfig(_Model):
     @field_validator("webhook_secrets")
     @classmethod
     def _secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
-        return _kept(value)
+        kept = _kept(value)
+        for i, secret in enumerate(kept):
+            try:
+                decode_webhook_secret(secret.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"entry {i}: {exc}") from None
+        return kept
 
 
 class TenantConfig(_Model):
@@ -75,6 +83,8 @@ def check_tenant_names(tenants: dict[str, TenantConfig], providers: set[str]) ->
     for name, tenant in tenants.items():
         if not _NAME.match(name):
             raise ValueError(f"tenants.{name[:64]}: a name must match [A-Za-z0-9_-]{{1,64}}")
+        if name == "default":
+            raise ValueError("tenants.default: 'default' is the providers' own account, reserved")
         for provider in tenant.providers:
             if provider not in providers:
                 raise ValueError(f"tenants.{name}.providers.{provider}: no such provider")

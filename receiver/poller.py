@@ -37,6 +37,7 @@ from receiver.logs import bind
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
 from receiver.ratelimit import RateLimiter
 from receiver.status import TERMINAL_BATCH, TERMINAL_RESPONSE, unfinished_status
+from receiver.tenants import scoped
 from receiver.watches import Watch, WatchStore
 
 if TYPE_CHECKING:
@@ -146,9 +147,9 @@ class WatchPoller:
 
     async def _poll(self, watch: Watch) -> None:
         config = self.providers.get(watch.provider)
-        dialect = self.state.dialects.get(watch.provider)
+        dialect = self.state.dialect(watch.provider, watch.tenant)
         if config is None or dialect is None:
-            return  # the provider left the config: the watch stays for a later one
+            return  # the provider (or tenant) left the config: the watch stays for a later one
         limiter = self.limiters[watch.provider]
         try:
             waited = await limiter.acquire(limit_s=self.lease_s / 3)
@@ -230,9 +231,10 @@ class WatchPoller:
             )
         else:
             _, kwargs = _fetch_job(watch, received_at=received_at)
-            job = QueuedJob(FETCH_BATCH, batch_job_id(watch.provider, watch.id), kwargs)
+            job_id = batch_job_id(scoped(watch.provider, watch.tenant), watch.id)
+            job = QueuedJob(FETCH_BATCH, job_id, kwargs)
             await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
-        await self.store.finish(watch.provider, watch.kind, watch.id, "landed")
+        await self.store.finish(watch.provider, watch.kind, watch.id, "landed", via="poll")
         self.state.metrics.watch_landing_seconds.labels(watch.provider).observe(
             time.monotonic() - started
         )

@@ -200,6 +200,7 @@ class CallbackJob:
     """One verified callback that asks for a fetch."""
 
     provider: str
+    """The dedupe scope: the provider, ``provider@tenant`` for other tenants."""
     webhook_id: str
     function: str
     job_id: str

@@ -29,7 +29,7 @@ class _Rule:
         m = route.match
         self.fields = {
             name: allowed
-            for name in ("provider", "kind", "status", "model")
+            for name in ("provider", "tenant", "kind", "status", "model")
             if (allowed := _as_set(getattr(m, name))) is not None
         }
         self.metadata = {

@@ -23,12 +23,14 @@ from redis.asyncio import Redis
 
 from receiver._arq import arq_pool
 from receiver.batches import BatchRunner
-from receiver.config import Settings
+from receiver.config import ProviderConfig, Settings
 from receiver.deadletter import DeadLetters
 from receiver.fanout import FanOut, ManagedSink
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
+from receiver.results_publish import add_publication
 from receiver.routing import Router
+from receiver.tenants import DEFAULT_TENANT, tenant_providers
 
 __all__ = ["Shared", "WorkerState", "build_state", "shutdown", "startup"]
 
@@ -47,6 +49,15 @@ class WorkerState:
     fanout: FanOut
     dead_letters: DeadLetters
     batch_runner: BatchRunner
+    tenant_dialects: Mapping[tuple[str, str], Dialect] = field(default_factory=dict)
+    """Each ``(tenant, provider)`` account of the other tenants, with its own api_key."""
+
+    def dialect(self, provider: str, tenant: str = DEFAULT_TENANT) -> Dialect | None:
+        """The dialect that fetches ``tenant``'s results at ``provider`` (with the tenant's
+        key); None when the provider, or the tenant's account there, is not configured."""
+        if tenant == DEFAULT_TENANT:
+            return self.dialects.get(provider)
+        return self.tenant_dialects.get((tenant, provider))
 
     async def open(self) -> None:
         """Open every sink now, so that start-up problems show at once; a sink that is down
@@ -62,7 +73,7 @@ class WorkerState:
                 )
 
     async def aclose(self) -> None:
-        for dialect in self.dialects.values():
+        for dialect in (*self.dialects.values(), *self.tenant_dialects.values()):
             await dialect.client.aclose()
         await self.fanout.aclose()
         await self.redis.aclose()
@@ -76,27 +87,29 @@ def build_state(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> WorkerState:
     """A worker's resources; nothing is connected yet (sinks open on first use)."""
-    dialects = {
-        name: dialect_for(
-            cfg.dialect,
-            ProviderClient(
-                name,
-                cfg,
-                settings.http,
-                transport=transport,
-                on_request=metrics.observe_provider_request,
-            ),
+
+    def dialect(name: str, cfg: ProviderConfig) -> Dialect:
+        on_request = metrics.observe_provider_request
+        client = ProviderClient(
+            name, cfg, settings.http, transport=transport, on_request=on_request
         )
-        for name, cfg in settings.providers.items()
-    }
+        return dialect_for(cfg.dialect, client)
+
+    dialects = {name: dialect(name, cfg) for name, cfg in settings.providers.items()}
+    tenant_dialects = {key: dialect(key[1], cfg) for key, cfg in tenant_providers(settings).items()}
     sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
-    fanout = FanOut(sinks, Router(settings.routes, list(sinks)), metrics)
+    router = Router(settings.routes, list(sinks))
+    # the results API's own sink (with consumer_tokens): every envelope, whatever the routes
+    router = add_publication(sinks, router, settings, redis_url, metrics)
+    fanout = FanOut(sinks, router, metrics)
     redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
     dead_letters = DeadLetters(redis)
     runner = BatchRunner(
         settings, redis=redis, fanout=fanout, dead_letters=dead_letters, metrics=metrics
     )
-    return WorkerState(settings, metrics, redis, dialects, fanout, dead_letters, runner)
+    return WorkerState(
+        settings, metrics, redis, dialects, fanout, dead_letters, runner, tenant_dialects
+    )
 
 
 @dataclass

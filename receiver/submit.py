@@ -15,7 +15,8 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
   one key);
 - every created id gets a watch (``expect_callback`` when the provider has webhook
   secrets: callbacks do the work, polling is the safety net), then is recorded in Redis
-  (``nopoll:submit:<provider>:<file hash>``, field the line number). A second run of the same
+  (``nopoll:submit:<provider>:<file hash>``, field the line number; ``<provider>@<tenant>``
+  for a tenant, whose idempotency keys are its own too). A second run of the same
   file skips every recorded line without a request; a line whose create was answered but
   not yet recorded (the process was killed) is sent again with its key, and the provider
   replays the same id.
@@ -42,6 +43,7 @@ from nopoll.wire import safe_id
 from receiver.backoff import Backoff
 from receiver.config import ProviderConfig
 from receiver.providers.client import ProviderClient
+from receiver.tenants import DEFAULT_TENANT, scoped
 from receiver.watches import WatchStore
 
 __all__ = [
@@ -160,7 +162,8 @@ def provider_reason(status: int, content: bytes) -> str:
 
 
 class Submitter:
-    """Submits create bodies for one provider (see the module docs)."""
+    """Submits create bodies for one provider (see the module docs); for a ``tenant``,
+    ``config`` and ``client`` are the tenant's account there."""
 
     def __init__(
         self,
@@ -173,8 +176,12 @@ class Submitter:
         max_tries: int = 8,
         backoff: Backoff | None = None,
         on_progress: Callable[[SubmitResult], None] | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         self.name = name
+        self.tenant = tenant
+        self.scope = scoped(name, tenant)
+        """What records and idempotency keys are made of: the provider, and the tenant."""
         self.config = config
         self.client = client
         self.redis = redis
@@ -223,7 +230,7 @@ class Submitter:
         try:
             async for block in _blocks(lines):
                 recorded = await self.redis.hmget(  # type: ignore[misc]
-                    record_key(self.name, digest), [str(n) for n, _ in block]
+                    record_key(self.scope, digest), [str(n) for n, _ in block]
                 )
                 for (number, raw), known in zip(block, recorded, strict=True):
                     if known is not None:
@@ -277,7 +284,7 @@ class Submitter:
             result.rejected.append(Rejected(number, custom_id, None, error or "bad line"))
             return
         key = idempotency_key(
-            self.name, digest, f"custom_id:{custom_id}" if custom_id else f"line:{number}"
+            self.scope, digest, f"custom_id:{custom_id}" if custom_id else f"line:{number}"
         )
         status, content, error = await self.post(
             "responses", orjson.dumps(body), key, "application/json", result
@@ -310,8 +317,9 @@ class Submitter:
             [rid for _, rid in batch],
             first_poll_in_s=watch.reconcile_after_s if self.expect_callback else watch.first_poll_s,
             expect_callback=self.expect_callback,
+            tenant=self.tenant,
         )
-        key = record_key(self.name, digest)
+        key = record_key(self.scope, digest)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping={str(n): rid for n, rid in batch})
             pipe.expire(key, RECORD_TTL_S)

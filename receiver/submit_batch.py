@@ -146,7 +146,7 @@ async def submit_batch(
     """Create one batch from ``lines`` (once per ``digest``: the content's hash), named
     ``name`` (a file name) in its label, and watch it."""
     result = BatchResult()
-    record = record_key(submitter.name, digest)
+    record = record_key(submitter.scope, digest)
     known = await submitter.redis.hget(record, "batch")  # type: ignore[misc]
     if known is not None:
         result.batch_id, result.already = known.decode(), True
@@ -158,7 +158,7 @@ async def submit_batch(
     result.problems = built.bad + (len(built.rejected) - min(built.bad, _MAX_LISTED))
     if built.rejected:
         return result
-    key = idempotency_key(submitter.name, digest, "batch")
+    key = idempotency_key(submitter.scope, digest, "batch")
     if dialect == "openai":
         file_id = await _upload(submitter, record, digest, name, built, result)
         if file_id is None:
@@ -207,7 +207,7 @@ async def _upload(
         + bytes(built.file)
         + f"\r\n--{boundary}--\r\n".encode()
     )
-    key = idempotency_key(submitter.name, digest, "file")
+    key = idempotency_key(submitter.scope, digest, "file")
     file_id = await _create(
         submitter, "files", content, key, f"multipart/form-data; boundary={boundary}", result
     )
@@ -254,6 +254,7 @@ async def _watch(submitter: Submitter, batch_id: str) -> None:
         if submitter.expect_callback
         else watch.first_poll_s,
         expect_callback=submitter.expect_callback,
+        tenant=submitter.tenant,
     )
 
 

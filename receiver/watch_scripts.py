@@ -1,12 +1,28 @@
 """The watch state machine's transitions, each one atomic Lua call (see
 :mod:`receiver.watches` for the keys and the states)."""
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 now ms, 3 first poll at ms,
-# 4 expect_callback, 5 tenant
+# KEYS: 1 watch hash, 2 due zset, 3 callback marker, 4 ended counts hash. ARGV: 1 member,
+# 2 now ms, 3 first poll at ms, 4 expect_callback, 5 tenant, 6 recheck at ms, 7 ended ttl s
+# A callback that came before the watch (a fast result, registered after its create
+# answered) left a marker: 'landed' → the watch starts ended (nothing to poll);
+# 'landing' → its job is still at it, polled only if it has not landed by the recheck.
 REGISTER = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'polls', 0, 'next_at', ARGV[3],
-           'registered_at', ARGV[2], 'expect_callback', ARGV[4], 'tenant', ARGV[5])
+local marker = redis.call('GET', KEYS[3])
+redis.call('HSET', KEYS[1], 'polls', 0, 'registered_at', ARGV[2],
+           'expect_callback', ARGV[4], 'tenant', ARGV[5])
+if marker == 'landed' then
+  redis.call('HSET', KEYS[1], 'state', 'landed', 'landed_at', ARGV[2], 'via', 'callback')
+  redis.call('EXPIRE', KEYS[1], ARGV[7])
+  redis.call('HINCRBY', KEYS[4], 'landed', 1)
+  return 0
+end
+if marker == 'landing' then
+  redis.call('HSET', KEYS[1], 'state', 'callback', 'next_at', ARGV[6])
+  redis.call('ZADD', KEYS[2], ARGV[6], ARGV[1])
+  return 1
+end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'next_at', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1
 """
@@ -52,11 +68,16 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash. ARGV: 1 member, 2 final state,
-# 3 now ms, 4 ttl s, 5 the object's final status ('' if not known)
+# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash, 4 callback marker. ARGV: 1 member,
+# 2 final state, 3 now ms, 4 ttl s, 5 the object's final status ('' if not known), 6 how
+# it landed ('callback', 'poll' or '')
 FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 0 end
+if not state then
+  if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('SET', KEYS[4], ARGV[2], 'KEEPTTL') end
+  return 0
+end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'via', ARGV[6]) end
 if state ~= ARGV[2] then
   redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
   if state == 'landed' or state == 'expired' then redis.call('HINCRBY', KEYS[3], state, -1) end
@@ -69,14 +90,18 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash. ARGV: 1 member, 2 recheck at (ms)
+# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash, 4 callback marker. ARGV: 1 member,
+# 2 recheck at (ms), 3 marker ttl (s)
 # A callback came: 'landed' (a poll delivered it already: skip), 'landing' (a poll is
 # delivering it: skip), else the callback's job delivers it and polling stops; unless
 # that job has not landed it by the recheck time (it failed for good): then the watch is
 # polled again, so a dead-lettered fetch never leaves it stuck.
 CALLBACK = """
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 'none' end
+if not state then  -- not watched (yet): a watch registered soon after must know
+  redis.call('SET', KEYS[4], 'landing', 'EX', ARGV[3])
+  return 'none'
+end
 if state == 'landed' or state == 'landing' then return state end
 if state == 'expired' then redis.call('HINCRBY', KEYS[3], 'expired', -1) end  -- replayed
 redis.call('HSET', KEYS[1], 'state', 'callback', 'next_at', ARGV[2])

@@ -64,6 +64,16 @@ def ended_key(provider: str) -> str:
     return f"nopoll:watches:ended:{provider}"
 
 
+def marker_key(provider: str, kind: str, object_id: str) -> str:
+    """Left by a callback for an id not watched (yet): ``landing``, then ``landed``."""
+    return f"nopoll:watches:called:{provider}:{kind}:{object_id}"
+
+
+MARKER_TTL_S = 3600
+"""How long a callback for an unwatched id is remembered (a watch registered later, as
+``nopoll submit`` registers after its create answered, then does not poll it)."""
+
+
 def shown_state(state: str) -> str:
     """The state users see: ``pending`` until the watch ended, then ``landed``/``expired``."""
     return state if state in ("landed", "expired") else "pending"
@@ -148,14 +158,18 @@ class WatchStore:
                 for object_id in ids[start : start + 1000]:
                     pipe.eval(
                         lua.REGISTER,
-                        2,
+                        4,
                         watch_key(provider, kind, object_id),
                         due_key(provider),
+                        marker_key(provider, kind, object_id),
+                        ended_key(provider),
                         f"{kind}:{object_id}",
                         str(now),
                         str(now + int(first_poll_in_s * 1000)),
                         "1" if expect_callback else "0",
                         tenant,
+                        str(now + int(RECHECK_S * 1000)),
+                        str(self._ended_ttl_s),
                     )
                 added += [bool(r) for r in await pipe.execute()]
         return added
@@ -218,21 +232,30 @@ class WatchStore:
         )
 
     async def finish(
-        self, provider: str, kind: str, object_id: str, state: str, *, status: str | None = None
+        self,
+        provider: str,
+        kind: str,
+        object_id: str,
+        state: str,
+        *,
+        status: str | None = None,
+        via: str = "",
     ) -> None:
         """The watch ended: ``landed`` (with the object's final ``status`` when known) or
         ``expired``; kept a dedupe window for lookups."""
         await self.redis.eval(  # type: ignore[misc]
             lua.FINISH,
-            3,
+            4,
             watch_key(provider, kind, object_id),
             due_key(provider),
             ended_key(provider),
+            marker_key(provider, kind, object_id),
             f"{kind}:{object_id}",
             state,
             str(_ms()),
             str(self._ended_ttl_s),
             status or "",
+            via,
         )
 
     async def callback_arrived(
@@ -243,12 +266,14 @@ class WatchStore:
         ``landed``/``landing`` (a poll delivered it: skip)."""
         result = await self.redis.eval(  # type: ignore[misc]
             lua.CALLBACK,
-            3,
+            4,
             watch_key(provider, kind, object_id),
             due_key(provider),
             ended_key(provider),
+            marker_key(provider, kind, object_id),
             f"{kind}:{object_id}",
             str(_ms() + int(recheck_s * 1000)),
+            str(MARKER_TTL_S),
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 

@@ -101,7 +101,8 @@ def _fetch_job(
 ) -> Callable[[Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]], _Job]:
     """A fetch job: run under :func:`~receiver.jobs.guarded` (its log lines carry the
     provider, the object's id and the event), its kwargs read as a ``job_type``, and its
-    provider's dialect found first: a provider no longer configured makes it a dead letter."""
+    provider's dialect found first (with the tenant's key): a provider, or tenant account,
+    no longer configured makes it a dead letter."""
 
     def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
         @guarded(function, "provider", id_field, "event_id")
@@ -109,9 +110,11 @@ def _fetch_job(
         async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
             job = job_type(**kwargs)
             state: WorkerState = ctx["state"]
-            dialect = state.dialects.get(job.provider)
+            dialect = state.dialect(job.provider, job.tenant)
             if dialect is None:
                 error = f"provider {job.provider!r} is no longer configured"
+                if job.tenant != "default":
+                    error += f" for tenant {job.tenant!r}"
                 return await dead_letter(ctx, function, job.kwargs(), error)
             return await body(ctx, job, dialect)
 
@@ -150,10 +153,15 @@ async def fetch_response(
         tenant=job.tenant,
     )
     landed = await _land(ctx, envelope)
-    if verdict == "callback":  # a watched id: the callback ended its watch
-        await watches.finish(
-            job.provider, "response", job.response_id, "landed", status=envelope.status
-        )
+    # the callback ended its watch (or, not watched yet, the marker says it landed)
+    await watches.finish(
+        job.provider,
+        "response",
+        job.response_id,
+        "landed",
+        status=envelope.status,
+        via="callback",
+    )
     ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
     return landed
 
@@ -251,8 +259,8 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
         return await dead_letter(ctx, FETCH_BATCH, job.kwargs(), str(exc))
     except SinkError as exc:
         return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), str(exc))
-    if verdict == "callback":
-        await _watches(ctx).finish(job.provider, "batch", job.batch_id, "landed")
+    if not job.from_watch:  # the callback ended its watch, or marks the id landed
+        await _watches(ctx).finish(job.provider, "batch", job.batch_id, "landed", via="callback")
     done = "already_done" if outcome.already_done else "ok"
     state.metrics.batches.labels(job.provider, done).inc()
     state.metrics.jobs.labels(FETCH_BATCH, "ok").inc()

@@ -2,8 +2,9 @@
 
 Response and batch ids are the safe ids nopoll checked before fetching them (one that is
 not safe is refused, never written); a custom_id comes from provider data, so it is
-percent-encoded into one key segment (:func:`key_segment`). docs/sinks/s3.md shows the
-layout and the encoding.
+percent-encoded into one key segment (:func:`key_segment`). A tenant other than
+``default`` has its own folder, ``{prefix}tenant={tenant}/`` (``=`` is in no provider
+name). docs/sinks/s3.md shows the layout and the encoding.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = ["S3Keys", "key_segment"]
 
 _MAX_KEY_BYTES = 1024
 _MAX_SEGMENT = 200
+_DEFAULT_TENANT = "default"
 
 
 def key_segment(text: str) -> str:
@@ -45,26 +47,29 @@ class S3Keys:
         ``response``, the manifest for ``batch``. Batch rows live inside parts."""
         if env.kind == "response":
             return self._key(
-                f"{env.provider}/responses/{self._id(env.response_id or env.key)}.json"
+                f"{env.provider}/responses/{self._id(env.response_id or env.key)}.json",
+                env.tenant,
             )
         if env.kind == "batch":
-            return self.manifest_key(env.provider, env.batch_id or env.key)
+            return self.manifest_key(env.provider, env.batch_id or env.key, env.tenant)
         raise SinkError(
             f"batch row {env.key!r} has no object of its own (it is a line of a part)",
             sink=self.sink,
         )
 
-    def batch_prefix(self, provider: str, batch_id: str) -> str:
+    def batch_prefix(self, provider: str, batch_id: str, tenant: str = _DEFAULT_TENANT) -> str:
         """The folder of one batch's parts and manifest (ends with ``/``)."""
-        return self._key(f"{provider}/batches/{self._id(batch_id)}/")
+        return self._key(f"{provider}/batches/{self._id(batch_id)}/", tenant)
 
-    def part_key(self, provider: str, batch_id: str, part: int) -> str:
+    def part_key(
+        self, provider: str, batch_id: str, part: int, tenant: str = _DEFAULT_TENANT
+    ) -> str:
         """The key of part ``part`` of a batch: ``.../part-00000.jsonl``."""
-        return f"{self.batch_prefix(provider, batch_id)}part-{part:05d}.jsonl"
+        return f"{self.batch_prefix(provider, batch_id, tenant)}part-{part:05d}.jsonl"
 
-    def manifest_key(self, provider: str, batch_id: str) -> str:
+    def manifest_key(self, provider: str, batch_id: str, tenant: str = _DEFAULT_TENANT) -> str:
         """The key of a batch's ``_manifest.json``."""
-        return f"{self.batch_prefix(provider, batch_id)}_manifest.json"
+        return f"{self.batch_prefix(provider, batch_id, tenant)}_manifest.json"
 
     def claim_key(self, env: Envelope) -> str:
         """Where a claim-checked body is parked: ``bodies/{key}.json``, a batch row's as
@@ -72,8 +77,10 @@ class S3Keys:
         batch = f"{env.batch_id}/" if env.kind == "batch_row" and env.batch_id else None
         if batch is not None and env.key.startswith(batch):
             rest = key_segment(env.key[len(batch) :])
-            return self._key(f"{env.provider}/bodies/{self._id(env.batch_id)}/{rest}.json")
-        return self._key(f"{env.provider}/bodies/{self._id(env.key)}.json")
+            return self._key(
+                f"{env.provider}/bodies/{self._id(env.batch_id)}/{rest}.json", env.tenant
+            )
+        return self._key(f"{env.provider}/bodies/{self._id(env.key)}.json", env.tenant)
 
     def _id(self, value: str | None) -> str:
         """A response or batch id as a key segment: ids are checked before any fetch; one
@@ -82,8 +89,9 @@ class S3Keys:
             raise SinkError(f"unsafe id {str(value)[:80]!r} for an object key", sink=self.sink)
         return value
 
-    def _key(self, rest: str) -> str:
-        key = f"{self.prefix}{rest}"
+    def _key(self, rest: str, tenant: str) -> str:
+        folder = "" if tenant == _DEFAULT_TENANT else f"tenant={tenant}/"
+        key = f"{self.prefix}{folder}{rest}"
         if len(key.encode()) > _MAX_KEY_BYTES:
             raise SinkError(
                 f"object key over {_MAX_KEY_BYTES} bytes: {key[:80]!r}...", sink=self.sink

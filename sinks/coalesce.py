@@ -165,10 +165,10 @@ class WriteCoalescer:
 
 
 def _merged(group: list[_Write]) -> list[Envelope]:
-    merged: dict[tuple[str, str], Envelope] = {}
+    merged: dict[tuple[str, str, str], Envelope] = {}
     for envelopes, _ in group:
         for env in envelopes:
-            merged[(env.provider, env.key)] = env  # the latest write of a key wins
+            merged[(env.provider, env.key, env.tenant)] = env  # the latest write of a key wins
     return list(merged.values())
 
 

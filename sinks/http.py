@@ -122,9 +122,13 @@ class HttpSinkConfig(SinkConfig):
 
 def webhook_id(envelopes: Sequence[Envelope]) -> str:
     """The ``webhook-id`` of one POST: ``msg_`` and the SHA-256 (hex) of the JSON array of
-    the envelopes' sorted ``[provider, key]`` pairs. The same envelopes, in any order,
-    always get the same id."""
-    pairs = sorted((env.provider, env.key) for env in envelopes)
+    the envelopes' sorted ``[provider, key]`` pairs (``[provider, key, tenant]`` for a
+    tenant other than ``default``). The same envelopes, in any order, always get the same
+    id."""
+    pairs = sorted(
+        (env.provider, env.key) if env.tenant == "default" else (env.provider, env.key, env.tenant)
+        for env in envelopes
+    )
     return "msg_" + hashlib.sha256(orjson.dumps(pairs)).hexdigest()
 
 

@@ -224,6 +224,8 @@ class KafkaSink(SinkBase):
     async def _record(self, env: Envelope) -> tuple[bytes, bytes, _Headers]:
         """Key, value and headers of one envelope's message, claim-checked if too large."""
         name = f"{env.provider}:{env.key}"
+        if env.tenant != "default":  # a provider name has no "/": no default key is like it
+            name = f"{env.tenant}/{name}"
         limit = self.config.max_message_bytes
         try:
             key = name.encode()

@@ -140,14 +140,14 @@ class S3Sink(SinkBase):
         """A response's object, or a batch summary's manifest (see :class:`S3Keys`)."""
         return self.keys.object_key(env)
 
-    def batch_prefix(self, provider: str, batch_id: str) -> str:
-        return self.keys.batch_prefix(provider, batch_id)
+    def batch_prefix(self, provider: str, batch_id: str, tenant: str = "default") -> str:
+        return self.keys.batch_prefix(provider, batch_id, tenant)
 
-    def part_key(self, provider: str, batch_id: str, part: int) -> str:
-        return self.keys.part_key(provider, batch_id, part)
+    def part_key(self, provider: str, batch_id: str, part: int, tenant: str = "default") -> str:
+        return self.keys.part_key(provider, batch_id, part, tenant)
 
-    def manifest_key(self, provider: str, batch_id: str) -> str:
-        return self.keys.manifest_key(provider, batch_id)
+    def manifest_key(self, provider: str, batch_id: str, tenant: str = "default") -> str:
+        return self.keys.manifest_key(provider, batch_id, tenant)
 
     def claim_key(self, env: Envelope) -> str:
         """Where :meth:`put_claim` parks an envelope's body."""
@@ -193,9 +193,10 @@ class S3Sink(SinkBase):
         if first.batch_id is None:
             raise SinkError(f"batch row {first.key!r} has no batch_id", sink=self.name)
         for env in envelopes:
-            if env.kind != "batch_row" or (env.provider, env.batch_id) != (
+            if env.kind != "batch_row" or (env.provider, env.batch_id, env.tenant) != (
                 first.provider,
                 first.batch_id,
+                first.tenant,
             ):
                 raise SinkError(
                     f"part {part} of {first.provider}/{first.batch_id} got {env.kind} "
@@ -203,7 +204,7 @@ class S3Sink(SinkBase):
                     sink=self.name,
                 )
         body = b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in envelopes)
-        key = self.part_key(first.provider, first.batch_id, part)
+        key = self.part_key(first.provider, first.batch_id, part, first.tenant)
         metadata = {"rows": str(len(envelopes))}
         if len(body) > self.config.multipart_threshold_bytes:
             await self._calls.put_multipart(key, body, "application/x-ndjson", metadata)
@@ -225,7 +226,7 @@ class S3Sink(SinkBase):
 
     async def _write_manifest(self, summary: Envelope) -> None:
         batch_id = summary.batch_id or summary.key
-        parts = await self._list_parts(summary.provider, batch_id)
+        parts = await self._list_parts(summary.provider, batch_id, summary.tenant)
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "provider": summary.provider,
@@ -237,11 +238,12 @@ class S3Sink(SinkBase):
             "summary": summary.to_dict(),
         }
         body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n"
-        await self._put(self.manifest_key(summary.provider, batch_id), body, "application/json")
+        key = self.manifest_key(summary.provider, batch_id, summary.tenant)
+        await self._put(key, body, "application/json")
 
-    async def _list_parts(self, provider: str, batch_id: str) -> list[dict[str, Any]]:
+    async def _list_parts(self, provider: str, batch_id: str, tenant: str) -> list[dict[str, Any]]:
         """Every ``part-*.jsonl`` of a batch with its key, row count and size, in order."""
-        prefix = f"{self.batch_prefix(provider, batch_id)}part-"
+        prefix = f"{self.batch_prefix(provider, batch_id, tenant)}part-"
         found: list[tuple[int, str, int]] = []
         with self._calls.errors("ListObjectsV2", prefix):
             paginator = self.client.get_paginator("list_objects_v2")

@@ -1,17 +1,18 @@
 """The ``sql`` sink: one row per result in Postgres (asyncpg) or SQLite (aiosqlite).
 
 The table (``nopoll_results`` by default) has a column for every envelope field, derived
-from :data:`nopoll.envelope.COLUMNS`, with primary key ``(provider, key)``; every write
-is an upsert, so replays never duplicate. The sink
-creates and migrates its own table (additive columns, a recorded schema version), also
-when several sinks or processes open the same database at once: on SQLite the migration
-holds the write lock from its first statement (``BEGIN IMMEDIATE``), on Postgres an
-advisory lock.
+from :data:`nopoll.envelope.COLUMNS`, with primary key ``(provider, key, tenant)``; every
+write is an upsert, so replays never duplicate. The sink creates and migrates its own table
+(additive columns, a recorded schema version), also when several sinks or processes open
+the same database at once: on SQLite the migration holds the write lock from its first
+statement (``BEGIN IMMEDIATE``), on Postgres an advisory lock.
 
 An envelope field with no value (``error``, ``body``) is SQL NULL on both databases,
 never the JSON text ``'null'``, so ``WHERE error IS NULL`` means the same everywhere.
 Schema version 2 turns the JSON ``null`` that version 1 stored on SQLite (and any found on
-Postgres) into NULL, once, in place.
+Postgres) into NULL, once, in place. Schema version 3 makes the primary key of a table from
+before, ``(provider, key)``, ``(provider, key, tenant)`` (tenants' results with the same id
+are rows of their own): in place on Postgres, by copying the table on SQLite.
 
 Postgres refuses U+0000 in ``text`` and in ``jsonb``: there, and only there, every NUL
 character is stored as U+FFFD, in the text columns and in the keys and values of the
@@ -44,7 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlmodel import Field, SQLModel
 
-from nopoll.envelope import COLUMNS, PRIMARY_KEY, Envelope
+from nopoll.envelope import COLUMNS, PRIMARY_KEY, Column, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
 from sinks._postgres import PostgresWriter, parse_time
 from sinks.base import SinkBase, SinkConfig
@@ -54,8 +55,9 @@ __all__ = ["SCHEMA_VERSION", "NopollResult", "SqlSink", "SqlSinkConfig", "result
 
 log = logging.getLogger("nopoll.sinks.sql")
 
-SCHEMA_VERSION = 2
-"""1: the first table. 2: JSON columns hold SQL NULL for no value, never JSON ``null``."""
+SCHEMA_VERSION = 3
+"""1: the first table. 2: JSON columns hold SQL NULL for no value, never JSON ``null``.
+3: the primary key is ``(provider, key, tenant)``."""
 _JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 _TYPES: dict[str, Callable[[], sa.types.TypeEngine[Any]]] = {
     "text": sa.String,
@@ -74,6 +76,7 @@ _PY_TYPES: dict[str, Any] = {
 _JSON_COLUMNS = tuple(c.name for c in COLUMNS if c.type == "json")
 _TIME_COLUMNS = tuple(c.name for c in COLUMNS if c.type == "timestamp")
 _SQL_NULL_SINCE = 2  # the schema version from which no value is SQL NULL
+_TENANT_KEY_SINCE = 3  # the schema version from which the tenant is in the primary key
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -83,7 +86,7 @@ def _result_model() -> type[SQLModel]:
     ``metadata`` for itself)."""
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {"__tablename__": "nopoll_results"}
-    for c in sorted(COLUMNS, key=lambda c: c.name not in PRIMARY_KEY):
+    for c in sorted(COLUMNS, key=_key_first):
         attr = "meta" if c.name == "metadata" else c.name
         annotations[attr] = _PY_TYPES[c.type] | None if c.nullable else _PY_TYPES[c.type]
         namespace[attr] = Field(
@@ -101,14 +104,19 @@ def _result_model() -> type[SQLModel]:
     return model
 
 
+def _key_first(c: Column) -> int:
+    """Primary key columns first, in its order (as every version made them)."""
+    return PRIMARY_KEY.index(c.name) if c.name in PRIMARY_KEY else len(PRIMARY_KEY)
+
+
 NopollResult = _result_model()
 """One result row, as a sqlmodel table class (column names and meanings are the envelope's)."""
 
 
 def results_table(name: str) -> sa.Table:
     """The results table under ``name``, in a metadata of its own: a column for every
-    envelope field (:data:`nopoll.envelope.COLUMNS`), the primary key ``(provider, key)``
-    first, then the others in the envelope's order."""
+    envelope field (:data:`nopoll.envelope.COLUMNS`), the primary key ``(provider, key,
+    tenant)`` first, then the others in the envelope's order."""
     table: sa.Table = NopollResult.__table__.to_metadata(sa.MetaData(), name=name)  # type: ignore[attr-defined]
     return table
 
@@ -250,6 +258,8 @@ class SqlSink(SinkBase):
             ).scalar()
             if version is None or version < _SQL_NULL_SINCE:
                 await conn.execute(sa.text(_null_json_sql(conn.dialect.name, self.table.name)))
+            if version is None or version < _TENANT_KEY_SINCE:
+                await _rekey(conn, self.table)
             if version is None:
                 await conn.execute(
                     schema.insert().values(table_name=self.table.name, version=SCHEMA_VERSION)
@@ -325,6 +335,26 @@ def _null_json_sql(dialect: str, table: str) -> str:
     )
     where = " OR ".join(f'"{c}" = {literal}' for c in _JSON_COLUMNS)
     return f'UPDATE "{table}" SET {sets} WHERE {where}'
+
+
+async def _rekey(conn: AsyncConnection, table: sa.Table) -> None:
+    """A table made before tenants had rows of their own gets the primary key
+    :data:`~nopoll.envelope.PRIMARY_KEY`: in place on Postgres; SQLite cannot change a
+    primary key, so there the table is copied into a new one (in the same transaction)."""
+    pk = await conn.run_sync(lambda c: sa.inspect(c).get_pk_constraint(table.name))
+    if list(pk.get("constrained_columns") or ()) == list(PRIMARY_KEY):
+        return
+    name, keys = table.name, ", ".join(f'"{c}"' for c in PRIMARY_KEY)
+    log.info("table %s: primary key becomes (%s)", name, ", ".join(PRIMARY_KEY))
+    if conn.dialect.name == "postgresql":
+        drop = f'DROP CONSTRAINT "{pk["name"]}", ' if pk.get("name") else ""
+        await conn.execute(sa.text(f'ALTER TABLE "{name}" {drop}ADD PRIMARY KEY ({keys})'))
+        return
+    old, cols = f"{name}__nopoll_rekey", ", ".join(f'"{c.name}"' for c in table.columns)
+    await conn.execute(sa.text(f'ALTER TABLE "{name}" RENAME TO "{old}"'))
+    await conn.run_sync(table.create)
+    await conn.execute(sa.text(f'INSERT INTO "{name}" ({cols}) SELECT {cols} FROM "{old}"'))
+    await conn.execute(sa.text(f'DROP TABLE "{old}"'))
 
 
 async def _prefer_lz4(conn: Any, table: str) -> None:

@@ -1,9 +1,9 @@
 """The ``nopoll`` command line.
 
 One module per command group (``_serve``: serve, api, worker; ``_dlq``; ``_config``;
-``_batch``: fetch-batch; ``_demo``; ``_try``: simulate, send-test), each adding its
-commands through ``register(sub)``. Config problems print one clear message and exit with
-status 2.
+``_batch``: fetch-batch; ``_demo``; ``_try``: simulate, send-test; ``_watch``; ``_submit``;
+``_endpoint``), each adding its commands through ``register(sub)``. Config problems print
+one clear message and exit with status 2.
 """
 
 from __future__ import annotations
@@ -13,11 +13,21 @@ import sys
 from collections.abc import Sequence
 
 from nopoll.exceptions import ConfigError, NopollError
-from receiver.cli import _batch, _config, _demo, _dlq, _serve, _submit, _try, _watch
+from receiver.cli import (
+    _batch,
+    _config,
+    _demo,
+    _dlq,
+    _endpoint,
+    _serve,
+    _submit,
+    _try,
+    _watch,
+)
 
 __all__ = ["main"]
 
-_COMMANDS = (_serve, _dlq, _config, _batch, _demo, _try, _watch, _submit)
+_COMMANDS = (_serve, _dlq, _config, _batch, _demo, _try, _watch, _submit, _endpoint)
 
 
 def _parser() -> argparse.ArgumentParser:

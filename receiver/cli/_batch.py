@@ -7,7 +7,14 @@ import time
 from typing import Any
 
 from nopoll.exceptions import ConfigError
-from receiver.cli._common import add_config_option, load, run_async, setup_logging
+from receiver.cli._common import (
+    add_config_option,
+    add_tenant_option,
+    load,
+    provider_for,
+    run_async,
+    setup_logging,
+)
 from receiver.config import Settings
 
 
@@ -19,10 +26,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     from receiver.metrics import Metrics
     from receiver.state import build_state
 
-    provider = settings.providers.get(args.provider)
-    if provider is None:
-        known = ", ".join(sorted(settings.providers)) or "none"
-        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    provider_for(settings, args.provider, args.tenant)
     if not safe_id(args.batch_id):
         raise ConfigError("batch id must match [A-Za-z0-9_.:-]{1,256}")
     state = build_state(settings, url, Metrics())  # the worker's own resources
@@ -43,12 +47,15 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
                 done = bar.tasks[0].completed
                 bar.update(task, rate=done / max(1e-6, time.monotonic() - started))
 
+            dialect = state.dialect(args.provider, args.tenant)
+            assert dialect is not None  # provider_for checked it
             outcome = await state.batch_runner.run(
-                state.dialects[args.provider],
+                dialect,
                 provider=args.provider,
                 batch_id=args.batch_id,
                 event_id=None,
                 received_at=now_rfc3339(),
+                tenant=args.tenant,
                 force=args.force,
                 on_progress=progress,
             )
@@ -85,4 +92,5 @@ def register(sub: Any) -> None:
     p.add_argument("provider", help="provider name from the config")
     p.add_argument("batch_id")
     p.add_argument("--force", action="store_true", help="fetch again even if already delivered")
+    add_tenant_option(p)
     p.set_defaults(func=_cmd_fetch_batch)

@@ -8,15 +8,48 @@ import os
 import sys
 from typing import Any
 
-from receiver.config import Settings, load_settings
+from receiver.config import ProviderConfig, Settings, load_settings
 
-__all__ = ["add_config_option", "config_path", "load", "run_async", "setup_logging"]
+__all__ = [
+    "add_config_option",
+    "add_tenant_option",
+    "config_path",
+    "load",
+    "provider_for",
+    "run_async",
+    "setup_logging",
+]
 
 
 def add_config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", help="YAML config file (default: $NOPOLL_CONFIG, else built-in defaults)"
     )
+
+
+def add_tenant_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tenant",
+        default="default",
+        help="the tenant whose account is used (from tenants:, default: the provider's own)",
+    )
+
+
+def provider_for(settings: Settings, provider: str, tenant: str) -> ProviderConfig:
+    """``provider``'s config as ``tenant`` uses it; a ConfigError (exit status 2) names
+    an unknown provider or tenant, or a tenant without an account there."""
+    from nopoll.exceptions import ConfigError
+    from receiver.tenants import tenant_problem, tenant_provider
+
+    if provider not in settings.providers:
+        known = ", ".join(sorted(settings.providers)) or "none"
+        raise ConfigError(f"unknown provider {provider!r} (configured: {known})")
+    config = tenant_provider(settings, tenant, provider)
+    if config is None:
+        raise ConfigError(
+            tenant_problem(settings, tenant, provider) or f"unknown tenant {tenant!r}"
+        )
+    return config
 
 
 def config_path(args: argparse.Namespace) -> str | None:

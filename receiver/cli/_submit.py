@@ -8,22 +8,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from receiver.cli._common import add_config_option, load, run_async
+from receiver.cli._common import add_config_option, add_tenant_option, load, provider_for, run_async
 from receiver.config import Settings
 
 _SHOWN = 10
 
 
 async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from nopoll.exceptions import ConfigError
     from receiver._arq import arq_pool
     from receiver.providers.client import ProviderClient
     from receiver.submit import Submitter, file_digest
 
-    provider = settings.providers.get(args.provider)
-    if provider is None:
-        known = ", ".join(sorted(settings.providers)) or "none"
-        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    provider = provider_for(settings, args.provider, args.tenant)
     path = Path(args.file)
     digest = file_digest(path)
     redis = arq_pool(url)
@@ -35,9 +31,8 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
     started = time.monotonic()
     try:
         if args.batch:
-            return await _batch(
-                args, Submitter(args.provider, provider, client, redis), path, digest
-            )
+            submitter = Submitter(args.provider, provider, client, redis, tenant=args.tenant)
+            return await _batch(args, submitter, path, digest)
         total = _count_lines(path)
         with _Bar(f"submitting to {args.provider}", total) as bar:
             submitter = Submitter(
@@ -47,6 +42,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
                 redis,
                 concurrency=args.concurrency,
                 on_progress=bar.update,
+                tenant=args.tenant,
             )
             result = await submitter.submit_lines(_lines(path), digest)
             bar.update(result, force=True)
@@ -117,8 +113,8 @@ async def _wait_for(
 async def _landed_detail(
     redis: Any, provider: str, kind: str, ids: list[str]
 ) -> tuple[int, dict[str, int]]:
-    """How many landed ids no poll found (a callback's fetch landed them), and the landed
-    ones by their final status."""
+    """How many landed ids a callback's fetch landed (one GET each), and the landed ones
+    by their final status."""
     from collections import Counter
 
     from receiver.watches import watch_key
@@ -127,10 +123,10 @@ async def _landed_detail(
     for start in range(0, len(ids), 1000):
         async with redis.pipeline(transaction=False) as pipe:
             for object_id in ids[start : start + 1000]:
-                pipe.hmget(watch_key(provider, kind, object_id), ["state", "polls", "status"])
-            for state, polls, status in await pipe.execute():
+                pipe.hmget(watch_key(provider, kind, object_id), ["state", "via", "status"])
+            for state, via, status in await pipe.execute():
                 if state == b"landed":
-                    by_callback += int(polls or 0) == 0
+                    by_callback += via == b"callback"
                     statuses[(status or b"unknown").decode()] += 1
     return by_callback, dict(statuses)
 
@@ -245,4 +241,5 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--report", help="where rejected lines are written (default FILE.rejected.jsonl)"
     )
+    add_tenant_option(p)
     p.set_defaults(func=_cmd_submit)

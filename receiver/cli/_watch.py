@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from receiver.cli._common import add_config_option, load, run_async
+from receiver.cli._common import add_config_option, add_tenant_option, load, provider_for, run_async
 from receiver.config import Settings
 
 _SHOWN_INVALID = 20
@@ -26,14 +26,10 @@ def _ids(args: argparse.Namespace) -> list[str]:
 
 
 async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from nopoll.exceptions import ConfigError
     from receiver._arq import arq_pool
     from receiver.watches import WatchStore, register_many
 
-    provider = settings.providers.get(args.provider)
-    if provider is None:
-        known = ", ".join(sorted(settings.providers)) or "none"
-        raise ConfigError(f"unknown provider {args.provider!r} (configured: {known})")
+    provider = provider_for(settings, args.provider, args.tenant)
     ids = _ids(args)
     redis = arq_pool(url)
     store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
@@ -46,6 +42,7 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
             first_poll_s=provider.watch.first_poll_s,
             reconcile_after_s=provider.watch.reconcile_after_s,
             expect_callback=args.expect_callback,
+            tenant=args.tenant,
         )
         for object_id, reason in done.invalid[:_SHOWN_INVALID]:
             print(f"skipped {object_id[:80]!r}: {reason}", file=sys.stderr)
@@ -159,4 +156,5 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--wait", action="store_true", help="show progress until every id landed or expired"
     )
+    add_tenant_option(p)
     p.set_defaults(func=_cmd_watch)

@@ -18,8 +18,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections import Counter, defaultdict, deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -82,6 +82,7 @@ class _State:
     responses: dict[str, SimResponse] = field(default_factory=dict)
     batches: dict[str, Any] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)
+    by_key: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     times: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=200_000))
     """(arrival time, path) of the latest requests, for rate checks."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,9 +101,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 class _Routes:
     """The simulator's endpoints over its shared :class:`_State` (every request counted)."""
 
-    def __init__(self, state: _State, api_key: str | None, creates: Creations) -> None:
+    def __init__(self, state: _State, api_keys: frozenset[str] | None, creates: Creations) -> None:
         self.state = state
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.creates = creates
 
     def _count(self, request: Request) -> None:
@@ -111,9 +112,12 @@ class _Routes:
             self.state.times.append((time.time(), request.url.path))
 
     def _authorized(self, request: Request) -> bool:
-        return (
-            self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
-        )
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if self.api_keys is not None and (scheme != "Bearer" or key not in self.api_keys):
+            return False
+        with self.state.lock:  # the paths each key was let in to
+            self.state.by_key[key][request.url.path] += 1
+        return True
 
     def guarded(self, endpoint: _Endpoint) -> _Endpoint:
         """``endpoint`` counted and behind the same Bearer check as the GET routes."""
@@ -225,7 +229,7 @@ class ProviderSimulator:
     def __init__(
         self,
         *,
-        api_key: str | None = None,
+        api_key: str | Sequence[str] | None = None,
         port: int = 0,
         host: str = "127.0.0.1",
         auto_respond: bool = False,
@@ -234,7 +238,8 @@ class ProviderSimulator:
         self.state = _State(auto_respond=auto_respond)
         self.creates = Creations(CreateSettings(**create), self.add_batch)
         """The create side: its settings, what it created and received."""
-        self._api_key = api_key
+        keys = [api_key] if isinstance(api_key, str) else api_key  # several: several accounts
+        self._api_keys = None if keys is None else frozenset(keys)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -279,10 +284,12 @@ class ProviderSimulator:
         with self.state.lock:
             return [t for t, p in self.state.times if p.startswith(path_prefix)]
 
-    def request_count(self, path_prefix: str = "") -> int:
-        """How many requests arrived whose path starts with ``path_prefix``."""
+    def request_count(self, path_prefix: str = "", api_key: str | None = None) -> int:
+        """How many requests arrived whose path starts with ``path_prefix`` (``api_key``:
+        how many of them were let in with that key)."""
         with self.state.lock:
-            return sum(n for p, n in self.state.requests.items() if p.startswith(path_prefix))
+            counts = self.state.requests if api_key is None else self.state.by_key[api_key]
+            return sum(n for p, n in counts.items() if p.startswith(path_prefix))
 
     def creations(self, kind: str) -> int:
         """How many ``responses``, ``files`` or ``batches`` the create routes really created."""
@@ -294,7 +301,7 @@ class ProviderSimulator:
 
     # --- the server ---------------------------------------------------------------------
     def _app(self) -> Starlette:
-        routes, creates = _Routes(self.state, self._api_key, self.creates), self.creates
+        routes, creates = _Routes(self.state, self._api_keys, self.creates), self.creates
         return Starlette(
             routes=[
                 *(

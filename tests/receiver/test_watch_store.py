@@ -133,3 +133,22 @@ async def test_a_take_without_a_request_is_not_counted_as_a_poll(store):
     await store.reschedule(watch, in_s=0, status=None, polled=False)
     [again] = await store.take_due("p", limit=1, lease_s=30)
     assert again.polls == 1
+
+
+async def test_a_callback_before_the_watch_keeps_a_later_registration_from_polling(store):
+    # nopoll submit registers an id after its create answered: a fast result may have
+    # been called back (and landed) by then
+    assert await store.callback_arrived("p", "response", "fast") == "none"
+    await store.finish("p", "response", "fast", "landed", status="completed", via="callback")
+    assert not await store.register("p", "response", "fast", first_poll_in_s=0)
+    watch = await store.get("p", "response", "fast")
+    assert watch is not None and watch.state == "landed"
+    assert await store.take_due("p", limit=10, lease_s=30) == []
+    assert (await store.counts("p"))["landed"] == 1
+
+    assert await store.callback_arrived("p", "response", "slow") == "none"  # still landing
+    assert await store.register("p", "response", "slow", first_poll_in_s=0)
+    assert await store.take_due("p", limit=10, lease_s=30) == []  # its job lands it
+    await store.finish("p", "response", "slow", "landed", via="callback")
+    watch = await store.get("p", "response", "slow")
+    assert watch is not None and watch.state == "landed"

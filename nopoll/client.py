@@ -1,0 +1,239 @@
+"""A small async client of nopoll's results API (``/v1``), over httpx.
+
+::
+
+    from nopoll.client import Results, StreamReset
+
+    async with Results("https://nopoll.example.com", token) as results:
+        env = await results.get("openai", "resp_123")              # None: not landed
+        env = await results.wait("openai", "resp_123", timeout=30)  # None: not in 30 s
+        stream = results.stream(tenant="team-a", kind="response")
+        while True:
+            try:
+                async for env in stream:
+                    handle(env)
+                    save(stream.last_event_id)   # to resume from after a restart
+            except StreamReset as gap:
+                resync(gap)                      # then go on with the same stream
+
+:meth:`Results.stream` reconnects by itself with ``Last-Event-ID`` when the connection
+drops (``max_retries`` times in a row at most, with backoff), so nothing is missed and
+nothing comes twice. When entries it had not seen were trimmed on the server, iterating
+raises :class:`StreamReset`; the stream object then points after the gap, and iterating
+it again goes on from the oldest entry still kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from nopoll.envelope import Envelope
+from nopoll.exceptions import NopollError
+
+__all__ = ["ResultStream", "Results", "ResultsError", "StreamReset"]
+
+
+class ResultsError(NopollError):
+    """The results API refused a request or could not be reached (``status`` is the HTTP
+    status, None when there was no answer)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StreamReset(ResultsError):
+    """Entries after the stream's ``last_event_id`` were trimmed before they were read:
+    results may have been missed. ``resume_after`` is where the stream goes on."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(str(data.get("message") or "stream entries were trimmed"))
+        self.reason: str = str(data.get("reason") or "trimmed")
+        self.last_event_id: str | None = data.get("last_event_id")
+        self.resume_after: str = str(data.get("resume_after") or "0-0")
+        self.oldest_retained_id: str | None = data.get("oldest_retained_id")
+
+
+def _failure(response: httpx.Response) -> ResultsError:
+    try:
+        message = str(orjson.loads(response.content).get("error"))
+    except (orjson.JSONDecodeError, AttributeError):
+        message = response.reason_phrase
+    return ResultsError(f"{response.status_code}: {message}", status=response.status_code)
+
+
+class Results:
+    """The results API of one nopoll, with one consumer token."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+        self._timeout_s = timeout_s
+
+    async def get(self, provider: str, key: str, *, tenant: str | None = None) -> Envelope | None:
+        """The latest envelope of ``key``, or None when it has not landed."""
+        return await self._get(provider, key, tenant, None)
+
+    async def wait(
+        self,
+        provider: str,
+        key: str,
+        timeout: float = 30.0,  # noqa: ASYNC109 - the server holds the request this long
+        *,
+        tenant: str | None = None,
+    ) -> Envelope | None:
+        """The envelope of ``key`` once it lands (the server holds the request, up to
+        ``timeout`` seconds and at most its ``results.max_wait_s``); None if it did not."""
+        return await self._get(provider, key, tenant, timeout)
+
+    async def _get(
+        self, provider: str, key: str, tenant: str | None, wait_s: float | None
+    ) -> Envelope | None:
+        params: dict[str, str] = {}
+        if tenant is not None:
+            params["tenant"] = tenant
+        timeout: float | httpx.Timeout = self._timeout_s
+        if wait_s is not None:
+            params["wait"] = f"{wait_s:g}"
+            timeout = httpx.Timeout(self._timeout_s, read=wait_s + self._timeout_s)
+        path = f"/v1/results/{quote(provider, safe='')}/{quote(key, safe='/')}"
+        try:
+            response = await self._client.get(path, params=params, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise ResultsError(f"results API unreachable: {type(exc).__name__}") from exc
+        if response.status_code == 200:
+            return Envelope.from_dict(orjson.loads(response.content))
+        if response.status_code == 404 and b"not landed" in response.content:
+            return None
+        raise _failure(response)
+
+    def stream(
+        self,
+        *,
+        tenant: str | None = None,
+        provider: str | None = None,
+        kind: str | None = None,
+        status: str | None = None,
+        last_event_id: str | None = None,
+        max_retries: int = 8,
+    ) -> ResultStream:
+        """Envelopes as they land (see :class:`ResultStream`); without ``last_event_id``
+        from the moment of the first connection on."""
+        filters = {"tenant": tenant, "provider": provider, "kind": kind, "status": status}
+        params = {k: v for k, v in filters.items() if v is not None}
+        return ResultStream(self._client, params, last_event_id, max_retries)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class ResultStream:
+    """``async for env in stream``: envelopes from ``GET /v1/results/stream``.
+
+    ``last_event_id`` is the id of the last envelope yielded: it is sent as
+    ``Last-Event-ID`` on every reconnection, and can be saved to resume after a restart
+    (``Results.stream(last_event_id=...)``). A dropped connection is reconnected up to
+    ``max_retries`` times in a row with backoff (1 s doubling up to 15 s), then
+    :class:`ResultsError` is raised; a 4xx answer raises at once. Trimmed entries raise
+    :class:`StreamReset` (see the module docs).
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        params: dict[str, str],
+        last_event_id: str | None,
+        max_retries: int,
+    ) -> None:
+        self._client = client
+        self._params = params
+        self.last_event_id = last_event_id
+        self._max_retries = max_retries
+
+    def __aiter__(self) -> AsyncIterator[Envelope]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Envelope]:
+        failures = 0
+        while True:
+            try:
+                async for event, data in self._connection():
+                    failures = 0
+                    if event == "reset":
+                        gap = StreamReset(orjson.loads(data))
+                        self.last_event_id = gap.resume_after
+                        raise gap
+                    if event == "error":
+                        break  # the server lost Redis: reconnect
+                    yield Envelope.from_dict(orjson.loads(data))
+            except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+                if failures >= self._max_retries:
+                    raise ResultsError(f"stream lost: {type(exc).__name__}") from exc
+            except ResultsError as exc:
+                if exc.status is None or exc.status < 500 or failures >= self._max_retries:
+                    raise
+            failures += 1
+            if failures > self._max_retries:
+                raise ResultsError(f"stream lost {failures} times in a row")
+            await asyncio.sleep(random.uniform(0.5, 1.0) * min(15.0, 2.0 ** (failures - 1)))
+
+    async def _connection(self) -> AsyncIterator[tuple[str, bytes]]:
+        """(event type, data) of one connection's events; moves ``last_event_id``."""
+        headers = {"accept": "text/event-stream"}
+        if self.last_event_id:
+            headers["last-event-id"] = self.last_event_id
+        timeout = httpx.Timeout(10.0, read=60.0)  # the server pings every 15 s
+        async with self._client.stream(
+            "GET", "/v1/results/stream", params=self._params, headers=headers, timeout=timeout
+        ) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise _failure(response)
+            event, event_id = "message", None
+            data: list[str] = []
+            async for line in response.aiter_lines():
+                if not line:
+                    if data:
+                        if event_id is not None:
+                            self.last_event_id = event_id
+                        yield event, "\n".join(data).encode()
+                    event, data, event_id = "message", [], None
+                    continue
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "data":
+                    data.append(value)
+                elif name == "event":
+                    event = value
+                elif name == "id":
+                    event_id = value

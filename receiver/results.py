@@ -1,0 +1,225 @@
+"""The results API, ``/v1``: results for consumers without Kafka.
+
+- ``GET /v1/results/{provider}/{key}``: the latest envelope of a result (``key`` is the
+  rest of the path, so a batch row's ``{batch_id}/{custom_id}`` works), or 404
+  ``not landed``; ``?wait=N`` holds the request up to N seconds until it lands
+  (:mod:`receiver.results_wait`).
+- ``GET /v1/results/stream``: Server-Sent Events of every envelope that lands, filtered
+  by tenant, provider, kind and status, resumable with ``Last-Event-ID``
+  (:mod:`receiver.results_stream`).
+- ``GET /openapi.json``: one public OpenAPI document for ``/v1`` and ``/admin/v1``.
+
+Bearer tokens from ``consumer_tokens``, compared in constant time; with none configured
+every ``/v1`` route answers 404. A token limited to a tenant sees that tenant's results
+only: another tenant's result answers exactly as one that has not landed (after the
+same wait). What is published, and where, is :mod:`sinks.results`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import math
+import re
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive
+
+from receiver.config import ConsumerToken, Settings
+from receiver.results_openapi import openapi_document
+from receiver.results_stream import (
+    EventStream,
+    Filter,
+    StreamHub,
+    Subscriber,
+    events,
+    last_id,
+    parse_id,
+)
+from receiver.results_wait import Landings, Waiter
+from sinks.results import latest_key
+
+__all__ = ["results_routes"]
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_KINDS = frozenset({"response", "batch_row", "batch"})
+_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "expired"})
+_CHALLENGE = {"www-authenticate": 'Bearer realm="nopoll results"'}
+_NOT_LANDED = orjson.dumps({"error": "not landed"})
+_PING_S = 15
+_SEND_TIMEOUT_S = 30
+
+
+def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json(status, {"error": message}, headers)
+
+
+def _not_landed() -> Response:
+    return Response(_NOT_LANDED, 404, media_type="application/json")
+
+
+def results_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
+    """The ``/v1`` routes and ``/openapi.json`` (the /v1 routes answer 404 when no
+    consumer token is configured)."""
+    api = _ResultsApi(settings, redis)
+    document = orjson.dumps(openapi_document(settings.results.max_wait_s))
+
+    async def openapi(request: Request) -> Response:
+        return Response(document, media_type="application/json")
+
+    return [
+        Route("/v1/results/stream", api.stream, methods=["GET"]),
+        Route("/v1/results/{provider}/{key:path}", api.get, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+
+
+class _ResultsApi:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self.redis = redis
+        self.max_wait_s = settings.results.max_wait_s
+        # Tokens are compared as SHA-256 digests: equal lengths, so compare_digest leaks
+        # nothing about a token's length either.
+        self.tokens = [(_digest(t.token.get_secret_value()), t) for t in settings.consumer_tokens]
+        self.landings = Landings(redis)
+        self.hub = StreamHub(redis)
+
+    def consumer(self, request: Request) -> ConsumerToken | Response:
+        """The consumer token of the request, or the answer refusing it."""
+        if not self.tokens:
+            return _error(404, "not found")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        candidate = _digest(given.strip())
+        found: ConsumerToken | None = None
+        for digest, token in self.tokens:  # every token compared: no early exit to time
+            if hmac.compare_digest(candidate, digest):
+                found = token
+        if scheme.lower() != "bearer" or found is None:
+            return _error(401, "a valid consumer bearer token is required", _CHALLENGE)
+        return found
+
+    async def get(self, request: Request) -> Response:
+        consumer = self.consumer(request)
+        if isinstance(consumer, Response):
+            return consumer
+        query = request.query_params
+        wait_s: float | None = None
+        if "wait" in query:
+            wait_s = _seconds(query["wait"])
+            if wait_s is None or not 0 < wait_s <= self.max_wait_s:
+                return _error(
+                    400, f"wait: must be a number of seconds above 0, at most {self.max_wait_s:g}"
+                )
+        provider, key = request.path_params["provider"], request.path_params["key"]
+        tenant = query.get("tenant") or consumer.tenant or "default"
+        visible = consumer.tenant in (None, tenant)
+        if not (visible and _NAME.fullmatch(tenant) and _NAME.fullmatch(provider) and key):
+            # another tenant's result, or one that cannot exist: answered as not landed
+            if wait_s is not None:
+                await _held(request.receive, wait_s)
+            return _not_landed()
+        name = latest_key(tenant, provider, key)
+        try:
+            value = await self.redis.get(name)
+            if value is None and wait_s is not None:
+                value = await self._wait(request.receive, name, wait_s)
+        except (RedisError, OSError):
+            return _error(503, "Redis unreachable, retry later")
+        if value is None:
+            return _not_landed()
+        return Response(value, media_type="application/json")
+
+    async def _wait(self, receive: Receive, name: str, wait_s: float) -> bytes | None:
+        """Wait for ``name`` to land, or for the client to go away."""
+        waiter = Waiter()
+        watcher = asyncio.create_task(_until_gone(receive, waiter))
+        try:
+            return await self.landings.wait(name, wait_s, waiter)
+        finally:
+            watcher.cancel()
+
+    async def stream(self, request: Request) -> Response:
+        consumer = self.consumer(request)
+        if isinstance(consumer, Response):
+            return consumer
+        query = request.query_params
+        values: dict[str, frozenset[bytes] | None] = {}
+        for field, allowed in (
+            ("tenant", None),
+            ("provider", None),
+            ("kind", _KINDS),
+            ("status", _STATUSES),
+        ):
+            given = {v.strip() for raw in query.getlist(field) for v in raw.split(",")} - {""}
+            bad = sorted(v for v in given if not _NAME.fullmatch(v))
+            if allowed is not None:
+                bad = sorted(given - allowed)
+            if bad:
+                return _error(400, f"{field}: {bad[0][:64]!r} is not a valid value")
+            values[field] = frozenset(v.encode() for v in given) or None
+        if consumer.tenant is not None:
+            own = frozenset({consumer.tenant.encode()})
+            if values["tenant"] not in (None, own):
+                return _error(403, f"tenant: this token sees tenant {consumer.tenant!r} only")
+            values["tenant"] = own
+        raw_id = request.headers.get("last-event-id") or query.get("last_event_id") or ""
+        after = parse_id(raw_id) if raw_id.strip() else None
+        if raw_id.strip() and after is None:
+            return _error(400, "last_event_id: not a stream entry id (like 1700000000000-0)")
+        try:
+            start = after if after is not None else parse_id(await last_id(self.redis))
+        except (RedisError, OSError):
+            return _error(503, "Redis unreachable, retry later")
+        assert start is not None
+        sub = Subscriber(Filter(**values), start)
+        return EventStream(
+            events(self.hub, self.redis, sub),
+            send_timeout_s=_SEND_TIMEOUT_S,
+            ping=_PING_S,
+            sep="\n",
+        )
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+async def _until_gone(receive: Receive, waiter: Waiter) -> None:
+    """Abandon ``waiter`` when the client disconnects (a GET has no body to read first)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            waiter.abandon()
+            return
+
+
+async def _held(receive: Receive, seconds: float) -> None:
+    """Hold a request that will never find anything as long as one that might."""
+    waiter = Waiter()
+    watcher = asyncio.create_task(_until_gone(receive, waiter))
+    try:
+        async with asyncio.timeout(seconds):
+            await waiter.sleep()
+    except TimeoutError:
+        pass
+    finally:
+        watcher.cancel()

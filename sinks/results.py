@@ -1,0 +1,172 @@
+"""The built-in ``_results`` sink: publishes every envelope for the results API (``/v1``).
+
+It is not configured under ``sinks:``; the worker adds it when ``consumer_tokens`` are
+set, and every envelope goes to it whatever the routes say. Each write is one Redis round
+trip (a pipeline of one Lua script call per 500 envelopes) that, per envelope:
+
+- ``SET`` the envelope JSON at :func:`latest_key` (tenant, provider, key) with a TTL
+  (``results.latest_ttl_s``): what ``GET /v1/results/{provider}/{key}`` reads;
+- ``XADD`` it to the stream :data:`STREAM` with the fields ``tenant``, ``provider``,
+  ``kind``, ``status``, ``prev`` (the id of the entry before it) and ``envelope``: what
+  ``GET /v1/results/stream`` serves;
+- ``PUBLISH`` the latest key on :data:`CHANNEL`: what wakes ``?wait`` requests;
+
+then keeps the newest id at :data:`LAST_ID` and trims the stream to
+``results.stream_max_entries`` (``MAXLEN ~``) and to ``results.stream_retention_s``
+(``MINID ~``, from Redis's own clock). ``prev`` and :data:`LAST_ID` tell exactly whether
+entries a resuming reader has not seen were trimmed: the newest trimmed entry is the
+oldest retained entry's ``prev`` (or :data:`LAST_ID` when trimming emptied the stream).
+
+Rewriting is idempotent for the latest key; a retried write (a failed attempt whose
+script had run, a replayed dead letter) appends the envelope to the stream again, so
+stream consumers see it at least once and dedupe on ``(provider, key)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import SecretStr
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, RedisError
+
+from nopoll.exceptions import SinkError
+from sinks.base import SinkBase, SinkConfig
+
+if TYPE_CHECKING:
+    from nopoll.envelope import Envelope
+
+__all__ = [
+    "CHANNEL",
+    "LAST_ID",
+    "LATEST_PREFIX",
+    "RESULTS_SINK",
+    "STREAM",
+    "ResultsSink",
+    "ResultsSinkConfig",
+    "latest_key",
+]
+
+RESULTS_SINK = "_results"
+"""The sink's name (in metrics, dead letters and ``nopoll dlq``)."""
+STREAM = "nopoll:results:stream"
+"""The stream of every landed envelope, in landing order."""
+LAST_ID = "nopoll:results:last_id"
+"""The id of the stream's newest entry (kept even when trimming empties the stream)."""
+CHANNEL = "nopoll:results:landed"
+"""Pub/sub channel: each message is the latest key of an envelope that just landed."""
+LATEST_PREFIX = "nopoll:results:latest:"
+_PER_CALL = 500
+
+# KEYS[1]: the stream; KEYS[2]: its last id; KEYS[3..]: each envelope's latest key.
+# ARGV: ttl_s, max_entries, retention_ms, channel; then per envelope tenant, provider,
+# kind, status, envelope JSON.
+_PUBLISH = """
+local stream, ttl, maxlen = KEYS[1], ARGV[1], ARGV[2]
+local retention, channel = tonumber(ARGV[3]), ARGV[4]
+local prev = redis.call('GET', KEYS[2])
+if not prev then
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  prev = last and last[1] or '0-0'
+end
+for i = 3, #KEYS do
+  local a = 5 + (i - 3) * 5
+  redis.call('SET', KEYS[i], ARGV[a + 4], 'EX', ttl)
+  prev = redis.call('XADD', stream, '*', 'tenant', ARGV[a], 'provider', ARGV[a + 1],
+                    'kind', ARGV[a + 2], 'status', ARGV[a + 3], 'prev', prev,
+                    'envelope', ARGV[a + 4])
+  redis.call('PUBLISH', channel, KEYS[i])
+end
+redis.call('SET', KEYS[2], prev)
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('XTRIM', stream, 'MAXLEN', '~', maxlen)
+redis.call('XTRIM', stream, 'MINID', '~', string.format('%.0f', now_ms - retention))
+return #KEYS - 2
+"""
+
+
+def latest_key(tenant: str, provider: str, key: str) -> str:
+    """Where the latest envelope of (tenant, provider, key) is kept. Tenant and provider
+    names cannot contain ``:``, so distinct triples never share a key."""
+    return f"{LATEST_PREFIX}{tenant}:{provider}:{key}"
+
+
+class ResultsSinkConfig(SinkConfig):
+    """Built by the worker from ``results:`` and the Redis URL; never from ``sinks:``."""
+
+    type: Literal["_results"] = "_results"
+    redis_url: SecretStr
+    stream_max_entries: int
+    stream_retention_s: int
+    latest_ttl_s: int
+
+
+class ResultsSink(SinkBase):
+    """Publishes envelopes to Redis for the results API (see the module docs)."""
+
+    config_model = ResultsSinkConfig
+    config: ResultsSinkConfig
+
+    def __init__(self, name: str, config: SinkConfig) -> None:
+        super().__init__(name, config)
+        self._redis: Redis | None = None
+        self._sha = hashlib.sha1(_PUBLISH.encode()).hexdigest()
+
+    async def open(self) -> None:
+        timeout = self.config.timeout_s
+        self._redis = Redis.from_url(
+            self.config.redis_url.get_secret_value(),
+            socket_timeout=timeout,
+            socket_connect_timeout=min(timeout, 5.0),
+        )
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        if not envelopes:
+            return
+        if self._redis is None:
+            await self.open()
+        assert self._redis is not None
+        head = (
+            self.config.latest_ttl_s,
+            self.config.stream_max_entries,
+            self.config.stream_retention_s * 1000,
+            CHANNEL,
+        )
+        calls: list[tuple[int, list[Any]]] = []
+        for start in range(0, len(envelopes), _PER_CALL):
+            part = envelopes[start : start + _PER_CALL]
+            call: list[Any] = [STREAM, LAST_ID]  # str, int and bytes (redis-py says str)
+            call += [latest_key(env.tenant, env.provider, env.key) for env in part]
+            call += head
+            for env in part:
+                call += (env.tenant, env.provider, env.kind, env.status)
+                call.append(orjson.dumps(env.to_dict()))
+            calls.append((len(part) + 2, call))
+        try:
+            await self._run(self._redis, calls)
+        except (RedisError, OSError) as exc:
+            message = f"publishing to Redis failed: {type(exc).__name__}"
+            raise SinkError(message, sink=self.name) from exc
+
+    async def _run(self, redis: Redis, calls: list[tuple[int, list[Any]]]) -> None:
+        """One round trip; a Redis that lost its scripts (a restart) gets it loaded again."""
+        for attempt in (1, 2):
+            try:
+                async with redis.pipeline(transaction=False) as pipe:
+                    for numkeys, call in calls:
+                        pipe.evalsha(self._sha, numkeys, *call)
+                    await pipe.execute()
+                return
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                await redis.script_load(_PUBLISH)
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            redis, self._redis = self._redis, None
+            await redis.aclose()
