@@ -42,6 +42,7 @@ from receiver.results_stream import (
     events,
     last_id,
     parse_id,
+    whole,
 )
 from receiver.results_wait import Landings, Waiter
 from sinks.results import latest_key
@@ -131,7 +132,7 @@ class _ResultsApi:
             return _not_landed()
         name = latest_key(tenant, provider, key)
         try:
-            value = await self.redis.get(name)
+            value = await whole(self.redis.get(name))
             if value is None and wait_s is not None:
                 value = await self._wait(request.receive, name, wait_s)
         except (RedisError, OSError):

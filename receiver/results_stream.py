@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -48,11 +48,13 @@ __all__ = [
     "parse_id",
     "reset_event",
     "resume_point",
+    "whole",
 ]
 
 log = logging.getLogger("nopoll.results")
 
 StreamId = tuple[int, int]
+T = TypeVar("T")
 MAILBOX_LIMIT = 5_000
 """Events a subscriber may be behind the live stream before it catches up from Redis."""
 _READ_COUNT = 1000
@@ -64,6 +66,20 @@ _SEND_GAP_S = 0.01
 event (a write costs the server far more than its bytes)."""
 _ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
 _ZERO: StreamId = (0, 0)
+
+
+def whole(command: Awaitable[T]) -> Awaitable[T]:
+    """``command``, run to its end even when the caller is cancelled (its client went
+    away): a Redis command cut off halfway can leave its pooled connection out of step,
+    and the next user of the connection reads a stale reply."""
+    task = asyncio.ensure_future(command)
+    task.add_done_callback(_retrieved)
+    return asyncio.shield(task)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # nobody may wait for it any more: no "never retrieved" warning
 
 
 def parse_id(text: str | bytes) -> StreamId | None:
@@ -146,14 +162,16 @@ class StreamHub:
             group.discard(sub)
             if not group:
                 del self._groups[sub.filter]
-        if not self._groups and self._task is not None:
-            self._task.cancel()  # the last subscriber left
-            self._task = None
+        # the reader stops by itself after its current read (at most _BLOCK_MS): cancelled
+        # halfway, a command can leave its pooled connection out of step
 
     async def _run(self) -> None:
         backoff, attempt = Backoff(0.1, 5.0), 0
         position: bytes | None = None
         while True:
+            if not self._groups:  # nobody left: stop (attach starts a new reader)
+                self._task = None
+                return
             try:
                 if position is None:
                     position = (await last_id(self._redis)).encode()
@@ -162,6 +180,8 @@ class StreamHub:
                     {STREAM: position}, count=_READ_COUNT, block=_BLOCK_MS
                 )
             except (RedisError, OSError) as exc:
+                if not self._groups:  # nobody waits for it (the client may be closing)
+                    continue
                 self._link.lost(exc)
                 attempt += 1
                 await asyncio.sleep(backoff.delay(attempt))
@@ -197,10 +217,10 @@ class StreamHub:
 
 async def last_id(redis: Redis) -> str:
     """The id of the newest entry ever added (``0-0`` when there was none)."""
-    value = await redis.get(LAST_ID)
+    value = await whole(redis.get(LAST_ID))
     if value is not None:
         return str(value.decode())
-    newest = await redis.xrevrange(STREAM, "+", "-", count=1)
+    newest = await whole(redis.xrevrange(STREAM, "+", "-", count=1))
     return str(newest[0][0].decode()) if newest else "0-0"
 
 
@@ -213,7 +233,7 @@ async def resume_point(redis: Redis, after: StreamId) -> tuple[StreamId, dict[st
     when trimming emptied the stream; it is newer than ``after`` exactly when something
     after ``after`` is gone."""
     newest = parse_id(await last_id(redis)) or _ZERO
-    oldest = await redis.xrange(STREAM, "-", "+", count=1)
+    oldest = await whole(redis.xrange(STREAM, "-", "+", count=1))
     oldest_id = parse_id(oldest[0][0]) if oldest else None
     if after > newest:
         gone = _ZERO  # go on from the oldest retained entry
@@ -299,7 +319,8 @@ async def _catch_up(redis: Redis, sub: Subscriber) -> AsyncIterator[bytes]:
     if reset is not None:
         yield reset_event(reset)
     while True:
-        page = await redis.xrange(STREAM, f"({_text(sub.position)}", "+", count=_PAGE)
+        after = f"({_text(sub.position)}"
+        page = await whole(redis.xrange(STREAM, after, "+", count=_PAGE))
         if not page:
             return
         chunk = [_event(raw, fields) for raw, fields in page if sub.filter.matches(fields)]

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from receiver.backoff import Backoff
 from receiver.redis_link import RedisLink
+from receiver.results_stream import whole
 from sinks.results import CHANNEL
 
 __all__ = ["Landings", "Waiter"]
@@ -92,7 +93,7 @@ class Landings:
         try:
             async with asyncio.timeout(timeout_s):
                 if self._subscribed:  # else the subscription reads it once it is made
-                    value: bytes | None = await self._redis.get(name)
+                    value: bytes | None = await whole(self._redis.get(name))
                     if value is not None:
                         return value
                 while waiter.value is None and not waiter.gone:
@@ -131,7 +132,7 @@ class Landings:
                 names = [n for n in self._due if n in self._waiters][:_MGET]
                 self._due.difference_update(names)
                 try:
-                    values = await self._redis.mget(names) if names else []
+                    values = await whole(self._redis.mget(names)) if names else []
                 except (RedisError, OSError) as exc:
                     self._link.lost(exc)
                     self._due.update(names)  # again, until their waiters give up

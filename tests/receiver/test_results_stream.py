@@ -49,6 +49,19 @@ async def sse(client: httpx.AsyncClient, *, last_event_id: str | None = None, **
                 fields[name] = value
 
 
+def difference(got: list[str], want: list[str]) -> str | None:
+    """None when equal, else a short description (pytest's diff of long lists is slow)."""
+    if got == want:
+        return None
+    missing = [k for k in want if k not in set(got)]
+    twice = sorted({k for k in got if got.count(k) > 1})
+    first = next((i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), None)
+    return (
+        f"got {len(got)}, want {len(want)}; missing {missing[:5]}; twice {twice[:5]}; "
+        f"first difference at {first}: {got[first : first + 3] if first is not None else ''}"
+    )
+
+
 async def collect(stream, count: int, keys: list[str]) -> None:
     async for env in stream:
         keys.append(env.key)
@@ -110,7 +123,7 @@ async def test_three_subscribers_each_get_exactly_their_envelopes(
         await published.write([last])
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
     for name in filters:
-        assert got[name] == [*wanted[name], "last"], name
+        assert difference(got[name], [*wanted[name], "last"]) is None, name
 
 
 async def test_a_tenant_token_streams_its_tenant_only(results_settings, redis_url, published):
@@ -178,7 +191,7 @@ async def test_reconnecting_with_last_event_id_leaves_no_gap_and_no_duplicate(
                 break
         await producer
     assert connections > 5  # it did reconnect while results kept landing
-    assert keys == [f"k{i:04d}" for i in range(total)]
+    assert difference(keys, [f"k{i:04d}" for i in range(total)]) is None
 
 
 async def test_the_client_reconnects_by_itself(results_settings, redis_url, published):
@@ -200,7 +213,7 @@ async def test_the_client_reconnects_by_itself(results_settings, redis_url, publ
                 await asyncio.wait_for(task, 30)
         finally:
             await proxy.down()
-    assert keys == [f"k{i:03d}" for i in range(60)]
+    assert difference(keys, [f"k{i:03d}" for i in range(60)]) is None
 
 
 async def test_trimmed_history_sends_reset_first(results_settings, redis_url):
@@ -268,7 +281,7 @@ async def test_a_slow_subscriber_catches_up_from_redis(
         for i in range(0, 600, 200):  # each write reaches the reader as one batch
             await published.write([envelope(f"k{j:03d}") for j in range(i, i + 200)])
         await asyncio.wait_for(task, 20)
-    assert keys == [f"k{i:03d}" for i in range(600)]
+    assert difference(keys, [f"k{i:03d}" for i in range(600)]) is None
 
 
 async def test_without_last_event_id_only_new_entries_come(results_settings, redis_url, published):
@@ -341,6 +354,6 @@ async def test_the_stream_goes_on_after_a_redis_outage(make_settings, redis_url,
             await proxy.up()
             await published.write([envelope(f"k{i:02d}") for i in range(20, 30)])
             await asyncio.wait_for(task, 20)
-            assert keys == [f"k{i:02d}" for i in range(30)]
+            assert difference(keys, [f"k{i:02d}" for i in range(30)]) is None
     finally:
         await proxy.down()
