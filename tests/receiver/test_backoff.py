@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nopoll.exceptions import TransientProviderError
@@ -26,12 +28,6 @@ from receiver.metrics import Metrics
 from receiver.providers import ProviderClient, ResponsesDialect
 from receiver.queue import FETCH_RESPONSE
 from receiver.redis_link import RedisLink
-
-try:
-    from hypothesis import given
-    from hypothesis import strategies as st
-except ImportError:  # not a test dependency yet: the seeded sweep below checks the same
-    given = None
 
 
 @pytest.fixture
@@ -72,9 +68,7 @@ def test_every_delay_is_within_its_floor_and_cap(seeded: None) -> None:
         check_delay(backoff, rng.randint(1, 300), retry_after)
 
 
-@pytest.mark.skipif(given is None, reason="hypothesis is not installed")
 def test_every_delay_is_within_its_floor_and_cap_hypothesis() -> None:
-    assert given is not None
     seconds = st.floats(min_value=0, max_value=1e4, allow_nan=False)
 
     @given(

@@ -13,7 +13,7 @@ from redis import asyncio as redis_asyncio
 
 from nopoll.client import Results, ResultsError
 from sinks.results import CHANNEL
-from tests.receiver.test_results_publish import envelope, sink_for
+from tests.receiver.test_results_publish import envelope
 from tests.servers import TcpProxy, running_api
 
 TOKEN = "consumer-token-all-0123456789"
@@ -29,19 +29,6 @@ def with_tokens(make_settings, redis_url: str, **overrides):
     """Settings with the two consumer tokens (and tenants team-a, team-b)."""
     raw = {"redis_url": redis_url, "consumer_tokens": TOKENS, **TENANTS, **overrides}
     return make_settings(**raw)
-
-
-@pytest.fixture
-def results_settings(make_settings, redis_url):
-    """Factory: :func:`with_tokens`."""
-    return lambda **overrides: with_tokens(make_settings, redis_url, **overrides)
-
-
-@pytest.fixture
-async def published(redis_url):
-    """The ``_results`` sink, as the worker runs it."""
-    async with sink_for(redis_url) as sink:
-        yield sink
 
 
 def bearer(token: str) -> dict[str, str]:

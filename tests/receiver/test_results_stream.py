@@ -20,18 +20,6 @@ from tests.receiver.test_results_publish import envelope, sink_for
 from tests.servers import TcpProxy, running_api
 
 
-@pytest.fixture
-def results_settings(make_settings, redis_url):
-    return lambda **overrides: with_tokens(make_settings, redis_url, **overrides)
-
-
-@pytest.fixture
-async def published(redis_url):
-    """The ``_results`` sink, as the worker runs it."""
-    async with sink_for(redis_url) as sink:
-        yield sink
-
-
 async def sse(client: httpx.AsyncClient, *, last_event_id: str | None = None, **params):
     """(event, id, data) of one connection to the stream, as the server sends them."""
     headers = {"last-event-id": last_event_id} if last_event_id else {}
