@@ -196,7 +196,8 @@ class WatchPoller:
         if age_s + in_s <= config.watch.expire_after_s:
             await self.store.reschedule(watch, in_s=in_s, status=status)
             return
-        function, kwargs = _fetch_job(watch, received_at=now_rfc3339())
+        # A replay of this letter must end the watch the way a callback would: landed.
+        function, kwargs = _fetch_job(watch, received_at=now_rfc3339(), from_watch=False)
         letter = await self.state.dead_letters.add(
             sink="watch",
             provider=watch.provider,
@@ -230,7 +231,7 @@ class WatchPoller:
                 tenant=watch.tenant,
             )
         else:
-            _, kwargs = _fetch_job(watch, received_at=received_at)
+            _, kwargs = _fetch_job(watch, received_at=received_at, from_watch=True)
             job_id = batch_job_id(scoped(watch.provider, watch.tenant), watch.id)
             job = QueuedJob(FETCH_BATCH, job_id, kwargs)
             await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
@@ -241,8 +242,10 @@ class WatchPoller:
         log.info("watch %s %s/%s: %s, landed", watch.kind, watch.provider, watch.id, status)
 
 
-def _fetch_job(watch: Watch, *, received_at: str) -> tuple[str, dict[str, Any]]:
-    """The fetch job that lands ``watch``'s object (a replay of an expired watch runs it)."""
+def _fetch_job(watch: Watch, *, received_at: str, from_watch: bool) -> tuple[str, dict[str, Any]]:
+    """The fetch job that lands ``watch``'s object: queued by a poll that claimed the
+    landing (``from_watch``), or kept in an expired watch's dead letter, whose replay
+    then turns the watch pending and, once fetched, landed (as a callback would)."""
     if watch.kind == "response":
         return FETCH_RESPONSE, {
             "provider": watch.provider,
@@ -257,7 +260,7 @@ def _fetch_job(watch: Watch, *, received_at: str) -> tuple[str, dict[str, Any]]:
         "event_id": None,
         "received_at": received_at,
         "tenant": watch.tenant,
-        "from_watch": True,
+        "from_watch": from_watch,
     }
 
 

@@ -15,7 +15,10 @@ Why not the ``limits`` package: its moving-window limiter is correct under concu
 too, but it allows the whole second's budget at once (``rate`` requests in the first
 millisecond, then nothing), keeps ``rate`` timestamps per key, and answers only yes/no, so
 a refused caller must poll. GCRA spreads requests evenly, keeps one number, and says how
-long to wait (``bench/ratelimit.py`` measures both).
+long to wait (``bench/ratelimit.py`` measures both, side by side).
+
+A pause also holds callers that already hold a slot: after sleeping until its slot, a
+caller asks whether a pause began meanwhile, and if so waits it out and books again.
 """
 
 from __future__ import annotations
@@ -50,6 +53,15 @@ redis.call('SET', KEYS[1], slot + interval,
 return slot - now
 """
 
+# KEYS: 1 pause key. Returns the microseconds the provider is still paused for (0: not).
+_PAUSED_FOR = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local paused = tonumber(redis.call('GET', KEYS[1]) or '0')
+if paused > now then return paused - now end
+return 0
+"""
+
 # KEYS: 1 pause key. ARGV: 1 pause (microseconds)
 _PAUSE = """
 local t = redis.call('TIME')
@@ -61,6 +73,10 @@ if until_us > current then
 end
 return 1
 """
+
+
+_MAX_REBOOKS = 8
+"""Pauses waited out by one acquire at most (each one a 429's Retry-After)."""
 
 
 class RateLimiter:
@@ -89,14 +105,22 @@ class RateLimiter:
 
     async def acquire(self, *, limit_s: float = 300.0) -> float:
         """Wait for this request's slot; returns the seconds waited. TimeoutError when none
-        is free within ``limit_s``."""
-        wait_s = await self.reserve(limit_s=limit_s)
-        if wait_s is None:
-            raise TimeoutError(f"no request slot for {self.provider} within {limit_s:g} s")
-        if wait_s:
+        is free within ``limit_s``. A pause that began while it slept (a 429 another
+        request got) is waited out, then a new slot is booked."""
+        waited = 0.0
+        for _ in range(_MAX_REBOOKS):
+            wait_s = await self.reserve(limit_s=max(limit_s - waited, 0.0))
+            if wait_s is None:
+                raise TimeoutError(f"no request slot for {self.provider} within {limit_s:g} s")
+            if not wait_s:
+                return waited
             self.waited_s += wait_s
+            waited += wait_s
             await asyncio.sleep(wait_s)
-        return wait_s
+            paused_us = int(await self.redis.eval(_PAUSED_FOR, 1, self._keys[1]))  # type: ignore[misc]
+            if paused_us <= 0:
+                return waited
+        return waited
 
     async def pause(self, seconds: float) -> None:
         """Hold every request to this provider for ``seconds`` (a 429's Retry-After)."""

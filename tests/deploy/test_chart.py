@@ -83,10 +83,6 @@ def test_values_schema_is_valid_draft7_with_closed_objects() -> None:
         ({"config": {"redis_url": "redis://x"}}, "additional properties 'redis_url'"),
         ({"config": {"worker": {"max_job": 3}}}, "additional properties 'max_job'"),
         (
-            {"config": {"providers": {"p": {"dialect": "openai", "base_url": "https://x"}}}},
-            "webhook_secrets",
-        ),
-        (
             {
                 "config": {
                     "providers": {
@@ -125,6 +121,19 @@ def test_schema_rejects_mistakes(helm: Any, values: dict[str, Any], complaint: s
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmValuesError) as excinfo:
         chart.validate_schema(values)
     assert complaint in str(excinfo.value)
+
+
+def test_a_provider_without_callbacks_is_accepted(helm: Any, render: Any) -> None:
+    """Sail and Valar send no webhooks: a provider with no webhook_secrets (watched only)
+    passes the schema and renders."""
+    values = copy.deepcopy(default_values())
+    values["config"]["providers"] = {
+        "sail": {"dialect": "sail", "base_url": "https://api.sail.example/v1"},
+        "valar": {"dialect": "valar", "base_url": "https://x", "webhook_secrets": []},
+    }
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema(values)
+    assert "sail:" in render(values).config_map()["nopoll.yaml"]
 
 
 def test_schema_config_keys_match_nopoll_settings() -> None:

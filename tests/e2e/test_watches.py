@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from receiver.config import WatchConfig
+from receiver.deadletter import DeadLetters
 from receiver.watches import WatchStore, register_many
 from tests.e2e.helpers import NOPOLL, jsonl_rows, pg_rows, post, wait_for, write_config
 from tests.e2e.losses import letters
@@ -220,6 +221,40 @@ async def test_an_expired_watch_is_a_dead_letter_that_says_so(
     watch = await store.get("sim", "response", "resp_never")
     assert watch is not None and watch.state == "expired"
     assert await pg_rows(pg_url, pg_table) == []
+
+
+async def test_replaying_an_expired_batch_watch_lands_it_and_ends_the_watch_landed(
+    watch_stack, redis_url, pg_url, pg_table
+):
+    settings, sim, store = watch_stack("sference", expire_after_s=2.0)
+    batch = sim.add_batch(
+        "sference", "b_late", 120, pending_until=time.time() + 3600, pending_status="in_progress"
+    )
+    await store.register("sim", "batch", "b_late", first_poll_in_s=0)
+    async with running_worker(settings, redis_url):
+
+        async def one_letter():
+            return await letters(redis_url, sink="watch") or None
+
+        [letter] = await wait_for(one_letter, timeout=30)
+        assert letter.function == "fetch_batch" and letter.keys == ["b_late"]
+        watch = await store.get("sim", "batch", "b_late")
+        assert watch is not None and watch.state == "expired"
+        batch.pending_until = None  # the batch finished after all: replay the letter
+        pool = Redis.from_url(redis_url)
+        try:
+            assert await DeadLetters(pool).replay([letter]) == 1
+        finally:
+            await pool.aclose()
+        rows = await _rows(pg_url, pg_table, 121)
+
+        async def landed():
+            w = await store.get("sim", "batch", "b_late")
+            return w if w is not None and w.state == "landed" else None
+
+        await wait_for(landed, timeout=20)
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 120
+    assert (await store.counts("sim"))["expired"] == 0
 
 
 @pytest.mark.parametrize("dialect", ["openai", "sference", "sail", "valar"])

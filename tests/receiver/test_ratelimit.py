@@ -94,3 +94,20 @@ async def test_callers_get_their_slots_in_order(redis_url):
         await asyncio.sleep(0)
     finally:
         await redis.aclose()
+
+
+async def test_a_pause_that_begins_while_callers_wait_holds_their_slots_too(redis_url):
+    """Callers already holding a slot when a 429 arrives do not go inside its Retry-After."""
+    redis = Redis.from_url(redis_url)
+    try:
+        limiter = RateLimiter(redis, "sim-held", 5)  # slots 0.22 s apart
+        await limiter.acquire()
+        started = time.monotonic()
+        waiting = [asyncio.create_task(limiter.acquire(limit_s=10)) for _ in range(3)]
+        await asyncio.sleep(0.05)  # all three have booked their slot and are asleep
+        await limiter.pause(1.0)
+        await asyncio.gather(*waiting)
+        went = time.monotonic() - started
+        assert went >= 0.95, f"a held caller went {went:.2f} s in, inside the 1 s pause"
+    finally:
+        await redis.aclose()
