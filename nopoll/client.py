@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
@@ -80,7 +81,10 @@ class Results:
         *,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_hold_s: float = 60.0,
     ) -> None:
+        self.max_hold_s = max_hold_s
+        """The longest ``?wait`` the server takes (its ``results.max_wait_s``)."""
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers={"authorization": f"Bearer {token}"},
@@ -101,9 +105,19 @@ class Results:
         *,
         tenant: str | None = None,
     ) -> Envelope | None:
-        """The envelope of ``key`` once it lands (the server holds the request, up to
-        ``timeout`` seconds and at most its ``results.max_wait_s``); None if it did not."""
-        return await self._get(provider, key, tenant, timeout)
+        """The envelope of ``key`` once it lands, waiting up to ``timeout`` seconds; None if
+        it did not. The server holds each request up to ``max_hold_s`` (its
+        ``results.max_wait_s``, 60 by default); a longer ``timeout`` asks again."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        for _ in range(10_000):  # bounded: every round but the last holds max_hold_s
+            remaining = deadline - time.monotonic()
+            hold = min(remaining, self.max_hold_s)
+            found = await self._get(
+                provider, key, tenant, round(hold, 3) if hold >= 0.001 else None
+            )
+            if found is not None or remaining <= self.max_hold_s:
+                return found
+        return None
 
     async def _get(
         self, provider: str, key: str, tenant: str | None, wait_s: float | None

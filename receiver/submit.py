@@ -55,8 +55,16 @@ __all__ = [
     "record_key",
 ]
 
-RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-"""Answers retried with the same key; 409 is a provider still busy with that key."""
+RETRY_STATUS = frozenset({408, 409, 425, 429})
+"""4xx answers retried with the same key (409: the provider is still busy with that key);
+every 5xx but 501 (Not Implemented) is retried too, see :func:`transient`."""
+
+
+def transient(status: int | None) -> bool:
+    """An answer worth another try under the same Idempotency-Key."""
+    return status in RETRY_STATUS or (status is not None and status >= 500 and status != 501)
+
+
 BLOCK = 500
 """Lines read, looked up in Redis and recorded together."""
 RECORD_TTL_S = 30 * 86_400
@@ -211,7 +219,7 @@ class Submitter:
             except TransientProviderError as exc:
                 status, error = None, str(exc.args[0])
             else:
-                if status not in RETRY_STATUS:
+                if not transient(status):
                     return status, content_back, ""
                 error = provider_reason(status, content_back)
             if attempt < self.max_tries:

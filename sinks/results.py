@@ -19,7 +19,7 @@ oldest retained entry's ``prev`` (or :data:`LAST_ID` when trimming emptied the s
 
 Rewriting is idempotent for the latest key; a retried write (a failed attempt whose
 script had run, a replayed dead letter) appends the envelope to the stream again, so
-stream consumers see it at least once and dedupe on ``(provider, key)``.
+stream consumers see it at least once and dedupe on ``(tenant, provider, key)``.
 """
 
 from __future__ import annotations

@@ -82,6 +82,26 @@ async def test_500_lines_with_failing_first_tries_create_500_responses_and_rows_
     assert len(sim.creates.received("/v1/responses")) == len(failed_first)  # not one POST
 
 
+async def test_an_overloaded_provider_is_retried_after_its_retry_after(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """Every first try answers 529 with ``Retry-After: 1.5``: each line waits that long under
+    its same key, and every line is created once."""
+    sim = provider_sim(create_fail_first=1.0, create_fail_status=529, create_retry_after=1.5)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    source = _lines(tmp_path / "requests.jsonl", 20)
+    started = asyncio.get_running_loop().time()
+    result = await asyncio.to_thread(_submit, procs, config, source)
+    took = asyncio.get_running_loop().time() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "20 submitted, 0 already submitted, 0 rejected" in result.stdout
+    assert sim.creations("responses") == 20
+    received = sim.creates.received("/v1/responses")
+    assert len(received) == 40  # one refused try and one retry per line, no more
+    assert len({r.idempotency_key for r in received}) == 20  # the retry reused its key
+    assert took >= 1.5, f"the retries did not wait for Retry-After ({took:.2f} s)"
+
+
 async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
     procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
 ):

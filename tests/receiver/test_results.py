@@ -123,6 +123,27 @@ async def test_wait_times_out_with_404(results_settings, redis_url):
         assert 0.5 <= time.monotonic() - started < 2
 
 
+async def test_a_client_wait_longer_than_the_servers_hold_asks_again(
+    results_settings, redis_url, published
+):
+    """``Results.wait(timeout=...)`` past ``results.max_wait_s`` is not a 400: the client
+    holds one request after another until the result lands or its timeout runs out."""
+    settings = results_settings(results={"max_wait_s": 1})
+    async with (
+        running_api(settings, redis_url) as (base, _),
+        Results(base, TOKEN, max_hold_s=1) as results,
+    ):
+        waiting = asyncio.create_task(results.wait("sim", "resp_late", timeout=5))
+        await asyncio.sleep(2.2)  # two holds of 1 s have ended without it
+        assert not waiting.done()
+        await published.write([envelope("resp_late")])
+        got = await asyncio.wait_for(waiting, 3)
+        assert got is not None and got.key == "resp_late"
+        started = time.monotonic()
+        assert await results.wait("sim", "resp_never", timeout=2.5) is None
+        assert 2.4 <= time.monotonic() - started < 4
+
+
 async def test_many_waits_share_one_subscription_that_ends_with_them(
     results_settings, redis_url, published
 ):
