@@ -10,6 +10,11 @@ Keys (``P`` = provider, ``B`` = batch id)::
         parked                  how many summaries are parked
         done                    "1" once every summary is parked or queued; the hash
                                 expires (``dedupe_ttl_s``) once done and none is parked
+        t0, t1                  when the first run began and when it was done (Unix s)
+        rows                    the batch's row count (``request_counts.total``), once known
+    nopoll:batchindex           sorted set: every batch's state key by the time it began
+                                (what ``/ui`` and ``GET /admin/v1/batches`` list; entries
+                                whose hash expired are dropped when read)
     nopoll:batch:P:B:h:<sink>   set: chunk numbers of the sink still pending elsewhere
                                 (handed to their own ``deliver`` job, or dead-lettered)
 
@@ -28,6 +33,7 @@ between two steps cannot leave a hand-off without its job or a summary without i
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +43,9 @@ from redis.asyncio import Redis
 
 from receiver.queue import DELIVER, PUT_JOB_LUA, QueuedJob
 
-__all__ = ["BatchProgress", "BatchState", "batch_state_key", "summary_job"]
+__all__ = ["BATCH_INDEX_KEY", "BatchProgress", "BatchState", "batch_state_key", "summary_job"]
+
+BATCH_INDEX_KEY = "nopoll:batchindex"
 
 
 def batch_state_key(provider: str, batch_id: str) -> str:
@@ -118,9 +126,10 @@ return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], 's:' .. ARGV[1],
 """
 )
 
-# KEYS: 1 state. ARGV: 1 ttl s
+# KEYS: 1 state. ARGV: 1 ttl s, 2 now (Unix s)
 _FINISH = """
 redis.call('HSET', KEYS[1], 'done', '1')
+redis.call('HSETNX', KEYS[1], 't1', ARGV[2])
 if tonumber(redis.call('HGET', KEYS[1], 'parked') or '0') <= 0 then
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
@@ -170,11 +179,18 @@ class BatchState:
     async def begin(self, chunk_size: int) -> int:
         """Record the chunk size on the first run; returns the one to use (the first run's:
         a changed ``batch.chunk_size`` must not shift chunk numbers under a resume)."""
+        now = time.time()
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hsetnx(self.key, "cs", str(chunk_size))
+            pipe.hsetnx(self.key, "t0", f"{now:.3f}")
+            pipe.zadd(BATCH_INDEX_KEY, {self.key: now}, nx=True)
             pipe.hget(self.key, "cs")
-            _, stored = await pipe.execute()
+            *_, stored = await pipe.execute()
         return int(stored)
+
+    async def record_rows(self, total: int) -> None:
+        """The batch's row count, from its object (for progress and an ETA)."""
+        await self.redis.hset(self.key, "rows", str(total))  # type: ignore[misc]
 
     async def reset(self, sinks: list[str]) -> None:
         """Forget everything (``nopoll fetch-batch --force``)."""
@@ -233,4 +249,6 @@ class BatchState:
     async def finish(self) -> None:
         """Every summary is parked or queued: mark done (the state expires after the TTL
         once no summary is parked any more)."""
-        await self.redis.eval(_FINISH, 1, self.key, str(self._ttl_s))  # type: ignore[misc]
+        await self.redis.eval(  # type: ignore[misc]
+            _FINISH, 1, self.key, str(self._ttl_s), f"{time.time():.3f}"
+        )

@@ -221,7 +221,12 @@ class BatchRunner:
         try:
             try:
                 await self._produce(dialect, fetch, ctx, writers, tasks, outcome, on_progress)
-            except Exception:
+            except Exception as exc:
+                if _stopping():
+                    # A shutdown's cancel that surfaced as another error (a timeout racing
+                    # it, a transport that wraps it): stop now, as a cancel; the chunks not
+                    # committed yet are fetched again by the next run.
+                    raise asyncio.CancelledError from exc
                 # Keep what was fetched already: the writers commit the queued chunks first.
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._drain(writers, tasks), 60)
@@ -258,8 +263,13 @@ class BatchRunner:
     ) -> None:
         rows_metric = self.metrics.batch_rows.labels(ctx.provider)
         started = last_log = time.monotonic()
+        counted = False
         async for number, rows in dialect.batch_chunks(fetch):
             self._check_finished(fetch, ctx, partial=True)
+            if not counted:
+                counted = True
+                if (total := _row_count(fetch.batch)) is not None:
+                    await ctx.state.record_rows(total)
             fetched_at = now_rfc3339()
             envelopes = [
                 envelope_from_row(
@@ -328,6 +338,19 @@ class BatchRunner:
         for writer in writers.values():
             await _put(writer.queue, DONE, tasks)
         await asyncio.gather(*tasks)
+
+
+def _stopping() -> bool:
+    """This task has been asked to stop (cancelled), whatever it raised since."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _row_count(batch: dict[str, Any] | None) -> int | None:
+    """``request_counts.total`` of a batch object, when it gives one."""
+    counts = (batch or {}).get("request_counts")
+    total = counts.get("total") if isinstance(counts, dict) else None
+    return total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else None
 
 
 async def _put(queue: asyncio.Queue[Any], item: Any, tasks: list[asyncio.Task[None]]) -> None:
