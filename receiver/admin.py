@@ -1,5 +1,6 @@
 """The admin API, ``/admin/v1``: register, list and end watches; submit requests
-(:mod:`receiver.admin_submit`).
+(:mod:`receiver.admin_submit`); the overview, batches and dead letters
+(:mod:`receiver.admin_ops`).
 
 Bearer tokens from ``admin_tokens`` (compared in constant time); with none configured
 every ``/admin/v1`` route answers 404, as if it did not exist. A missing or wrong token
@@ -20,8 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from receiver.admin_ops import OPS_OPENAPI, ReplayRequest, ops_routes
 from receiver.admin_submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
 from receiver.config import Settings
+from receiver.console import Console
 from receiver.tenants import tenant_problem
 from receiver.watches import WatchStore, register_many
 
@@ -69,6 +72,7 @@ def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
     """The ``/admin/v1`` routes (all of them 404 when no admin token is configured)."""
     api = _AdminApi(settings, redis)
     return [
+        *ops_routes(Console(settings, redis), api.refused),
         Route("/admin/v1/watches", api.add, methods=["POST"]),
         Route("/admin/v1/watches", api.listing, methods=["GET"]),
         Route("/admin/v1/watches/{provider}/{kind}/{id:path}", api.remove, methods=["DELETE"]),
@@ -222,6 +226,7 @@ OPENAPI: dict[str, Any] = {
             "WatchRequest": WatchRequest.model_json_schema(),
             "WatchAnswer": WatchAnswer.model_json_schema(),
             "SubmitRequest": SubmitRequest.model_json_schema(),
+            "ReplayRequest": ReplayRequest.model_json_schema(),
         },
     },
     "security": [{"bearer": []}],
@@ -279,6 +284,7 @@ OPENAPI: dict[str, Any] = {
             }
         },
         "/admin/v1/submit": SUBMIT_OPENAPI,
+        **OPS_OPENAPI,
         "/admin/v1/openapi.json": {
             "get": {
                 "summary": "This document",

@@ -37,6 +37,7 @@ return 1
 """
 )
 _REPLAY_EXPIRY_MS = 7 * 86_400 * 1000
+_SLICE = 1000
 
 
 @dataclass(slots=True)
@@ -101,6 +102,36 @@ class DeadLetters:
             for d in letters
             if (sink is None or d.sink == sink) and (key is None or key in d.keys)
         ]
+
+    async def get(self, ids: list[str]) -> list[DeadLetter]:
+        """The dead letters with these ids (unknown ids are left out)."""
+        if not ids:
+            return []
+        raw: list[bytes | None] = await self._redis.hmget(_DATA, ids)  # type: ignore[misc]
+        return [DeadLetter(**orjson.loads(r)) for r in raw if r is not None]
+
+    async def page(
+        self, *, offset: int = 0, limit: int = 50, sink: str | None = None
+    ) -> tuple[list[DeadLetter], int]:
+        """Newest first: ``limit`` letters from ``offset`` (of one sink's, if given), and
+        how many there are in all. Without a sink it reads only the page; with one it reads
+        the index in slices of 1,000 until the page is full."""
+        if sink is None:
+            total = int(await self._redis.zcard(_INDEX))
+            ids = await self._redis.zrevrange(_INDEX, offset, offset + limit - 1)
+            return await self.get([i.decode() for i in ids]), total
+        page: list[DeadLetter] = []
+        matched = 0
+        size = int(await self._redis.zcard(_INDEX))
+        for start in range(0, size, _SLICE):
+            ids = await self._redis.zrevrange(_INDEX, start, start + _SLICE - 1)
+            for letter in await self.get([i.decode() for i in ids]):
+                if letter.sink != sink:
+                    continue
+                if offset <= matched < offset + limit:
+                    page.append(letter)
+                matched += 1
+        return page, matched
 
     async def replay(self, letters: list[DeadLetter]) -> int:
         """Queue each dead letter's work again (from try 1) on its function's queue and forget

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from nopoll.envelope import Envelope
@@ -134,6 +134,8 @@ class FanOut:
     def route(self, envelopes: Sequence[Envelope]) -> dict[str, list[Envelope]]:
         """Each sink's share of ``envelopes`` (sinks with no share are left out)."""
         shares: dict[str, list[Envelope]] = defaultdict(list)
+        for (provider, kind), n in Counter((e.provider, e.kind) for e in envelopes).items():
+            self._metrics.results.labels(provider, kind).inc(n)
         for env in envelopes:
             names = self._router.sinks_for(env)
             if not names:

@@ -86,6 +86,9 @@ class Metrics:
         r.register(self._queues)
         self._watches = _WatchCollector()
         r.register(self._watches)
+        self.results = _counter(
+            r, "nopoll_results", "Results (envelopes) fetched and routed", "provider", "kind"
+        )
         self.unrouted = _counter(
             r, "nopoll_unrouted_results", "Results no route sent anywhere", "provider"
         )

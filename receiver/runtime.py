@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from nopoll.exceptions import ConfigError
 from receiver._arq import stop_workers, wait_stopped
+from receiver.activity import ActivityRecorder
 from receiver.app import create_app
 from receiver.arq_worker import NopollWorker, build_workers
 from receiver.config import Settings
@@ -141,12 +142,23 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
 
     refused: list[str] = []
     checker = asyncio.create_task(_check_redis(redis, settings, refused, stopping))
+    recorder_redis = redis_client(redis_url)
+    recorded = asyncio.Event()
+    recorder = ActivityRecorder(
+        recorder_redis, metrics, [r for r in ("api", "worker") if getattr(roles, r)]
+    )
+    activity = asyncio.create_task(recorder.run(recorded), name="activity")
     stop_waiter = asyncio.create_task(stopping.wait())
     done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     checker.cancel()
     failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
     results = await _shut_down(settings, list(servers.values()), workers, tasks)
     stop_waiter.cancel()
+    recorded.set()  # one last flush of what the shut-down work counted
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(activity, 5)
+    with contextlib.suppress(Exception):
+        await recorder_redis.aclose()
     if not roles.api:
         await redis.aclose()
     if refused:

@@ -147,6 +147,10 @@ async def test_the_openapi_document_describes_the_routes(admin):
         "/admin/v1/watches/{provider}/{kind}/{id}",
         "/admin/v1/openapi.json",
         "/admin/v1/submit",
+        "/admin/v1/overview",
+        "/admin/v1/batches",
+        "/admin/v1/deadletters",
+        "/admin/v1/deadletters/replay",
     }
     request = doc["components"]["schemas"]["WatchRequest"]
     assert set(request["required"]) == {"provider", "kind", "ids"}
