@@ -61,6 +61,7 @@ from receiver.tenants import (
     TenantEndpoints,
     scoped,
 )
+from receiver.ui import ui_routes
 from receiver.verify import Verifier
 from receiver.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
 
@@ -350,6 +351,7 @@ def create_app(
         Route("/metrics", _metrics_page(redis, metrics, list(settings.providers)), methods=["GET"]),
         *admin_routes(settings, redis),
         *results_routes(settings, redis),
+        *ui_routes(settings, redis),
     ]
     starlette = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

@@ -1,0 +1,307 @@
+"""``/ui``: the status page, served by the API process.
+
+Login with an admin token (one of ``admin_tokens``; none configured: ``/ui`` is 404, like
+``/admin/v1``). The session lives in a signed cookie (Starlette's ``SessionMiddleware``,
+itsdangerous underneath): ``HttpOnly``, ``SameSite=Strict``, ``Secure`` when
+``public_url`` is https, scoped to ``/ui``, eight hours. It holds a fingerprint of the
+token, never the token, so removing a token from the config ends its sessions. Every
+state-changing request is a POST carrying the session's CSRF token.
+
+Pages read through :class:`receiver.console.Console`, the same calls as the admin API.
+Each page's content is also served alone (``?part=1``), which htmx fetches every few
+seconds to keep the page live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from receiver.config import Settings
+from receiver.console import Console
+from receiver.ui.charts import bar_chart
+
+__all__ = ["ui_routes"]
+
+_HERE = Path(__file__).parent
+_PAGE = 50
+_SESSION_S = 8 * 3600
+_MAX_FORM = 64 * 1024
+
+
+def _fingerprint(key: bytes, token: bytes) -> str:
+    return hmac.new(key, token, hashlib.sha256).hexdigest()[:32]
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = max(seconds, 0.0)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class _Ui:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self.console = Console(settings, redis)
+        self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
+        self.key = hashlib.sha256(b"nopoll-ui-session\0" + b"\0".join(self.tokens)).digest()
+        self.secure = (settings.public_url or "").startswith("https://")
+        env = Environment(
+            loader=FileSystemLoader(_HERE / "templates"),
+            autoescape=select_autoescape(["html"]),
+            enable_async=False,
+        )
+        env.filters["ago"] = _ago
+        env.filters["num"] = lambda n: f"{round(n):,}" if isinstance(n, int | float) else "—"
+        env.globals["now"] = time.time
+        self.env = env
+
+    # --- session, login, CSRF -------------------------------------------------------
+    def _csrf(self, request: Request) -> str:
+        token = request.session.get("csrf")
+        if not isinstance(token, str):
+            token = request.session["csrf"] = secrets.token_urlsafe(32)
+        return token
+
+    def _signed_in(self, request: Request) -> bool:
+        seen = request.session.get("admin")
+        if not isinstance(seen, str):
+            return False
+        ok = False
+        for token in self.tokens:  # every token compared: no early exit
+            ok |= hmac.compare_digest(seen, _fingerprint(self.key, token))
+        return ok
+
+    async def _form(self, request: Request) -> dict[str, str] | None:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > _MAX_FORM:
+            return None
+        form = await request.form(max_files=0, max_fields=100)
+        return {k: v for k, v in form.items() if isinstance(v, str)}
+
+    def _csrf_ok(self, request: Request, form: dict[str, str]) -> bool:
+        expected = request.session.get("csrf")
+        given = form.get("csrf", "")
+        return isinstance(expected, str) and hmac.compare_digest(given, expected)
+
+    def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        context.setdefault("signed_in", self._signed_in(request))
+        context["csrf"] = self._csrf(request)
+        context["path"] = request.url.path
+        html = self.env.get_template(name).render(**context)
+        return HTMLResponse(html, status, headers=_HEADERS)
+
+    def refuse(self, request: Request, status: int, message: str) -> Response:
+        return self.render(request, "message.html", status, title="Refused", message=message)
+
+    def _login_first(self, request: Request) -> Response:
+        if request.headers.get("hx-request"):  # a live refresh after the session ended
+            return Response(status_code=401, headers={"HX-Redirect": "/ui/login", **_HEADERS})
+        return RedirectResponse("/ui/login", 303)
+
+    async def login_page(self, request: Request) -> Response:
+        if self._signed_in(request):
+            return RedirectResponse("/ui/", 303)
+        return self.render(request, "login.html", error=None)
+
+    async def login(self, request: Request) -> Response:
+        form = await self._form(request)
+        if form is None or not self._csrf_ok(request, form):
+            return self.refuse(
+                request,
+                403,
+                "The form's CSRF token is missing or wrong: reload the page and try again.",
+            )
+        given = form.get("token", "").strip().encode()
+        match = None
+        for token in self.tokens:
+            if hmac.compare_digest(given, token):
+                match = token
+        if match is None:
+            return self.render(request, "login.html", 401, error="That is not an admin token.")
+        request.session.clear()  # a new session: new CSRF token, nothing carried over
+        request.session["admin"] = _fingerprint(self.key, match)
+        request.session["csrf"] = secrets.token_urlsafe(32)
+        return RedirectResponse("/ui/", 303)
+
+    async def logout(self, request: Request) -> Response:
+        form = await self._form(request)
+        if form is None or not self._csrf_ok(request, form):
+            return self.refuse(request, 403, "The form's CSRF token is missing or wrong.")
+        request.session.clear()
+        return RedirectResponse("/ui/login", 303)
+
+    # --- pages ----------------------------------------------------------------------
+    async def _page(self, request: Request, name: str, data: dict[str, Any]) -> Response:
+        part = request.query_params.get("part") == "1"
+        template = f"_{name}.html" if part else f"{name}.html"
+        return self.render(request, template, page=name, **data)
+
+    def _guard(self, request: Request) -> Response | None:
+        return None if self._signed_in(request) else self._login_first(request)
+
+    async def overview(self, request: Request) -> Response:
+        if (denied := self._guard(request)) is not None:
+            return denied
+        data = await self.console.overview()
+        activity = data["activity"]
+        data["charts"] = {
+            "callbacks": bar_chart([m["callbacks"] for m in activity], title="Callbacks"),
+            "results": bar_chart([m["results"] for m in activity], title="Results landed"),
+        }
+        data["last"] = activity[-1] if activity else {}
+        return await self._page(request, "overview", data)
+
+    async def batches(self, request: Request) -> Response:
+        if (denied := self._guard(request)) is not None:
+            return denied
+        data = await self.console.batches()
+        return await self._page(
+            request, "batches", {**data, "sinks": list(self.console.settings.sinks)}
+        )
+
+    async def watches(self, request: Request) -> Response:
+        if (denied := self._guard(request)) is not None:
+            return denied
+        data = {
+            "counts": await self.console.watch_counts(),
+            "next": await self.console.next_polls(),
+        }
+        return await self._page(request, "watches", data)
+
+    async def dead_letters(self, request: Request) -> Response:
+        if (denied := self._guard(request)) is not None:
+            return denied
+        q = request.query_params
+        page = int(q["page"]) if q.get("page", "").isdigit() else 1
+        page = max(page, 1)
+        sink = q.get("sink") or None
+        if sink is not None and sink not in self.console.sink_names():
+            return self.refuse(request, 400, f"There is no sink {sink[:64]!r}.")
+        found = await self.console.dead_letters(offset=(page - 1) * _PAGE, limit=_PAGE, sink=sink)
+        pages = max((found["total"] + _PAGE - 1) // _PAGE, 1)
+
+        def link(n: int) -> str:
+            return "/ui/deadletters?" + urlencode({"page": n, **({"sink": sink} if sink else {})})
+
+        data = {
+            **found,
+            "page_no": page,
+            "pages": pages,
+            "prev": link(page - 1) if page > 1 else None,
+            "next": link(page + 1) if page < pages else None,
+            "sink": sink,
+            "sink_names": self.console.sink_names(),
+            "outcome": request.session.pop("outcome", None),
+        }
+        return await self._page(request, "deadletters", data)
+
+    async def replay(self, request: Request) -> Response:
+        if (denied := self._guard(request)) is not None:
+            return denied
+        form = await self._form(request)
+        if form is None or not self._csrf_ok(request, form):
+            return self.refuse(
+                request,
+                403,
+                "The form's CSRF token is missing or wrong: reload the page and try again.",
+            )
+        letter, sink = form.get("id"), form.get("sink") or None
+        if sink is not None and sink not in self.console.sink_names():
+            return self.refuse(request, 400, f"There is no sink {sink[:64]!r}.")
+        if letter:
+            done = await self.console.replay(ids=[letter[:64]])
+            what = f"dead letter {letter[:64]}"
+        elif form.get("scope") in ("sink", "all"):
+            done = await self.console.replay(sink=sink if form["scope"] == "sink" else None)
+            what = (
+                f"every dead letter of {sink}"
+                if form["scope"] == "sink" and sink
+                else "every dead letter"
+            )
+        else:
+            return self.refuse(request, 400, "Say which dead letters to replay.")
+        request.session["outcome"] = f"Replayed {done['replayed']} ({what}); " + (
+            f"{done['kept']} could not be redone and are kept."
+            if done["kept"]
+            else "a worker delivers them now."
+        )
+        back = "/ui/deadletters" + (
+            f"?{urlencode({'sink': form['back_sink']})}" if form.get("back_sink") else ""
+        )
+        return RedirectResponse(back, 303)
+
+
+_HEADERS = {
+    "cache-control": "no-store",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "content-security-policy": "default-src 'self'; style-src 'self'; script-src 'self'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+}
+
+
+def ui_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
+    """``/ui`` (a 404 for every path when no admin token is configured)."""
+    if not settings.admin_tokens:
+        return []
+    ui = _Ui(settings, redis)
+
+    def safe(handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            try:
+                result: Response = await handler(request)
+            except (RedisError, OSError):
+                return ui.refuse(
+                    request,
+                    503,
+                    "Redis is unreachable right now; this page "
+                    "comes back by itself once it answers.",
+                )
+            return result
+
+        return endpoint
+
+    routes = [
+        Route("/", safe(ui.overview), methods=["GET"]),
+        Route("/login", ui.login_page, methods=["GET"]),
+        Route("/login", ui.login, methods=["POST"]),
+        Route("/logout", ui.logout, methods=["POST"]),
+        Route("/batches", safe(ui.batches), methods=["GET"]),
+        Route("/watches", safe(ui.watches), methods=["GET"]),
+        Route("/deadletters", safe(ui.dead_letters), methods=["GET"]),
+        Route("/deadletters/replay", safe(ui.replay), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+    ]
+    middleware = [
+        Middleware(
+            SessionMiddleware,
+            secret_key=ui.key.hex(),
+            session_cookie="nopoll_ui",
+            max_age=_SESSION_S,
+            path="/ui",
+            same_site="strict",
+            https_only=ui.secure,
+        )
+    ]
+    return [Mount("/ui", routes=routes, middleware=middleware)]

@@ -1,0 +1,43 @@
+"""Small charts drawn on the server as SVG: no script, no library, readable by a screen
+reader through their label."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+__all__ = ["bar_chart"]
+
+_W, _H, _PAD = 600, 120, 18
+
+
+def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") -> str:
+    """One bar per value (oldest first), scaled to the largest; the last bar is "now"."""
+    n = max(len(values), 1)
+    peak = max(values, default=0)
+    total = sum(values)
+    label = (
+        f"{title}, last {len(values)} minutes: {total:,} in all, "
+        f"peak {peak:,} {unit}, {values[-1] if values else 0:,} in the current minute"
+    )
+    step = (_W - 2) / n
+    bars = []
+    for i, v in enumerate(values):
+        h = 0.0 if peak == 0 else (_H - _PAD - 2) * v / peak
+        x = 1 + i * step
+        y = _H - _PAD - h
+        bars.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" height="{h:.1f}">'
+            f"<title>{v:,}</title></rect>"
+        )
+    return (
+        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(label)}" '
+        f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
+        f"<title>{escape(label)}</title>"
+        f'<line x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}" class="axis"/>'
+        f'<g class="bars">{"".join(bars)}</g>'
+        f'<text x="2" y="{_H - 4}" class="tick">-{len(values)} min</text>'
+        f'<text x="{_W - 2}" y="{_H - 4}" class="tick" text-anchor="end">now</text>'
+        f'<text x="2" y="12" class="tick">{peak:,}</text>'
+        "</svg>"
+    )

@@ -1,0 +1,267 @@
+"""The status page in a real browser: Playwright drives Debian's chromium against a real
+``nopoll serve`` (API and worker), the provider simulator and Postgres.
+
+Screenshots go to ``$NOPOLL_UI_SCREENSHOTS`` when it is set (``docs/ui/`` is made that
+way), else into the test's own temporary folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from receiver.deadletter import DeadLetters
+from tests.dead_letters import keep_letter
+from tests.e2e.helpers import await_ready, pg_rows, wait_for, write_config
+from tests.servers import free_port, missing, running_api
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "ui-admin-token-0123456789abcdef"
+SHOTS = os.environ.get("NOPOLL_UI_SCREENSHOTS")  # read at import: the tests clear NOPOLL_*
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def chromium() -> str:
+    path = (
+        os.environ.get("NOPOLL_TEST_CHROMIUM")
+        or shutil.which("chromium")
+        or shutil.which("chromium-browser")
+    )
+    if not path:
+        missing("no chromium browser: apt-get install chromium (scripts/test installs it)")
+    return str(path)
+
+
+@pytest.fixture
+async def browser():
+    from playwright.async_api import async_playwright
+
+    path = chromium()
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(SHOTS or tmp_path / "shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+async def ui_stack(procs, tmp_path, provider_sim, redis_url, pg_url, pg_table):
+    """(simulator, base URL): ``nopoll serve`` with a valar provider ``sim`` (4 requests
+    at a time), a Postgres sink, 100-row chunks and an admin token."""
+    sim = provider_sim(api_key="sk-test-not-a-real-key")
+    config = write_config(
+        tmp_path,
+        sim.base_url,
+        redis_url=redis_url,
+        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+        extra=f"batch: {{chunk_size: 100}}\nadmin_tokens: ['{ADMIN}']\n",
+    )
+    text = config.read_text().replace("    dialect: openai\n", "    dialect: valar\n")
+    text = text.replace(
+        "    base_url:",
+        "    max_concurrency: 4\n    api_key: sk-test-not-a-real-key\n    base_url:",
+    )
+    config.write_text(text)
+    port = free_port()
+    procs.start("serve", "--config", str(config), "--port", str(port))
+    await await_ready(port)
+    return sim, f"http://127.0.0.1:{port}"
+
+
+async def _post_callback(base: str, signed_callback, object_id: str, event_type: str) -> None:
+    body, headers = signed_callback(object_id, event_type=event_type)
+    async with httpx.AsyncClient() as client:
+        r = await client.post(f"{base}/webhooks/sim", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", "").strip())
+
+
+async def test_log_in_watch_a_batch_rise_replay_a_dead_letter_and_log_out(
+    browser, ui_stack, signed_callback, pg_url, pg_table, shots
+):
+    sim, base = ui_stack
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+
+    await page.goto(f"{base}/ui/")
+    assert page.url == f"{base}/ui/login"  # not logged in: sent to the login page
+    await page.screenshot(path=shots / "login.png")
+    await page.get_by_label("Admin token").fill("not-the-admin-token-000000")
+    await page.get_by_role("button", name="Log in").click()
+    await page.get_by_text("That is not an admin token.").wait_for()
+    assert page.url == f"{base}/ui/login"
+    await page.get_by_label("Admin token").fill(ADMIN)
+    await page.get_by_role("button", name="Log in").click()
+    await page.wait_for_url(f"{base}/ui/")
+
+    # A batch's progress rises on the page while it runs, without a reload (htmx).
+    sim.add_batch("valar", "batch_ui", 1000, row_delay_s=0.02)
+    await _post_callback(base, signed_callback, "batch_ui", "batch.completed")
+    await page.get_by_role("link", name="Batches").click()
+    counter = page.get_by_test_id("rows-batch_ui-db")
+    await counter.wait_for(timeout=30_000)
+    first = _number(await counter.inner_text())
+    risen = first
+    for _ in range(60):  # up to 15 s, the page refreshing itself every 2 s
+        await asyncio.sleep(0.25)
+        if await counter.count() == 0:
+            break  # finished meanwhile
+        risen = _number(await counter.inner_text())
+        if risen > first:
+            break
+    assert risen > first, f"the rows written stayed at {first}"
+    await page.screenshot(path=shots / "batches.png", full_page=True)
+    finished = page.locator("section", has_text="Finished").locator("tr[data-batch=batch_ui]")
+    await finished.wait_for(timeout=60_000)
+    assert "1,000" in await finished.inner_text()
+
+    # A fetch that failed for good is a dead letter; replayed from the page, its row lands.
+    await _post_callback(base, signed_callback, "resp_gone", "response.completed")
+    await page.get_by_role("link", name="Dead letters").click()
+    letter = page.locator("tr[data-letter]", has_text="resp_gone")
+    for _ in range(40):
+        if await letter.count():
+            break
+        await asyncio.sleep(0.5)
+        await page.reload()
+    await letter.wait_for(timeout=1_000)
+    await page.screenshot(path=shots / "deadletters.png", full_page=True)
+    sim.add_response("resp_gone")  # the provider has it now
+    await letter.get_by_role("button", name=re.compile("Replay dead letter")).click()
+    outcome = page.get_by_test_id("outcome")
+    await outcome.wait_for()
+    assert "Replayed 1" in await outcome.inner_text()
+
+    async def landed():
+        rows = await pg_rows(pg_url, pg_table)
+        return [r for r in rows if r["key"] == "resp_gone"] or None
+
+    [row] = await wait_for(landed, timeout=30)
+    assert row["status"] == "completed"
+    await page.reload()
+    await page.get_by_text("Nothing failed for good").wait_for()
+
+    # The overview counts what happened (every process adds its counts every 5 s).
+    await page.get_by_role("link", name="Overview").click()
+    callbacks = page.locator("svg.chart").first
+    for _ in range(40):
+        label = await callbacks.get_attribute("aria-label") or ""
+        if "2 in all" in label:
+            break
+        await asyncio.sleep(0.5)
+        await page.reload()
+    assert "2 in all" in label, label
+    results = await page.locator("svg.chart").nth(1).get_attribute("aria-label")
+    assert results is not None and "1,002 in all" in results  # 1,000 rows, summary, response
+    assert await page.get_by_test_id("dead-letters").inner_text() == "0"
+    await page.screenshot(path=shots / "overview.png", full_page=True)
+    phone = await browser.new_page(viewport={"width": 390, "height": 844})
+    await phone.context.add_cookies(await page.context.cookies())
+    await phone.goto(f"{base}/ui/")
+    await phone.screenshot(path=shots / "overview-phone.png", full_page=True)
+
+    await page.get_by_role("button", name="Log out").click()
+    await page.wait_for_url(f"{base}/ui/login")
+    await page.goto(f"{base}/ui/deadletters")
+    assert page.url == f"{base}/ui/login"  # the session is gone
+
+
+async def _logged_in(client: httpx.AsyncClient) -> str:
+    """Log ``client`` in; the session's CSRF token."""
+    page = await client.get("/ui/login")
+    token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+    r = await client.post("/ui/login", data={"token": ADMIN, "csrf": token})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/", r.text
+    return CSRF.search((await client.get("/ui/")).text).group(1)  # type: ignore[union-attr]
+
+
+async def test_a_post_without_its_csrf_token_is_refused_and_changes_nothing(
+    make_settings, redis_url
+):
+    settings = make_settings(redis_url=redis_url, admin_tokens=[ADMIN])
+    redis = Redis.from_url(redis_url)
+    async with running_api(settings, redis_url) as (base, _):
+        store_client = DeadLetters(redis)
+        letter = await keep_letter(store_client, "fetch_response")
+        async with httpx.AsyncClient(base_url=base) as client:
+            page = await client.get("/ui/login")
+            cookie = page.headers["set-cookie"].lower()
+            assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+            token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+            for data in ({"token": ADMIN}, {"token": ADMIN, "csrf": token[::-1]}):
+                r = await client.post("/ui/login", data=data)
+                assert r.status_code == 403 and "CSRF" in r.text
+            assert (await client.get("/ui/")).status_code == 303  # still not logged in
+
+            csrf = await _logged_in(client)
+            for data in ({"id": letter.id}, {"id": letter.id, "csrf": "x" * 43}):
+                r = await client.post("/ui/deadletters/replay", data=data)
+                assert r.status_code == 403 and "CSRF" in r.text
+            assert [d.id for d in await store_client.find()] == [letter.id]  # not replayed
+            r = await client.post("/ui/logout", data={})
+            assert r.status_code == 403
+            assert (await client.get("/ui/")).status_code == 200  # still logged in
+            r = await client.post("/ui/logout", data={"csrf": csrf})
+            assert r.status_code == 303
+            assert (await client.get("/ui/")).status_code == 303
+
+        # a session cookie signed by another deployment (other admin tokens) is no login
+        other = make_settings(redis_url=redis_url, admin_tokens=["another-admin-token-000000"])
+        async with (
+            running_api(other, redis_url) as (other_base, _),
+            httpx.AsyncClient(base_url=other_base) as foreign,
+        ):
+            await _logged_in_as(foreign, "another-admin-token-000000")
+            stolen = foreign.cookies.get("nopoll_ui")
+        async with httpx.AsyncClient(base_url=base, cookies={"nopoll_ui": stolen}) as client:
+            assert (await client.get("/ui/")).status_code == 303
+        await redis.aclose()
+
+
+async def _logged_in_as(client: httpx.AsyncClient, token: str) -> None:
+    page = await client.get("/ui/login")
+    csrf = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+    r = await client.post("/ui/login", data={"token": token, "csrf": csrf})
+    assert r.status_code == 303
+
+
+async def test_without_admin_tokens_there_is_no_ui_and_https_makes_the_cookie_secure(
+    make_settings, redis_url
+):
+    async with (
+        running_api(make_settings(redis_url=redis_url), redis_url) as (base, _),
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        for path in ("/ui/", "/ui/login", "/ui/static/htmx.min.js"):
+            assert (await client.get(path)).status_code == 404, path
+    settings = make_settings(
+        redis_url=redis_url, admin_tokens=[ADMIN], public_url="https://nopoll.example"
+    )
+    async with (
+        running_api(settings, redis_url) as (base, _),
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        page = await client.get("/ui/login")
+        assert "secure" in page.headers["set-cookie"].lower()
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        r = await client.get("/ui/static/htmx.min.js")
+        assert r.status_code == 200 and b"htmx" in r.content[:200]
