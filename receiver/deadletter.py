@@ -56,6 +56,12 @@ class DeadLetter:
     created_at: float = field(default_factory=time.time)
 
 
+def _of_sink(data: bytes, sink: str, field: bytes) -> bool:
+    if data.startswith(b'{"id":"') and data[39:41] == b'",':
+        return data[41 : 41 + len(field)] == field
+    return bool(orjson.loads(data).get("sink") == sink)
+
+
 class DeadLetters:
     """The dead-letter store on the shared Redis."""
 
@@ -123,13 +129,17 @@ class DeadLetters:
         page: list[DeadLetter] = []
         matched = 0
         size = int(await self._redis.zcard(_INDEX))
+        # A letter is stored as {"id":"<32 hex>","sink":"<name>",...}: its sink is read
+        # at that place without decoding it (letters in any other shape are decoded).
+        field = orjson.dumps({"sink": sink})[1:-1] + b","
         for start in range(0, size, _SLICE):
             ids = await self._redis.zrevrange(_INDEX, start, start + _SLICE - 1)
-            for letter in await self.get([i.decode() for i in ids]):
-                if letter.sink != sink:
+            raw: list[bytes | None] = await self._redis.hmget(_DATA, ids)  # type: ignore[misc]
+            for data in raw:
+                if data is None or not _of_sink(data, sink, field):
                     continue
                 if offset <= matched < offset + limit:
-                    page.append(letter)
+                    page.append(DeadLetter(**orjson.loads(data)))
                 matched += 1
         return page, matched
 
