@@ -63,6 +63,7 @@ from receiver.tenants import (
 )
 from receiver.ui import ui_routes
 from receiver.verify import Verifier
+from receiver.webhook_limits import WebhookLimits
 from receiver.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
@@ -104,6 +105,8 @@ class WebhookEndpoint:
         }
         self._link = RedisLink("api")
         self._rejections = Throttle(log)
+        limits = WebhookLimits(settings.api)
+        self._limits = limits if limits.enabled else None
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, endpoint: TenantEndpoint | None = None
@@ -160,6 +163,9 @@ class WebhookEndpoint:
     async def _handle(
         self, provider: str, tenant: str, verifier: Verifier | None, scope: Scope, receive: Receive
     ) -> tuple[int, dict[str, Any]]:
+        if self._limits is not None:
+            client = scope.get("client")
+            self._limits.check(client[0] if client else "unknown", provider)
         if verifier is None:
             if tenant != DEFAULT_TENANT:
                 reason = "this endpoint takes no callbacks (no webhook_secrets)"

@@ -113,6 +113,12 @@ class ApiConfig(_Model):
     """Connections and requests served at once; beyond it, uvicorn answers 503 (retry)."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A callback body must arrive whole within this long (slow senders hold memory)."""
+    client_rps: int | None = Field(default=None, ge=1)
+    """Webhook requests one client address may send a second (sliding window, per API
+    process); beyond it 429 before the body is read. None: no limit."""
+    provider_rps: int | None = Field(default=None, ge=1)
+    """Webhook requests one provider's route takes a second (per API process); None: no
+    limit."""
 
 
 class WorkerConfig(_Model):

@@ -76,9 +76,11 @@ class Reply(Exception):
         payload: dict[str, Any],
         outcome: str | None = None,
         then: Then = Then.KEEP_ALIVE,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         self.status, self.payload, self.outcome = status, payload, outcome or str(status)
         self.then = then
+        self.headers = headers or []
 
 
 class ReadDeadlines:
@@ -170,7 +172,7 @@ async def answer_and_close(reply: Reply, receive: Receive, send: Send) -> None:
     the drain bound is reached.
     """
     body = orjson.dumps(reply.payload)
-    headers = [_CONTENT_TYPE, (b"content-length", b"%d" % len(body)), _CLOSE]
+    headers = [_CONTENT_TYPE, (b"content-length", b"%d" % len(body)), _CLOSE, *reply.headers]
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     if reply.then is Then.CLOSE:
         await send({"type": "http.response.body", "body": body})
