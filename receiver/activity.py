@@ -82,7 +82,7 @@ class ActivityRecorder:
         totals = self._totals()
         deltas = {k: int(totals[k] - self._sent[k]) for k in FIELDS}
         key = f"{_PREFIX}{int(now // 60)}"
-        beat = orjson.dumps({"roles": self._roles, "at": now, "started": self._started})
+        beat = orjson.dumps({"roles": self._roles, "at": now, "started": self._started}).decode()
         async with self._redis.pipeline(transaction=True) as pipe:
             for field, n in deltas.items():
                 if n:

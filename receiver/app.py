@@ -64,7 +64,14 @@ from receiver.tenants import (
 from receiver.ui import ui_routes
 from receiver.verify import Verifier
 from receiver.webhook_limits import WebhookLimits
-from receiver.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
+from receiver.wire import (
+    ReadDeadlines,
+    Reply,
+    Then,
+    answer_and_close,
+    callback_headers,
+    reading_body_first,
+)
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
 
@@ -294,12 +301,13 @@ class _Dispatch:
     to Starlette."""
 
     def __init__(self, webhooks: WebhookEndpoint, app: Starlette) -> None:
-        self.webhooks, self.app = webhooks, app
+        self.webhooks, self.starlette = webhooks, app
+        self.app = reading_body_first(app)  # its early answers stay readable too
 
     @property
     def routes(self) -> list[Any]:
         """The Starlette routes (the webhook route among them), for introspection."""
-        return list(self.app.routes)
+        return list(self.starlette.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

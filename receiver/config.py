@@ -295,6 +295,18 @@ class Settings(_Model):
         return kept
 
     @model_validator(mode="after")
+    def _replay_window(self) -> Settings:
+        """A webhook-id must be remembered for the whole window its callback is accepted in
+        (``tolerance_s`` either side of its timestamp), or a copy could be replayed."""
+        for name, p in self.providers.items():
+            if self.dedupe_ttl_s < 2 * p.tolerance_s:
+                raise ValueError(
+                    f"dedupe_ttl_s ({self.dedupe_ttl_s} s) must be at least twice providers."
+                    f"{name}.tolerance_s ({p.tolerance_s} s), the window a callback is accepted in"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _timeouts(self) -> Settings:
         """Timeouts that contradict each other would let a job die silently: a write or a
         request that may take as long as the whole job could never be retried."""

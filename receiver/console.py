@@ -90,7 +90,9 @@ class Console:
     async def batches(self, limit: int = BATCHES_SHOWN) -> dict[str, list[dict[str, Any]]]:
         """Batches in progress and finished ones (newest first), with rows done per sink,
         rate and ETA. Entries whose state expired are dropped from the index."""
-        keys: list[bytes] = await self.redis.zrevrange(BATCH_INDEX_KEY, 0, limit - 1)
+        keys: list[str] = [
+            k.decode() for k in await self.redis.zrevrange(BATCH_INDEX_KEY, 0, limit - 1)
+        ]
         if not keys:
             return {"running": [], "finished": []}
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -101,10 +103,11 @@ class Console:
         if gone:
             await self.redis.zrem(BATCH_INDEX_KEY, *gone)
         now = time.time()
-        running, finished = [], []
+        running: list[dict[str, Any]] = []
+        finished: list[dict[str, Any]] = []
         for key, raw in zip(keys, states, strict=True):
             if raw:
-                batch = _batch(key.decode(), raw, list(self.settings.sinks), now)
+                batch = _batch(key, raw, list(self.settings.sinks), now)
                 (finished if batch["done"] else running).append(batch)
         return {"running": running, "finished": finished}
 

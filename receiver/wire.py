@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from starlette.types import Receive, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 try:
     import hiredis
@@ -40,6 +40,8 @@ __all__ = [
     "Then",
     "answer_and_close",
     "callback_headers",
+    "drain_body",
+    "reading_body_first",
 ]
 
 _CONTENT_TYPE = (b"content-type", b"application/json")
@@ -178,6 +180,12 @@ async def answer_and_close(reply: Reply, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.body", "body": body})
         return
     await send({"type": "http.response.body", "body": body, "more_body": True})
+    await drain_body(receive)
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def drain_body(receive: Receive) -> None:
+    """Read and drop the rest of a request body, at most 32 MiB or 2 s."""
     dropped = 0
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(_DRAIN_SECONDS):
@@ -186,7 +194,38 @@ async def answer_and_close(reply: Reply, receive: Receive, send: Send) -> None:
                 if message["type"] != "http.request" or not message.get("more_body", False):
                     break
                 dropped += len(message.get("body", b""))
-    await send({"type": "http.response.body", "body": b""})
+
+
+def reading_body_first(app: ASGIApp) -> ASGIApp:
+    """``app``, except that an answer it gives before reading the whole request body (a
+    404 or 405 for a POST, say) is held open while the rest of the body is read and
+    dropped (bounded), so the client reads the answer instead of a connection reset."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        read_all = False
+
+        async def tracked() -> Message:
+            nonlocal read_all
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                read_all = True
+            return message
+
+        async def holding(message: Message) -> None:
+            ends = message["type"] == "http.response.body" and not message.get("more_body")
+            if ends and not read_all:
+                await send({**message, "more_body": True})
+                await drain_body(tracked)
+                await send({"type": "http.response.body", "body": b""})
+                return
+            await send(message)
+
+        await app(scope, tracked, holding)
+
+    return wrapped
 
 
 class RoundTrips:

@@ -31,6 +31,7 @@ __all__ = [
     "loads_obj",
     "normalize_status",
     "rows_by_custom_id",
+    "unknown_status",
 ]
 
 Chunk = tuple[int, list[BatchRow]]
@@ -50,10 +51,21 @@ _STATUS = {
 
 
 def normalize_status(value: Any, default: str = "failed") -> str:
-    """A provider's row status in nopoll's words (``COMPLETED`` → ``completed``)."""
+    """A provider's row status in nopoll's words (``COMPLETED`` → ``completed``); a status
+    nopoll does not know is ``failed`` (see :func:`unknown_status`), no status ``default``."""
     if not isinstance(value, str):
         return default
-    return _STATUS.get(value.lower(), value.lower())
+    return _STATUS.get(value.lower(), "failed")
+
+
+def unknown_status(value: Any) -> dict[str, str] | None:
+    """The error of a row whose status is text but no final status nopoll knows."""
+    if isinstance(value, str) and value.lower() not in _STATUS:
+        return {
+            "code": "unknown_status",
+            "message": f"row status {value[:64]!r} is not a final status nopoll knows",
+        }
+    return None
 
 
 @dataclass
@@ -154,9 +166,9 @@ class ResponsesDialect:
         raise NotImplementedError
 
 
-def _row_status(info: Any) -> str:
+def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:
     raw = info.get("status") if isinstance(info, dict) else info
-    return normalize_status(raw)
+    return normalize_status(raw), unknown_status(raw)
 
 
 async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> AsyncIterator[Chunk]:
@@ -176,9 +188,9 @@ async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> Asy
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(index: int, custom_id: str) -> BatchRow:
-        status = _row_status(request_status[custom_id])
+        status, error = _row_status(request_status[custom_id])
         if status != "completed":
-            return BatchRow(index, custom_id, status)
+            return BatchRow(index, custom_id, status, error=error)
         if not safe_id(custom_id):
             return BatchRow(
                 index,

@@ -19,6 +19,7 @@ from receiver.providers.base import (
     chunk_rows,
     loads_obj,
     normalize_status,
+    unknown_status,
 )
 
 __all__ = ["SferenceDialect", "parse_line"]
@@ -37,7 +38,11 @@ def parse_line(index: int, line: bytes) -> BatchRow:
     custom_id = data.get("custom_id")
     body = loads_obj(data.get("result_json"))
     error = loads_obj(data.get("error_json"))
-    status = normalize_status(data.get("status"), "completed" if body and not error else "failed")
+    raw = data.get("status")
+    status = normalize_status(raw, "completed" if body and not error else "failed")
+    error = error or unknown_status(raw)
+    if error is None and body is None and not isinstance(raw, str):
+        error = {"code": "no_result", "message": "the line has no result_json and no error_json"}
     return BatchRow(
         index, custom_id if isinstance(custom_id, str) else None, status, body=body, error=error
     )

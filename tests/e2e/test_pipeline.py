@@ -188,3 +188,33 @@ async def test_sink_failing_every_try_is_dead_lettered_then_replayed(
             await proxy.down()
             await pool.aclose()
     assert len(jsonl_rows(tmp_path / "results")) == 1
+
+
+async def test_a_failed_event_after_completed_keeps_the_completed_row(
+    stack, redis_url, signed_callback, pg_url, pg_table
+):
+    """Out of order: ``response.failed`` arrives after ``response.completed`` for the same
+    id (a new webhook-id). nopoll stores the provider's object, never the event's claim:
+    the second fetch finds the same completed object, and the row stays completed."""
+    settings, sim = stack()
+    sim.add_response("resp_order", text="the answer")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        body, headers = signed_callback("resp_order", event_type="response.completed")
+        assert (await post(base, body, headers)).status_code == 202
+
+        async def completed():
+            rows = await pg_rows(pg_url, pg_table)
+            return rows if rows and rows[0]["status"] == "completed" else None
+
+        await wait_for(completed)
+        late, late_headers = signed_callback("resp_order", event_type="response.failed")
+        assert (await post(base, late, late_headers)).status_code == 202
+
+        async def refetched():
+            return sim.request_count("/v1/responses/resp_order") >= 2 or None
+
+        await wait_for(refetched)
+        await asyncio.sleep(0.5)  # the second fetch's write has landed
+        rows = await pg_rows(pg_url, pg_table)
+    assert len(rows) == 1
+    assert (rows[0]["status"], rows[0]["output_text"]) == ("completed", "the answer")

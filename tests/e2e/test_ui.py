@@ -212,6 +212,13 @@ async def test_a_post_without_its_csrf_token_is_refused_and_changes_nothing(
             assert (await client.get("/ui/")).status_code == 303  # still not logged in
 
             csrf = await _logged_in(client)
+            hostile = await keep_letter(
+                store_client, "fetch_response", error="<script>alert(1)</script> & co"
+            )
+            listing = (await client.get("/ui/deadletters")).text
+            assert "<script>alert" not in listing  # what a provider or sink said is escaped
+            assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in listing
+            await store_client.replay([hostile])
             for data in ({"id": letter.id}, {"id": letter.id, "csrf": "x" * 43}):
                 r = await client.post("/ui/deadletters/replay", data=data)
                 assert r.status_code == 403 and "CSRF" in r.text

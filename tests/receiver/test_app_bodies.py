@@ -54,6 +54,9 @@ EARLY = {
     "413": ("/webhooks/sim", [], 413, str(LIMIT)),
     "404": ("/webhooks/nosuch", [], 404, "unknown provider"),
     "400": ("/webhooks/sim", [("webhook-id", "msg_a"), ("webhook-id", "msg_b")], 400, "differ"),
+    # answered by Starlette's routing rather than the webhook endpoint
+    "404 path": ("/webhooks/sim/extra", [], 404, "Not Found"),
+    "405": ("/healthz", [], 405, "Method Not Allowed"),
 }
 
 

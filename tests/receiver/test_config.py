@@ -79,6 +79,10 @@ def test_missing_variable_names_key_and_variable(tmp_path: Path) -> None:
         (("type: jsonl", "type: nosuch"), r"sinks\.files\.type: unknown sink type 'nosuch'"),
         (("metadata.label: eval", "colour: red"), r"unknown match key 'colour'"),
         (("data_dir:", "unknown_key: 1\ndata_dir:"), r"unknown_key: unknown key"),
+        (
+            ("data_dir:", "dedupe_ttl_s: 500\ndata_dir:"),
+            r"dedupe_ttl_s \(500 s\) must be at least twice providers\.sference\.tolerance_s",
+        ),
     ],
 )
 def test_invalid_config_names_the_key(

@@ -1,0 +1,266 @@
+"""A flood of invalid signatures from one address against one API process, while a
+provider's valid callbacks come from another address.
+
+    python bench/flood.py                       # 20 s per case, about a minute and a half
+    python bench/flood.py --seconds 10 --flood-connections 64
+
+Three cases on the same ``nopoll api`` config (Redis db 13, no worker), each its own
+process, in one run:
+
+1. ``alone``: only the valid callbacks (``--rate`` a second, from 127.0.0.3, each signed by
+   the standardwebhooks package): the baseline latency.
+2. ``flood, no limit``: the same, while ``--flood-procs`` processes send invalid-signature
+   callbacks as fast as ``--flood-connections`` keep-alive connections allow, from
+   127.0.0.2 (the API process is saturated).
+3. ``flood, client_rps``: the same with ``api.client_rps`` set (``--client-rps``): the flood
+   is answered 429 before its body is read and its connection closed.
+
+Per case: valid callbacks sent / accepted, their p50/p99 latency, the flood's answers by
+status, 5xx answers (target 0), the API's CPU. **Targets (case 3): every valid callback
+accepted, p99 < 250 ms, the flood answered only 401/429.** Exit status 1 on a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    BIN_DIR,
+    PROVIDER,
+    SECRET_ENV,
+    WEBHOOK_PATH,
+    cpu_seconds,
+    flush_bench_db,
+    free_port,
+    load_note,
+    new_secret,
+    nopoll_config,
+    percentile,
+    start_process,
+    stop_process,
+    wait_http,
+)
+
+VALID_FROM = "127.0.0.3"
+FLOOD_FROM = "127.0.0.2"
+
+
+async def _request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes
+) -> tuple[int, bool]:
+    """One request on a keep-alive connection: (status, whether the server closes it)."""
+    writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("closed")
+    status = int(status_line.split()[1])
+    length, close = 0, False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+        elif name.lower() == "connection" and "close" in value.lower():
+            close = True
+    await reader.readexactly(length)
+    return status, close
+
+
+def _flood(port: int, seconds: float, connections: int, out: multiprocessing.Queue) -> None:
+    """One flooding process: invalid signatures, as fast as it can, from FLOOD_FROM."""
+    body = b'{"id":"evt_x","type":"response.completed","data":{"id":"resp_flood"}}'
+    head = (
+        f"POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"webhook-id: msg_flood\r\nwebhook-timestamp: {int(time.time())}\r\n"
+        "webhook-signature: v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\n"
+    ).encode()
+    statuses: Counter[int] = Counter()
+
+    async def one() -> None:
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=(FLOOD_FROM, 0)
+                )
+            except OSError:
+                statuses[-1] += 1
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                for _ in range(1_000_000):
+                    if time.monotonic() >= stop:
+                        break
+                    status, close = await _request(reader, writer, head, body)
+                    statuses[status] += 1
+                    if close:
+                        break
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                statuses[-1] += 1
+            finally:
+                writer.close()
+
+    async def main() -> None:
+        await asyncio.gather(*(one() for _ in range(connections)))
+
+    asyncio.run(main())
+    out.put(dict(statuses))
+
+
+async def _valid(port: int, seconds: float, rate: float, secret: str) -> tuple[list, Counter]:
+    from standardwebhooks.webhooks import Webhook
+
+    signer = Webhook(secret)
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    conns: asyncio.Queue = asyncio.Queue()
+    for _ in range(8):
+        conns.put_nowait(None)
+
+    async def send(i: int) -> None:
+        conn = await conns.get()
+        now = datetime.now(tz=UTC)
+        msg_id = f"msg_valid_{i}_{time.time_ns()}"
+        body = (
+            f'{{"id":"evt_{i}","type":"response.completed","data":{{"id":"resp_valid_{i}"}}}}'
+        ).encode()
+        head = (
+            f"POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"webhook-id: {msg_id}\r\nwebhook-timestamp: {int(now.timestamp())}\r\n"
+            f"webhook-signature: {signer.sign(msg_id, now, body.decode())}\r\n"
+        ).encode()
+        started = time.perf_counter()
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection("127.0.0.1", port, local_addr=(VALID_FROM, 0))
+            status, close = await _request(*conn, head, body)
+            if close:
+                conn[1].close()
+                conn = None
+        except (OSError, ConnectionError, asyncio.IncompleteReadError):
+            status, conn = -1, None
+        latencies.append((time.perf_counter() - started) * 1000)
+        statuses[status] += 1
+        conns.put_nowait(conn)
+
+    tasks = []
+    t0 = time.monotonic()
+    for i in range(int(seconds * rate)):
+        due = t0 + i / rate
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        tasks.append(asyncio.create_task(send(i)))
+    await asyncio.gather(*tasks)
+    return sorted(latencies), statuses
+
+
+def run_case(name: str, args: argparse.Namespace, client_rps: int | None, flood: bool) -> dict:
+    flush_bench_db()
+    tmp = Path(tempfile.mkdtemp(prefix="nopoll-bench-flood-"))
+    secret = new_secret()
+    config = nopoll_config(
+        tmp / "nopoll.yaml",
+        base_url="http://127.0.0.1:9/v1",
+        data_dir=tmp / "data",
+        sinks_yaml=f"  files: {{type: jsonl, dir: {tmp / 'out'}}}\n",
+    )
+    if client_rps:
+        config.write_text(config.read_text() + f"api: {{client_rps: {client_rps}}}\n")
+    port = free_port()
+    log = tmp / "api.log"
+    proc = start_process(
+        [str(BIN_DIR / "nopoll"), "api", "--config", str(config), "--port", str(port)],
+        env={SECRET_ENV: secret},
+        log_path=log,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc=proc, log_path=log)
+        out: multiprocessing.Queue = multiprocessing.Queue()
+        flooders = []
+        if flood:
+            flooders = [
+                multiprocessing.Process(
+                    target=_flood, args=(port, args.seconds + 2, args.flood_connections, out)
+                )
+                for _ in range(args.flood_procs)
+            ]
+            for f in flooders:
+                f.start()
+            time.sleep(1.5)  # the flood is at full strength before the valid callbacks start
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        latencies, valid = asyncio.run(_valid(port, args.seconds, args.rate, secret))
+        cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        flood_statuses: Counter[int] = Counter()
+        for f in flooders:
+            f.join(args.seconds + 30)
+            flood_statuses.update(out.get(timeout=10))
+    finally:
+        stop_process(proc)
+    return {
+        "name": name,
+        "sent": sum(valid.values()),
+        "accepted": valid.get(202, 0),
+        "valid": dict(valid),
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "flood": dict(flood_statuses),
+        "flood_5xx": sum(n for s, n in flood_statuses.items() if s >= 500),
+        "cpu": cpu,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=50.0, help="valid callbacks a second")
+    parser.add_argument("--flood-procs", type=int, default=2)
+    parser.add_argument("--flood-connections", type=int, default=64)
+    parser.add_argument("--client-rps", type=int, default=100)
+    args = parser.parse_args()
+    cases = [
+        run_case("alone", args, None, flood=False),
+        run_case("flood, no limit", args, None, flood=True),
+        run_case(f"flood, client_rps {args.client_rps}", args, args.client_rps, flood=True),
+    ]
+    print(
+        f"\nprovider {PROVIDER}: {args.rate:g} valid callbacks/s from {VALID_FROM}; flood "
+        f"from {FLOOD_FROM}: {args.flood_procs} processes x {args.flood_connections} "
+        "connections, invalid signatures"
+    )
+    print(
+        f"{'case':28} {'valid sent':>10} {'accepted':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'flood answers':>30} {'5xx':>5} {'API CPU':>8}"
+    )
+    for c in cases:
+        flood = ", ".join(f"{n:,}x{s}" for s, n in sorted(c["flood"].items())) or "-"
+        print(
+            f"{c['name']:28} {c['sent']:10} {c['accepted']:9} {c['p50']:8.1f} {c['p99']:8.1f} "
+            f"{flood:>30} {c['flood_5xx']:5} {c['cpu'] * 100:7.0f}%"
+        )
+    last = cases[-1]
+    ok = (
+        last["accepted"] == last["sent"]
+        and last["p99"] < 250
+        and set(last["flood"]) <= {401, 429, -1}
+        and all(c["flood_5xx"] == 0 for c in cases)
+    )
+    print("(-1: a connection closed or reset by the client side's own timing)")
+    print(
+        "targets (limit on): all valid accepted, p99 < 250 ms, flood only 401/429, no 5xx: "
+        + ("met" if ok else "MISSED")
+    )
+    print(load_note())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
