@@ -237,6 +237,7 @@ class Soak:
         self._n = 0
         self._k = 0
         self._kill_after_batch = -1
+        self.kafka_offsets: dict[int, tuple[int, int]] = {}
 
     # --- processes ------------------------------------------------------------------
     def _config(self) -> Path:
@@ -578,6 +579,11 @@ class Soak:
                 idle = idle + 1 if got == 0 else 0
                 if idle >= 3:
                     break
+            partitions = list(consumer.assignment())
+            ends = await consumer.end_offsets(partitions)
+            self.kafka_offsets = {
+                tp.partition: (await consumer.position(tp), ends[tp]) for tp in partitions
+            }
         finally:
             await consumer.stop()
         return seen
@@ -734,6 +740,7 @@ class Soak:
             "dead_letters": len(letters),
             "dead_letters_without_cause": uncaused,
             "kafka_messages": sum(kafka.values()),
+            "kafka_read_to_end": dict(sorted(self.kafka_offsets.items())),
             "s3_refused_500": self.s3proxy.refused,
             "exited": self._alive(),
         }
@@ -805,6 +812,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(
             f"wrong status: {result['wrong_status']}; unexpected rows: {result['unexpected_rows']}"
         )
+    print(f"kafka partitions, read to / end offset: {result['kafka_read_to_end']}")
     if any(result["missing"].values()):
         print(f"missing (first 10 per sink): {result['missing']}")
     print(f"processes that exited on their own: {result['exited'] or 'none'}")
