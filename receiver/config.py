@@ -35,6 +35,7 @@ from pydantic import (
 
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
+from receiver.config_checks import check_replay_window, settle_timeouts
 from receiver.config_sections import (
     ApiConfig,
     BatchConfig,
@@ -295,54 +296,10 @@ class Settings(_Model):
         return kept
 
     @model_validator(mode="after")
-    def _replay_window(self) -> Settings:
-        """A webhook-id must be remembered for the whole window its callback is accepted in
-        (``tolerance_s`` either side of its timestamp), or a copy could be replayed."""
-        for name, p in self.providers.items():
-            if self.dedupe_ttl_s < 2 * p.tolerance_s:
-                raise ValueError(
-                    f"dedupe_ttl_s ({self.dedupe_ttl_s} s) must be at least twice providers."
-                    f"{name}.tolerance_s ({p.tolerance_s} s), the window a callback is accepted in"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _timeouts(self) -> Settings:
-        """Timeouts that contradict each other would let a job die silently: a write or a
-        request that may take as long as the whole job could never be retried."""
-        job_s = self.worker.response_job_timeout_s
-        # Unset timeouts follow a short job timeout down, so shortening one is enough.
-        derived = {
-            name: sink.model_copy(update={"timeout_s": min(sink.timeout_s, job_s / 2)})
-            for name, sink in self.sinks.items()
-            if "timeout_s" not in sink.model_fields_set
-        }
-        if derived:
-            object.__setattr__(self, "sinks", {**self.sinks, **derived})
-        http_update = {
-            name: min(getattr(self.http, name), job_s * share)
-            for name, share in (("connect_timeout_s", 0.25), ("read_timeout_s", 0.5))
-            if name not in self.http.model_fields_set
-        }
-        if http_update:
-            object.__setattr__(self, "http", self.http.model_copy(update=http_update))
-        for name, sink in self.sinks.items():
-            if sink.timeout_s >= job_s:
-                raise ValueError(
-                    f"sinks.{name}.timeout_s ({sink.timeout_s:g} s) must be below "
-                    f"worker.response_job_timeout_s ({job_s:g} s)"
-                )
-        request_s = self.http.connect_timeout_s + self.http.read_timeout_s
-        if request_s >= job_s:
-            raise ValueError(
-                f"http.connect_timeout_s + http.read_timeout_s ({request_s:g} s) must be below "
-                f"worker.response_job_timeout_s ({job_s:g} s)"
-            )
-        if self.batch.lease_s >= self.batch.job_timeout_s:
-            raise ValueError(
-                f"batch.lease_s ({self.batch.lease_s:g} s) must be below "
-                f"batch.job_timeout_s ({self.batch.job_timeout_s:g} s)"
-            )
+    def _consistent(self) -> Settings:
+        """Windows and timeouts checked against each other (:mod:`receiver.config_checks`)."""
+        check_replay_window(self)
+        settle_timeouts(self)
         return self
 
     @property

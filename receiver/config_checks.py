@@ -1,0 +1,61 @@
+"""Checks of the configuration that compare settings with each other (run by
+:class:`receiver.config.Settings` once every section is valid on its own)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from receiver.config import Settings
+
+__all__ = ["check_replay_window", "settle_timeouts"]
+
+
+def check_replay_window(settings: Settings) -> None:
+    """A webhook-id must be remembered for the whole window its callback is accepted in
+    (``tolerance_s`` either side of its timestamp), or a copy could be replayed."""
+    for name, p in settings.providers.items():
+        if settings.dedupe_ttl_s < 2 * p.tolerance_s:
+            raise ValueError(
+                f"dedupe_ttl_s ({settings.dedupe_ttl_s} s) must be at least twice providers."
+                f"{name}.tolerance_s ({p.tolerance_s} s), the window a callback is accepted in"
+            )
+
+
+def settle_timeouts(settings: Settings) -> None:
+    """Timeouts that contradict each other would let a job die silently: a write or a
+    request that may take as long as the whole job could never be retried. Unset timeouts
+    follow a short job timeout down (set on ``settings`` in place), so shortening one is
+    enough."""
+    job_s = settings.worker.response_job_timeout_s
+    derived = {
+        name: sink.model_copy(update={"timeout_s": min(sink.timeout_s, job_s / 2)})
+        for name, sink in settings.sinks.items()
+        if "timeout_s" not in sink.model_fields_set
+    }
+    if derived:
+        object.__setattr__(settings, "sinks", {**settings.sinks, **derived})
+    http_update = {
+        name: min(getattr(settings.http, name), job_s * share)
+        for name, share in (("connect_timeout_s", 0.25), ("read_timeout_s", 0.5))
+        if name not in settings.http.model_fields_set
+    }
+    if http_update:
+        object.__setattr__(settings, "http", settings.http.model_copy(update=http_update))
+    for name, sink in settings.sinks.items():
+        if sink.timeout_s >= job_s:
+            raise ValueError(
+                f"sinks.{name}.timeout_s ({sink.timeout_s:g} s) must be below "
+                f"worker.response_job_timeout_s ({job_s:g} s)"
+            )
+    request_s = settings.http.connect_timeout_s + settings.http.read_timeout_s
+    if request_s >= job_s:
+        raise ValueError(
+            f"http.connect_timeout_s + http.read_timeout_s ({request_s:g} s) must be below "
+            f"worker.response_job_timeout_s ({job_s:g} s)"
+        )
+    if settings.batch.lease_s >= settings.batch.job_timeout_s:
+        raise ValueError(
+            f"batch.lease_s ({settings.batch.lease_s:g} s) must be below "
+            f"batch.job_timeout_s ({settings.batch.job_timeout_s:g} s)"
+        )
