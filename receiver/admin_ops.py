@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from receiver.admin_http import first_error, json_answer, json_error, read_capped
 from receiver.console import Console
 
 __all__ = ["OPS_OPENAPI", "ReplayRequest", "ops_routes"]
@@ -42,14 +42,6 @@ class ReplayRequest(BaseModel):
         return self
 
 
-def _json(status: int, payload: Any) -> Response:
-    return Response(orjson.dumps(payload), status, media_type="application/json")
-
-
-def _error(status: int, message: str) -> Response:
-    return _json(status, {"error": message})
-
-
 def ops_routes(console: Console, refused: Callable[[Request], Response | None]) -> list[BaseRoute]:
     """The routes, each behind the admin token check ``refused``."""
 
@@ -60,16 +52,16 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
             try:
                 result: Response = await handler(request)
             except (RedisError, OSError):
-                return _error(503, "Redis unreachable, retry later")
+                return json_error(503, "Redis unreachable, retry later")
             return result
 
         return endpoint
 
     async def overview(request: Request) -> Response:
-        return _json(200, await console.overview())
+        return json_answer(200, await console.overview())
 
     async def batches(request: Request) -> Response:
-        return _json(200, await console.batches())
+        return json_answer(200, await console.batches())
 
     async def letters(request: Request) -> Response:
         q = request.query_params
@@ -77,31 +69,25 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
             offset = int(q.get("offset", "0"))
             limit = int(q.get("limit", "50"))
         except ValueError:
-            return _error(400, "offset and limit: must be whole numbers")
+            return json_error(400, "offset and limit: must be whole numbers")
         if offset < 0 or not 1 <= limit <= 1000:
-            return _error(400, "limit: must be 1 to 1000; offset: not negative")
+            return json_error(400, "limit: must be 1 to 1000; offset: not negative")
         sink = q.get("sink")
         if sink is not None and sink not in console.sink_names():
-            return _error(400, f"sink: unknown sink {sink[:64]!r}")
-        return _json(200, await console.dead_letters(offset=offset, limit=limit, sink=sink))
+            return json_error(400, f"sink: unknown sink {sink[:64]!r}")
+        return json_answer(200, await console.dead_letters(offset=offset, limit=limit, sink=sink))
 
     async def replay(request: Request) -> Response:
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > _MAX_BODY:
-                return _error(413, f"body: larger than {_MAX_BODY} bytes")
+        raw = await read_capped(request, _MAX_BODY)
+        if raw is None:
+            return json_error(413, f"body: larger than {_MAX_BODY} bytes")
         try:
             body = ReplayRequest.model_validate_json(raw)
         except ValidationError as exc:
-            err = exc.errors(include_input=False, include_url=False)[0]
-            where = ".".join(str(p) for p in err["loc"]) or "body"
-            if err["type"] == "json_invalid":
-                return _error(400, "body: not valid JSON")
-            return _error(400, f"{where}: {err['msg']}")
+            return json_error(400, first_error(exc))
         if body.sink is not None and body.sink not in console.sink_names():
-            return _error(400, f"sink: unknown sink {body.sink[:64]!r}")
-        return _json(200, await console.replay(ids=body.ids, sink=body.sink))
+            return json_error(400, f"sink: unknown sink {body.sink[:64]!r}")
+        return json_answer(200, await console.replay(ids=body.ids, sink=body.sink))
 
     return [
         Route("/admin/v1/overview", guarded(overview), methods=["GET"]),

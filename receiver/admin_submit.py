@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from receiver.admin_http import first_error, json_answer, json_error, read_capped
 from receiver.config import Settings
 from receiver.tenants import tenant_problem, tenant_provider
 
@@ -77,23 +78,23 @@ def submit_endpoint(
     async def submit(request: Request) -> Response:
         if (denied := refused(request)) is not None:
             return denied
-        raw = await _read(request)
+        raw = await read_capped(request, MAX_BODY)
         if raw is None:
-            return _error(413, f"body: larger than {MAX_BODY} bytes")
+            return json_error(413, f"body: larger than {MAX_BODY} bytes")
         try:
             body = SubmitRequest.model_validate_json(raw)
         except ValidationError as exc:
-            return _error(400, _first_error(exc))
+            return json_error(400, first_error(exc))
         config = settings.providers.get(body.provider)
         if config is None:
             known = ", ".join(sorted(settings.providers)) or "none"
-            return _error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
+            return json_error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
         if (problem := tenant_problem(settings, body.tenant, body.provider)) is not None:
-            return _error(400, f"tenant: {problem}")
+            return json_error(400, f"tenant: {problem}")
         try:
             return await _run(settings, redis, body)
         except (RedisError, OSError):
-            return _error(503, "Redis unreachable, retry later")
+            return json_error(503, "Redis unreachable, retry later")
 
     return submit
 
@@ -114,7 +115,7 @@ async def _run(settings: Settings, redis: Redis, body: SubmitRequest) -> Respons
             lines = [(n, orjson.dumps(item)) for n, item in enumerate(body.batch, 1)]
             digest = digest_of(body.batch, "batch")
             batch = await submit_batch(submitter, lines, digest, "admin-api")
-            return _json(
+            return json_answer(
                 200 if batch.batch_id else 422,
                 {
                     "batch_id": batch.batch_id,
@@ -126,7 +127,7 @@ async def _run(settings: Settings, redis: Redis, body: SubmitRequest) -> Respons
         assert body.requests is not None
         lines = [(n, orjson.dumps(item)) for n, item in enumerate(body.requests, 1)]
         result = await submitter.submit_lines(lines, digest_of(body.requests, "responses"))
-        return _json(
+        return json_answer(
             200,
             {
                 "submitted": result.submitted,
@@ -137,36 +138,6 @@ async def _run(settings: Settings, redis: Redis, body: SubmitRequest) -> Respons
         )
     finally:
         await client.aclose()
-
-
-async def _read(request: Request) -> bytes | None:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        return None
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            return None
-    return bytes(raw)
-
-
-def _json(status: int, payload: Any) -> Response:
-    return Response(orjson.dumps(payload), status, media_type="application/json")
-
-
-def _error(status: int, message: str) -> Response:
-    return _json(status, {"error": message})
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_input=False, include_url=False)[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
-    if err["type"] == "json_invalid":
-        return "body: not valid JSON"
-    if err["type"] == "extra_forbidden":
-        return f"{where}: unknown field"
-    return f"{where}: {str(err['msg']).removeprefix('Value error, ')}"
 
 
 _ANSWER = {
