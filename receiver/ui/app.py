@@ -91,17 +91,22 @@ class _Ui:
             ok |= hmac.compare_digest(seen, _fingerprint(self.key, token))
         return ok
 
-    async def _form(self, request: Request) -> dict[str, str] | None:
+    async def _form(self, request: Request) -> dict[str, str] | Response:
+        """The POSTed form's fields, or the 403 to answer when it is too large or its CSRF
+        token is missing or not this session's."""
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > _MAX_FORM:
-            return None
-        form = await request.form(max_files=0, max_fields=100)
-        return {k: v for k, v in form.items() if isinstance(v, str)}
-
-    def _csrf_ok(self, request: Request, form: dict[str, str]) -> bool:
-        expected = request.session.get("csrf")
-        given = form.get("csrf", "")
-        return isinstance(expected, str) and hmac.compare_digest(given, expected)
+        if not (declared.isdigit() and int(declared) > _MAX_FORM):
+            form = await request.form(max_files=0, max_fields=100)
+            fields = {k: v for k, v in form.items() if isinstance(v, str)}
+            expected = request.session.get("csrf")
+            given = fields.get("csrf", "")
+            if isinstance(expected, str) and hmac.compare_digest(given, expected):
+                return fields
+        return self.refuse(
+            request,
+            403,
+            "The form's CSRF token is missing or wrong: reload the page and try again.",
+        )
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("signed_in", self._signed_in(request))
@@ -125,12 +130,8 @@ class _Ui:
 
     async def login(self, request: Request) -> Response:
         form = await self._form(request)
-        if form is None or not self._csrf_ok(request, form):
-            return self.refuse(
-                request,
-                403,
-                "The form's CSRF token is missing or wrong: reload the page and try again.",
-            )
+        if isinstance(form, Response):
+            return form
         given = form.get("token", "").strip().encode()
         match = None
         for token in self.tokens:
@@ -145,16 +146,24 @@ class _Ui:
 
     async def logout(self, request: Request) -> Response:
         form = await self._form(request)
-        if form is None or not self._csrf_ok(request, form):
-            return self.refuse(request, 403, "The form's CSRF token is missing or wrong.")
+        if isinstance(form, Response):
+            return form
         request.session.clear()
         return RedirectResponse("/ui/login", 303)
 
     # --- pages ----------------------------------------------------------------------
     async def _page(self, request: Request, name: str, data: dict[str, Any]) -> Response:
-        part = request.query_params.get("part") == "1"
-        template = f"_{name}.html" if part else f"{name}.html"
-        return self.render(request, template, page=name, **data)
+        """The page ``name``: its content alone with ``?part=1`` (what htmx refreshes), else
+        inside the layout, refreshed every few seconds when it is a live page."""
+        if request.query_params.get("part") == "1":
+            return self.render(request, f"_{name}.html", page=name, **data)
+        if name in _LIVE:
+            title, every_s = _LIVE[name]
+            path = request.url.path
+            return self.render(
+                request, "live.html", page=name, title=title, every_s=every_s, live_url=path, **data
+            )
+        return self.render(request, f"{name}.html", page=name, **data)
 
     def _guard(self, request: Request) -> Response | None:
         return None if self._signed_in(request) else self._login_first(request)
@@ -219,12 +228,8 @@ class _Ui:
         if (denied := self._guard(request)) is not None:
             return denied
         form = await self._form(request)
-        if form is None or not self._csrf_ok(request, form):
-            return self.refuse(
-                request,
-                403,
-                "The form's CSRF token is missing or wrong: reload the page and try again.",
-            )
+        if isinstance(form, Response):
+            return form
         letter, sink = form.get("id"), form.get("sink") or None
         if sink is not None and sink not in self.console.sink_names():
             return self.refuse(request, 400, f"There is no sink {sink[:64]!r}.")
@@ -250,6 +255,9 @@ class _Ui:
         )
         return RedirectResponse(back, 303)
 
+
+_LIVE = {"overview": ("Overview", 5), "batches": ("Batches", 2), "watches": ("Watches", 5)}
+"""The live pages: their title and how often htmx refreshes their content (seconds)."""
 
 _HEADERS = {
     "cache-control": "no-store",
