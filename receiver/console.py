@@ -21,7 +21,7 @@ from receiver.activity import last_hour, processes
 from receiver.batch_state import BATCH_INDEX_KEY
 from receiver.config import Settings
 from receiver.deadletter import DeadLetter, DeadLetters
-from receiver.health import SINK_HEALTH_KEY, queue_depths
+from receiver.health import queue_depths, sink_states
 from receiver.watches import WatchStore, due_key
 
 __all__ = ["Console"]
@@ -55,8 +55,7 @@ class Console:
     async def sinks(self) -> list[dict[str, Any]]:
         """Every configured sink with its last published state (``unknown`` when no worker
         reported it lately)."""
-        raw = await self.redis.hgetall(SINK_HEALTH_KEY)  # type: ignore[misc]
-        seen = {k.decode(): orjson.loads(v) for k, v in raw.items()}
+        seen = await sink_states(self.redis)
         out = []
         for name, config in self.settings.sinks.items():
             data = seen.get(name, {})

@@ -56,14 +56,19 @@ async def publish_sink_health(redis: Redis, fanout: FanOut, ttl_s: float) -> Non
         await pipe.execute()
 
 
+async def sink_states(redis: Redis) -> dict[str, dict[str, Any]]:
+    """What the workers last published of each sink: ``state``, ``error``, ``since``,
+    ``worker``."""
+    raw = await redis.hgetall(SINK_HEALTH_KEY)  # type: ignore[misc]
+    return {name.decode(): orjson.loads(value) for name, value in sorted(raw.items())}
+
+
 async def read_sink_health(redis: Redis) -> dict[str, Any]:
     """Each sink's last published state: ``ok``, ``failing: <error>`` or ``not opened``."""
-    raw = await redis.hgetall(SINK_HEALTH_KEY)  # type: ignore[misc]
     out: dict[str, Any] = {}
-    for name, value in sorted(raw.items()):
-        data = orjson.loads(value)
+    for name, data in (await sink_states(redis)).items():
         state = data.get("state")
-        out[name.decode()] = f"failing: {data.get('error')}" if state == "failing" else state
+        out[name] = f"failing: {data.get('error')}" if state == "failing" else state
     return out
 
 

@@ -53,7 +53,7 @@ from standardwebhooks.webhooks import Webhook
 from receiver.demo.simulator import ProviderSimulator
 from tests.kafka_broker import TansuBroker, tansu_binary
 from tests.s3_server import FAKE_CREDENTIALS, MotoServer
-from tests.servers import ValkeyProcess, free_port
+from tests.servers import TcpProxy, ValkeyProcess, free_port, port_open
 
 NOPOLL = Path(sys.executable).parent / "nopoll"
 DIALECTS = ("openai", "sference", "sail", "valar")
@@ -103,62 +103,37 @@ class Report:
         return "steady"
 
 
-class S3FaultProxy:
-    """Forwards to moto; while ``failing`` every new request is answered 500 and open
-    connections are cut, as an S3 endpoint in trouble does."""
+class S3FaultProxy(TcpProxy):
+    """A :class:`~tests.servers.TcpProxy` in front of moto; while ``failing`` every new
+    request is answered 500 and open connections are cut, as an S3 endpoint in trouble
+    does."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = free_port()
+        super().__init__("127.0.0.1", target_port)
         self.failing = False
         self.refused = 0
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.StreamWriter] = set()
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, asyncio.CancelledError):
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        with contextlib.suppress(OSError):
-            w.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.failing:
-            with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-                await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-                self.refused += 1
-                body = b"<Error><Code>InternalError</Code></Error>"
-                writer.write(
-                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/xml\r\n"
-                    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-                )
-                await writer.drain()
-            writer.close()
+        if not self.failing:
+            await super()._handle(reader, writer)
             return
-        try:
-            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.close()
-            return
-        self._conns.update({writer, up_w})
-        await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
-        self._conns.discard(writer)
-        self._conns.discard(up_w)
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            self.refused += 1
+            body = b"<Error><Code>InternalError</Code></Error>"
+            writer.write(
+                b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/xml\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+        writer.close()
 
     def fail(self, on: bool) -> None:
         self.failing = on
         if on:
-            for w in list(self._conns):
+            for w in list(self._writers):
                 with contextlib.suppress(OSError):
                     w.transport.abort()
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
 
 
 class DurableTansu(TansuBroker):
@@ -190,11 +165,8 @@ class DurableTansu(TansuBroker):
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                import socket
-
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
+            if port_open("127.0.0.1", self.port):
+                return self
             time.sleep(0.05)
         raise RuntimeError(f"tansu did not start: {self.log.read_text(errors='replace')[-1500:]}")
 
@@ -334,6 +306,18 @@ class Soak:
             delay = min(delay * 1.5, 5.0)
         return None
 
+    async def _acknowledged(
+        self, client: httpx.AsyncClient, provider: str, body: bytes, headers: dict
+    ) -> str | None:
+        """Deliver a callback as a provider would and count it under the fault window it
+        was sent in; that window, or None when it was never acknowledged."""
+        window = self.report.window_at(self._now(), self.fault_s)
+        if await self._deliver(client, provider, body, headers) is None:
+            self.report.not_acknowledged[window] += 1
+            return None
+        self.report.acknowledged[window] += 1
+        return window
+
     def _misbehaviour(self) -> dict[str, Any]:
         now = self._now()
         if now < self.storm_until:
@@ -347,14 +331,10 @@ class Soak:
         provider = list(PROVIDERS)[self._n % 4]
         rid = f"resp_soak_{self._n:06d}"
         self.sim.add_response(rid, **self._misbehaviour())
-        sent_at = self._now()
         body, headers = self._signed("response.completed", rid, f"msg_{rid}")
-        status = await self._deliver(client, provider, body, headers)
-        window = self.report.window_at(sent_at, self.fault_s)
-        if status is None:
-            self.report.not_acknowledged[window] += 1
+        window = await self._acknowledged(client, provider, body, headers)
+        if window is None:
             return
-        self.report.acknowledged[window] += 1
         self.report.expected.append(Expected(provider, rid, "response", "completed", window))
         roll = self.random.random()
         if roll < 0.05:  # the same delivery again: a duplicate
@@ -372,14 +352,10 @@ class Soak:
         if dialect == "sail" and k % 8 == 2:
             options["inline"] = False  # per-row GETs
         batch = self.sim.add_batch(dialect, batch_id, self.batch_rows, **options)
-        sent_at = self._now()
         body, headers = self._signed("batch.completed", batch_id, f"msg_{batch_id}")
-        status = await self._deliver(client, provider, body, headers)
-        window = self.report.window_at(sent_at, self.fault_s)
-        if status is None:
-            self.report.not_acknowledged[window] += 1
+        window = await self._acknowledged(client, provider, body, headers)
+        if window is None:
             return
-        self.report.acknowledged[window] += 1
         for i in range(self.batch_rows):
             row_status = batch.row_status(i)
             self.report.expected.append(
@@ -623,7 +599,7 @@ class Soak:
         self.redis.start()
         self.moto.start()
         self.s3proxy = S3FaultProxy(self.moto.port)
-        await self.s3proxy.start()
+        await self.s3proxy.up()
         import boto3
 
         boto3.client(
@@ -676,7 +652,7 @@ class Soak:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGCONT)
             self.kafka.stop(0)
-            await self.s3proxy.stop()
+            await self.s3proxy.down()
             self.sim.stop()
             self.moto.stop()
             self.redis.stop()

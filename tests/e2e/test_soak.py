@@ -10,7 +10,7 @@ import pytest
 
 from tests.kafka_broker import tansu_binary
 from tests.servers import missing
-from tests.soak import passed, print_report, run
+from tests.soak import FAULTS, passed, print_report, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
@@ -25,14 +25,6 @@ def test_a_short_soak_with_every_fault_loses_and_duplicates_nothing(pg_url, caps
     with capsys.disabled():
         print_report(result)
     assert not result["exited"], result
-    assert {name for name, _, _ in result["faults"]} == {
-        "worker_kill",
-        "redis_restart",
-        "postgres_stop",
-        "s3_500",
-        "kafka_restart",
-        "provider_429",
-        "provider_hang",
-    }
+    assert {name for name, _, _ in result["faults"]} == set(FAULTS)
     assert result["s3_refused_500"] > 0  # the S3 fault did happen
     assert passed(result), result

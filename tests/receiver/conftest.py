@@ -36,3 +36,21 @@ async def published(redis_url):
 
     async with sink_for(redis_url) as sink:
         yield sink
+
+
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+
+
+@pytest.fixture
+async def admin(make_settings, redis_url):
+    """An HTTP client of the admin API (its token sent), under a real server and Redis."""
+    settings = make_settings(
+        redis_url=redis_url, admin_tokens=[ADMIN_TOKEN, "second-token-0123456789"]
+    )
+    async with (
+        running_api(settings, redis_url) as (base, _),
+        httpx.AsyncClient(
+            base_url=base, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+        ) as client,
+    ):
+        yield client

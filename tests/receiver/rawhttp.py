@@ -27,8 +27,8 @@ async def raw_request(base: str, head: bytes, body: bytes = b"") -> tuple[int, d
     return parse_response(raw)
 
 
-def parse_response(raw: bytes) -> tuple[int, dict]:
-    """(status, JSON body) of the first response in ``raw``; (0, {}) when there is none."""
+def read_response(raw: bytes) -> tuple[int, bytes]:
+    """(status, body bytes) of the first response in ``raw``; (0, b"") when there is none."""
     conn = h11.Connection(h11.CLIENT)
     conn.send(h11.Request(method="POST", target="/", headers=[("host", "x")]))
     conn.receive_data(raw)
@@ -41,4 +41,10 @@ def parse_response(raw: bytes) -> tuple[int, dict]:
             payload += event.data
         else:
             break
+    return status, payload
+
+
+def parse_response(raw: bytes) -> tuple[int, dict]:
+    """(status, JSON body) of the first response in ``raw``; (0, {}) when there is none."""
+    status, payload = read_response(raw)
     return status, orjson.loads(payload) if payload else {}

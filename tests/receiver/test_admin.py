@@ -6,21 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.receiver.conftest import ADMIN_TOKEN as TOKEN
 from tests.servers import running_api
-
-TOKEN = "admin-token-0123456789abcdef"
-
-
-@pytest.fixture
-async def admin(make_settings, redis_url):
-    settings = make_settings(redis_url=redis_url, admin_tokens=[TOKEN, "second-token-0123456789"])
-    async with (
-        running_api(settings, redis_url) as (base, _),
-        httpx.AsyncClient(
-            base_url=base, headers={"authorization": f"Bearer {TOKEN}"}, timeout=10
-        ) as client,
-    ):
-        yield client
 
 
 async def test_without_admin_tokens_the_admin_api_does_not_exist(make_settings, redis_url):

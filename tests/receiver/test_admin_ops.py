@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -17,7 +16,6 @@ from receiver.metrics import Metrics
 from receiver.queue import JOBS_QUEUE
 from receiver.watches import WatchStore
 from tests.dead_letters import keep_letter
-from tests.receiver.test_admin import TOKEN
 
 
 @pytest.fixture
@@ -154,17 +152,3 @@ async def test_overview_sums_every_process_per_minute_and_lists_them(admin, redi
     assert [s["name"] for s in data["sinks"]] == ["files"]
     assert data["sinks"][0]["state"] == "unknown"  # no worker reported it
     assert set(data["queues"]) >= {"nopoll_queue_ready_jobs", "nopoll_batch_queue_jobs"}
-
-
-@pytest.fixture
-async def admin(make_settings, redis_url):
-    from tests.servers import running_api
-
-    settings = make_settings(redis_url=redis_url, admin_tokens=[TOKEN])
-    async with (
-        running_api(settings, redis_url) as (base, _),
-        httpx.AsyncClient(
-            base_url=base, headers={"authorization": f"Bearer {TOKEN}"}, timeout=10
-        ) as client,
-    ):
-        yield client

@@ -11,7 +11,6 @@ import socket
 import threading
 from typing import Any
 
-import h11
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +21,7 @@ from nopoll.exceptions import ConfigError
 from receiver.config import Settings, load_settings
 from receiver.providers import openai, sail, sference
 from tests.fuzzing import dialect_lines, json_values, webhook_requests
+from tests.receiver.rawhttp import read_response
 from tests.servers import running_api
 
 # a failing example holding a 70,000-character field is reported whole
@@ -75,18 +75,7 @@ def _not_http(value: bytes) -> bool:
 
 def _answer(raw: bytes) -> tuple[int, dict[str, Any] | None]:
     """(status, the JSON body, None when it is not JSON: uvicorn's own 400 for bad HTTP)."""
-    conn = h11.Connection(h11.CLIENT)
-    conn.send(h11.Request(method="POST", target="/", headers=[("host", "x")]))
-    conn.receive_data(raw)
-    status, body = 0, b""
-    for _ in range(1000):
-        event = conn.next_event()
-        if isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            body += event.data
-        else:
-            break
+    status, body = read_response(raw)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
