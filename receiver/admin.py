@@ -2,15 +2,14 @@
 (:mod:`receiver.admin_submit`); the overview, batches and dead letters
 (:mod:`receiver.admin_ops`).
 
-Bearer tokens from ``admin_tokens`` (compared in constant time); with none configured
-every ``/admin/v1`` route answers 404, as if it did not exist. A missing or wrong token
-is 401. Bad input is a 4xx whose ``error`` names the field; nothing a client sends gives
-a 500. ``GET /admin/v1/openapi.json`` describes the routes.
+Bearer tokens from ``admin_tokens``, checked by :class:`receiver.auth.TokenBook`; with
+none configured every ``/admin/v1`` route answers 404, as if it did not exist. A missing,
+malformed or wrong token is 401 saying why. Bad input is a 4xx whose ``error`` names the
+field; nothing a client sends gives a 500. ``GET /admin/v1/openapi.json`` describes the routes.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any, Literal
 
 import orjson
@@ -23,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from receiver.admin_ops import OPS_OPENAPI, ReplayRequest, ops_routes
 from receiver.admin_submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
+from receiver.auth import Refusal, TokenBook
 from receiver.config import Settings
 from receiver.console import Console
 from receiver.tenants import tenant_problem
@@ -84,20 +84,14 @@ def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
 class _AdminApi:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
-        self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
+        self.tokens = TokenBook.of(settings)
         self.store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
 
     def refused(self, request: Request) -> Response | None:
-        if not self.tokens:
+        if not self.tokens.configured("admin"):
             return _error(404, "not found")
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        candidate = given.strip().encode()
-        ok = False
-        for token in self.tokens:  # every token compared: no early exit that times the match
-            ok |= hmac.compare_digest(candidate, token)
-        if scheme.lower() != "bearer" or not ok:
-            return _error(401, "a valid admin bearer token is required", **_CHALLENGE)
-        return None
+        holder = self.tokens.authenticate(request.headers, "admin")
+        return holder.response() if isinstance(holder, Refusal) else None
 
     async def add(self, request: Request) -> Response:
         if (denied := self.refused(request)) is not None:
@@ -181,9 +175,6 @@ class _AdminApi:
         if (denied := self.refused(request)) is not None:
             return denied
         return _json(200, OPENAPI)
-
-
-_CHALLENGE = {"www-authenticate": 'Bearer realm="nopoll admin"'}
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -166,7 +166,7 @@ SUBMIT_OPENAPI: dict[str, Any] = {
                 "content": {"application/json": {"schema": _ANSWER}},
             },
             "400": {"description": "bad input: the error names the field"},
-            "401": {"description": "a valid admin bearer token is required"},
+            "401": {"description": "no valid admin bearer token (the reason is in error)"},
             "404": {"description": "no admin token is configured"},
             "413": {"description": "body too large"},
             "422": {"description": "the batch was not created: rejected lists why"},

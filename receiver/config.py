@@ -29,6 +29,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,6 +50,7 @@ from receiver.config_source import (
     dotted,
     format_errors,
     is_secret_key,
+    left_unset,
     problems,
     read_raw,
     redact_url,
@@ -59,7 +61,9 @@ from receiver.config_tenants import (
     ResultsConfig,
     TenantConfig,
     TenantProviderConfig,
+    check_distinct_tokens,
     check_tenant_names,
+    token_problem,
 )
 
 __all__ = [
@@ -259,11 +263,10 @@ class Settings(_Model):
 
     @field_validator("tenant_keys")
     @classmethod
-    def _tenant_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
-        kept = [t for t in value if t.get_secret_value()]
-        if any(len(t.get_secret_value()) < 32 for t in kept):
+    def _tenant_keys(cls, value: list[SecretStr], info: ValidationInfo) -> list[SecretStr]:
+        if any(len(t) < 32 for t in _checked(value, info)):
             raise ValueError("a tenant key must be at least 32 characters long")
-        return kept
+        return [t for t in value if t.get_secret_value()]
 
     @field_validator("public_url")
     @classmethod
@@ -289,11 +292,17 @@ class Settings(_Model):
 
     @field_validator("admin_tokens")
     @classmethod
-    def _admin_tokens(cls, value: list[SecretStr]) -> list[SecretStr]:
-        kept = [t for t in value if t.get_secret_value()]  # "${TOKEN:-}" left empty
-        if any(len(t.get_secret_value()) < 16 for t in kept):
-            raise ValueError("an admin token must be at least 16 characters long")
-        return kept
+    def _admin_tokens(cls, value: list[SecretStr], info: ValidationInfo) -> list[SecretStr]:
+        for token in _checked(value, info):
+            if (problem := token_problem(token, "an admin token")) is not None:
+                raise ValueError(problem)
+        return [t for t in value if t.get_secret_value()]  # "${TOKEN:-}" left empty
+
+    @model_validator(mode="before")
+    @classmethod
+    def _distinct_tokens(cls, data: Any) -> Any:
+        check_distinct_tokens(data)
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -317,6 +326,13 @@ class Settings(_Model):
     def notes(self) -> tuple[str, ...]:
         """After a lenient load: what must still be set before nopoll can run."""
         return self._notes
+
+
+def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
+    """The secrets of a list to check: not left empty, and not a ``${VAR}`` a lenient
+    load left unset (its value is not known, so neither is its length)."""
+    texts = [value.get_secret_value() for value in values]
+    return [text for text in texts if text and not left_unset(text, info)]
 
 
 def _default_sinks(data_dir: Path) -> dict[str, Any]:

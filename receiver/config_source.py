@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError, ValidationInfo
 
 from nopoll.exceptions import ConfigError, SinkUnavailable
 
@@ -31,6 +31,7 @@ __all__ = [
     "dotted",
     "format_errors",
     "is_secret_key",
+    "left_unset",
     "problems",
     "read_raw",
     "redact_url",
@@ -57,6 +58,12 @@ def is_secret_key(loc: Sequence[str | int]) -> bool:
     ``webhook_secrets``, ``password``, ``token``, ...), or an HTTP header value."""
     names = [part for part in loc if isinstance(part, str)]
     return bool(names) and (bool(_SECRET_NAME.search(names[-1])) or "headers" in names[:-1])
+
+
+def left_unset(text: str, info: ValidationInfo) -> bool:
+    """Whether a validator sees a value that still holds a ``${VAR}`` placeholder left by a
+    lenient load (:func:`validate_lenient`): its real value, so its length, is not known."""
+    return bool(info.context and info.context.get("lenient") and _VAR.search(text))
 
 
 def redact_url(url: str) -> str:
@@ -241,8 +248,8 @@ def validate_lenient(
             if isinstance(entry, dict) and any(p[:2] == (section, name) for p in unset):
                 entries[name] = _unit(section, name, entry, unset, source, provider_model)
     for _ in range(len(unset) + 1):
-        try:
-            return root.model_validate(raw)
+        try:  # the context lets validators skip placeholders (see left_unset)
+            return root.model_validate(raw, context={"lenient": True})
         except ValidationError as exc:
             found = problems(exc, root)
             real = _real(found, unset)

@@ -5,15 +5,36 @@ docs/configuration.md)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from nopoll.wire import decode_webhook_secret
+from receiver.config_source import left_unset
 
-__all__ = ["ConsumerToken", "ResultsConfig", "TenantConfig", "TenantProviderConfig"]
+__all__ = [
+    "ConsumerToken",
+    "ResultsConfig",
+    "TenantConfig",
+    "TenantProviderConfig",
+    "check_distinct_tokens",
+    "token_problem",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 MIN_TOKEN = 16
+
+
+def token_problem(token: str, what: str) -> str | None:
+    """What is wrong with a bearer token (``what``: "an admin token"), or ``None``: at
+    least :data:`MIN_TOKEN` characters of printable ASCII without spaces, so that it can
+    travel in an ``Authorization`` header as it is."""
+    if len(token) < MIN_TOKEN:
+        return f"{what} must be at least {MIN_TOKEN} characters long"
+    if not _VISIBLE_ASCII.fullmatch(token):
+        return f"{what} must be printable ASCII without spaces (it is sent in a header)"
+    return None
 
 
 class _Model(BaseModel):
@@ -58,9 +79,11 @@ class ConsumerToken(_Model):
 
     @field_validator("token")
     @classmethod
-    def _long(cls, value: SecretStr) -> SecretStr:
-        if value.get_secret_value() and len(value.get_secret_value()) < MIN_TOKEN:
-            raise ValueError(f"a consumer token must be at least {MIN_TOKEN} characters long")
+    def _long(cls, value: SecretStr, info: ValidationInfo) -> SecretStr:
+        text = value.get_secret_value()
+        problem = token_problem(text, "a consumer token")
+        if text and not left_unset(text, info) and problem is not None:
+            raise ValueError(problem)
         return value
 
 
@@ -88,3 +111,34 @@ def check_tenant_names(tenants: dict[str, TenantConfig], providers: set[str]) ->
         for provider in tenant.providers:
             if provider not in providers:
                 raise ValueError(f"tenants.{name}.providers.{provider}: no such provider")
+
+
+def check_distinct_tokens(raw: Any) -> None:
+    """Each bearer token is configured once, in ``admin_tokens`` or in ``consumer_tokens``.
+
+    A token listed twice would have two identities (an admin and a consumer, or a consumer
+    limited to a tenant and one that is not) and only one of them could win. The error
+    names both keys, never the token. Runs on the raw config, so the keys are the file's
+    own (before entries left empty are dropped)."""
+    if not isinstance(raw, dict):
+        return
+    places: list[tuple[str, Any]] = []
+    admin = raw.get("admin_tokens")
+    if isinstance(admin, list):
+        places += [(f"admin_tokens.{i}", token) for i, token in enumerate(admin)]
+    consumers = raw.get("consumer_tokens")
+    if isinstance(consumers, list):
+        for i, consumer in enumerate(consumers):
+            token = consumer.get("token") if isinstance(consumer, dict) else None
+            places.append((f"consumer_tokens.{i}.token", getattr(consumer, "token", token)))
+    seen: dict[str, str] = {}
+    for key, token in places:
+        text = token.get_secret_value() if isinstance(token, SecretStr) else token
+        if not isinstance(text, str) or not text:
+            continue
+        if text in seen:
+            raise ValueError(
+                f"{key}: the same token as {seen[text]} (a token has one identity: "
+                "give each entry its own token)"
+            )
+        seen[text] = key

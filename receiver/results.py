@@ -9,17 +9,15 @@
   (:mod:`receiver.results_stream`).
 - ``GET /openapi.json``: one public OpenAPI document for ``/v1`` and ``/admin/v1``.
 
-Bearer tokens from ``consumer_tokens``, compared in constant time; with none configured
-every ``/v1`` route answers 404. A token limited to a tenant sees that tenant's results
-only: another tenant's result answers exactly as one that has not landed (after the
-same wait). What is published, and where, is :mod:`sinks.results`.
+Bearer tokens from ``consumer_tokens``, checked by :class:`receiver.auth.TokenBook`; with
+none configured every ``/v1`` route answers 404. A token limited to a tenant sees that
+tenant's results only: another tenant's result answers exactly as one that has not
+landed (after the same wait). What is published, and where, is :mod:`sinks.results`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import math
 import re
 from typing import Any
@@ -32,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
+from receiver.auth import Refusal, TokenBook
 from receiver.config import ConsumerToken, Settings
 from receiver.results_openapi import openapi_document
 from receiver.results_stream import (
@@ -52,7 +51,6 @@ __all__ = ["results_routes"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KINDS = frozenset({"response", "batch_row", "batch"})
 _STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "expired"})
-_CHALLENGE = {"www-authenticate": 'Bearer realm="nopoll results"'}
 _NOT_LANDED = orjson.dumps({"error": "not landed"})
 _PING_S = 15
 _SEND_TIMEOUT_S = 30
@@ -90,25 +88,19 @@ class _ResultsApi:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.redis = redis
         self.max_wait_s = settings.results.max_wait_s
-        # Tokens are compared as SHA-256 digests: equal lengths, so compare_digest leaks
-        # nothing about a token's length either.
-        self.tokens = [(_digest(t.token.get_secret_value()), t) for t in settings.consumer_tokens]
+        self.consumers = settings.consumer_tokens
+        self.tokens = TokenBook.of(settings)
         self.landings = Landings(redis)
         self.hub = StreamHub(redis)
 
     def consumer(self, request: Request) -> ConsumerToken | Response:
         """The consumer token of the request, or the answer refusing it."""
-        if not self.tokens:
+        if not self.tokens.configured("consumer"):
             return _error(404, "not found")
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        candidate = _digest(given.strip())
-        found: ConsumerToken | None = None
-        for digest, token in self.tokens:  # every token compared: no early exit to time
-            if hmac.compare_digest(candidate, digest):
-                found = token
-        if scheme.lower() != "bearer" or found is None:
-            return _error(401, "a valid consumer bearer token is required", _CHALLENGE)
-        return found
+        holder = self.tokens.authenticate(request.headers, "consumer")
+        if isinstance(holder, Refusal):
+            return holder.response()
+        return self.consumers[holder.index]
 
     async def get(self, request: Request) -> Response:
         consumer = self.consumer(request)
@@ -190,10 +182,6 @@ class _ResultsApi:
             ping=_PING_S,
             sep="\n",
         )
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
 
 
 def _seconds(text: str) -> float | None:

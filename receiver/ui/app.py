@@ -32,6 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from receiver.auth import TokenBook
 from receiver.config import Settings
 from receiver.console import Console
 from receiver.ui.charts import bar_chart
@@ -63,6 +64,7 @@ class _Ui:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.console = Console(settings, redis)
         self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
+        self.book = TokenBook.of(settings)
         self.key = hashlib.sha256(b"nopoll-ui-session\0" + b"\0".join(self.tokens)).digest()
         self.secure = (settings.public_url or "").startswith("https://")
         env = Environment(
@@ -132,13 +134,13 @@ class _Ui:
         form = await self._form(request)
         if isinstance(form, Response):
             return form
-        given = form.get("token", "").strip().encode()
-        match = None
-        for token in self.tokens:
-            if hmac.compare_digest(given, token):
-                match = token
-        if match is None:
+        typed = (await request.form()).getlist("token")  # exactly one token field
+        holder = None
+        if len(typed) == 1 and isinstance(typed[0], str):
+            holder = self.book.identify(typed[0].strip(), "admin")
+        if holder is None:
             return self.render(request, "login.html", 401, error="That is not an admin token.")
+        match = self.tokens[holder.index]
         request.session.clear()  # a new session: new CSRF token, nothing carried over
         request.session["admin"] = _fingerprint(self.key, match)
         request.session["csrf"] = secrets.token_urlsafe(32)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 NOPOLL = str(Path(sys.executable).parent / "nopoll")
@@ -56,7 +57,7 @@ SECRETS = {
 
 
 def bare_env(**extra: str) -> dict[str, str]:
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")  # PYTHONPATH: a checkout
     return {**{k: os.environ[k] for k in keep if k in os.environ}, **extra}
 
 
@@ -141,3 +142,112 @@ def test_redacted_needs_no_secret_in_the_environment(tmp_path: Path) -> None:
     shown = yaml.safe_load(result.stdout)
     assert shown["providers"]["sference"]["api_key"] == "${SFERENCE_API_KEY} (not set)"
     assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://app:***@db/results"
+
+
+TOKENS = """
+redis_url: '{redis}'
+data_dir: {data}
+providers:
+  sim: {dialect: openai, base_url: 'https://api.example/v1'}
+tenants: {team-a: {}, team-b: {}}
+tenant_keys: ['${TENANT_KEY}']
+admin_tokens: ['${ADMIN_TOKEN}']
+consumer_tokens:
+  - {token: '${TEAM_A_TOKEN}', tenant: team-a}
+  - {token: '${OTHER_TOKEN}'}
+  - {token: '${ALL_TOKEN}'}
+"""
+TOKEN_ENV = {
+    "TENANT_KEY": "tenant-key-SECRETVALUE-0123456789abcdef",
+    "ADMIN_TOKEN": "admin-SECRETVALUE-aaaa",
+    "TEAM_A_TOKEN": "team-a-SECRETVALUE-bbbb",
+    "OTHER_TOKEN": "other-SECRETVALUE-cccc",
+    "ALL_TOKEN": "all-SECRETVALUE-dddd",
+}
+
+
+def _refused_to_start(command: str, config: Path, env: dict[str, str], cwd: Path) -> str:
+    """``nopoll serve|api`` on ``config``: it must exit by itself, status 2; its output.
+    (A process that starts anyway is stopped by its process group after 20 s.)"""
+    from tests.servers import free_port
+
+    process = subprocess.Popen(
+        [NOPOLL, command, "--config", str(config), "--port", str(free_port())],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        out, _ = process.communicate(timeout=10)
+        raise AssertionError(f"nopoll {command} started with overlapping tokens:\n{out}") from None
+    assert process.returncode == 2, out
+    return out
+
+
+@pytest.mark.parametrize(
+    ("same", "expected"),
+    [
+        # a token limited to team-a listed again without a tenant: it would read team-b
+        (
+            ("ALL_TOKEN", "TEAM_A_TOKEN"),
+            "consumer_tokens.2.token: the same token as consumer_tokens.0.token",
+        ),
+        # a consumer token that is also an admin token
+        (
+            ("OTHER_TOKEN", "ADMIN_TOKEN"),
+            "consumer_tokens.1.token: the same token as admin_tokens.0",
+        ),
+    ],
+    ids=["limited-then-unlimited", "consumer-and-admin"],
+)
+def test_a_token_configured_twice_is_refused_naming_both_keys(
+    tmp_path: Path, redis_url: str, same: tuple[str, str], expected: str
+) -> None:
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(
+        TOKENS.replace("{data}", str(tmp_path / "data")).replace("{redis}", redis_url)
+    )
+    copy, of = same
+    env = bare_env(**{**TOKEN_ENV, copy: TOKEN_ENV[of]})
+    ok = nopoll("config", "check", "--config", str(config), env=bare_env(**TOKEN_ENV), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # distinct tokens are fine
+    check = nopoll("config", "check", "--config", str(config), env=env, cwd=tmp_path)
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert expected in check.stderr
+    assert "SECRETVALUE" not in check.stdout + check.stderr
+    for command in ("serve", "api"):
+        out = _refused_to_start(command, config, env, tmp_path)
+        assert expected in out and "SECRETVALUE" not in out
+
+
+def test_redacted_needs_no_tenant_key_or_token_in_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(TOKENS.replace("{data}", str(tmp_path / "data")).replace("{redis}", ""))
+    result = nopoll(
+        "config", "check", "--redacted", "--config", str(config), env=bare_env(), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tenant_keys.0: TENANT_KEY is not set (needed to run)" in result.stderr
+    assert "admin_tokens.0: ADMIN_TOKEN is not set (needed to run)" in result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["tenant_keys"] == ["${TENANT_KEY} (not set)"]
+    assert shown["admin_tokens"] == ["${ADMIN_TOKEN} (not set)"]
+    # without --redacted the same config is still checked in full
+    strict = nopoll("config", "check", "--config", str(config), env=bare_env(), cwd=tmp_path)
+    assert strict.returncode == 2 and "TENANT_KEY is not set" in strict.stderr
+    short = bare_env(**{**TOKEN_ENV, "TENANT_KEY": "short"})
+    strict = nopoll("config", "check", "--config", str(config), env=short, cwd=tmp_path)
+    assert strict.returncode == 2
+    assert "tenant_keys: a tenant key must be at least 32 characters long" in strict.stderr
+    # and --redacted still checks a key that is set
+    lenient = nopoll(
+        "config", "check", "--redacted", "--config", str(config), env=short, cwd=tmp_path
+    )
+    assert lenient.returncode == 2
+    assert "a tenant key must be at least 32 characters long" in lenient.stderr

@@ -324,3 +324,85 @@ def test_every_unset_variable_is_reported_at_once(tmp_path: Path) -> None:
     message = str(info.value)
     assert message.startswith(f"invalid configuration in {path}:")
     assert "SIM_API_KEY is not set" in message and "SIM_WEBHOOK_SECRET is not set" in message
+
+
+TOKENS = (
+    GOOD
+    + """tenants: {team-a: {}}
+tenant_keys: ["${TENANT_KEY}"]
+admin_tokens: ["${OLD_ADMIN:-}", "${ADMIN}"]
+consumer_tokens:
+  - {token: "${TEAM_A}", tenant: team-a}
+  - {token: "${ALL}"}
+"""
+)
+TOKEN_ENV = {
+    **ENV,
+    "TENANT_KEY": "k" * 40,
+    "ADMIN": "admin-SECRETVALUE-0001",
+    "TEAM_A": "team-a-SECRETVALUE-0002",
+    "ALL": "all-SECRETVALUE-0003",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (  # the file's own index, counting the empty rotation slot before it
+            {"ALL": TOKEN_ENV["ADMIN"]},
+            "consumer_tokens.1.token: the same token as admin_tokens.1",
+        ),
+        (
+            {"ALL": TOKEN_ENV["TEAM_A"]},
+            "consumer_tokens.1.token: the same token as consumer_tokens.0.token",
+        ),
+        (
+            {"OLD_ADMIN": TOKEN_ENV["ADMIN"]},
+            "admin_tokens.1: the same token as admin_tokens.0",
+        ),
+    ],
+    ids=["consumer-and-admin", "limited-and-unlimited", "admin-twice"],
+)
+def test_a_token_configured_twice_names_both_keys_and_not_the_token(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    path = write(tmp_path, TOKENS)
+    assert len(load_settings(path, env=TOKEN_ENV).consumer_tokens) == 2
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={**TOKEN_ENV, **env})
+    assert expected in str(info.value)
+    assert "SECRETVALUE" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ("short-token", "must be at least 16 characters long"),
+        ("a token with spaces in it", "printable ASCII without spaces"),
+        ("token-wïth-an-umlaut-0123", "printable ASCII without spaces"),
+    ],
+)
+def test_a_token_that_cannot_travel_in_a_header_is_refused(
+    tmp_path: Path, token: str, expected: str
+) -> None:
+    path = write(tmp_path, TOKENS)
+    for variable, key in [("ADMIN", "admin_tokens"), ("ALL", "consumer_tokens.1.token")]:
+        with pytest.raises(ConfigError) as info:
+            load_settings(path, env={**TOKEN_ENV, variable: token})
+        assert f"{key}: " in str(info.value) and expected in str(info.value)
+        assert token not in str(info.value)
+
+
+def test_a_lenient_load_leaves_unset_keys_and_tokens_unchecked(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, TOKENS), env={}, require_env=False)
+    assert [k.get_secret_value() for k in s.tenant_keys] == ["${TENANT_KEY}"]
+    assert [t.get_secret_value() for t in s.admin_tokens] == ["${ADMIN}"]
+    assert [t.token.get_secret_value() for t in s.consumer_tokens] == ["${TEAM_A}", "${ALL}"]
+    assert "tenant_keys.0: TENANT_KEY is not set (needed to run)" in s.notes
+    # the same variable twice is the same token whatever its value
+    twice = write(tmp_path, TOKENS.replace("${ALL}", "${ADMIN}"))
+    with pytest.raises(ConfigError, match=r"consumer_tokens\.1\.token: the same token as admin"):
+        load_settings(twice, env={}, require_env=False)
+    # a value that is set is checked as usual
+    with pytest.raises(ConfigError, match="tenant_keys: a tenant key must be at least 32"):
+        load_settings(write(tmp_path, TOKENS), env={"TENANT_KEY": "short"}, require_env=False)

@@ -1,0 +1,134 @@
+"""Bearer tokens: who is asking. One check for the admin API (``admin_tokens``), the
+results API (``consumer_tokens``) and ``/ui``'s login form.
+
+:class:`TokenBook` hashes every configured token once (SHA-256). A presented token is
+hashed too and compared with every digest of the role, each time, with
+``hmac.compare_digest``: equal lengths and no early exit, so timing tells neither a
+token's content nor its length. The config holds each token once
+(:func:`receiver.config_tenants.check_distinct_tokens`), so a token has one identity.
+
+The ``Authorization`` header is read strictly, the same way on every surface: exactly one
+header, ASCII, the scheme ``Bearer`` (any case), one or more spaces, one token of
+printable ASCII. Every refusal is a 401 with ``WWW-Authenticate: Bearer`` (RFC 6750) and
+a reason that starts with ``Authorization:``; it never names the token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import orjson
+from pydantic import SecretStr
+from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from receiver.config import ConsumerToken, Settings
+
+__all__ = ["Holder", "Refusal", "Role", "TokenBook"]
+
+Role = Literal["admin", "consumer"]
+_REALM: dict[Role, str] = {"admin": "nopoll admin", "consumer": "nopoll results"}
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who presented a token: ``role``, the token's place in its config list (``index``,
+    among the entries in use) and, for a consumer limited to one tenant, that tenant."""
+
+    role: Role
+    index: int
+    tenant: str | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is not let in: ``reason`` for the body, ``challenge`` for
+    ``WWW-Authenticate``."""
+
+    reason: str
+    challenge: str
+
+    def response(self) -> Response:
+        """The 401 to answer: ``{"error": reason}`` with the challenge."""
+        return Response(
+            orjson.dumps({"error": self.reason}),
+            401,
+            {"www-authenticate": self.challenge},
+            media_type="application/json",
+        )
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class TokenBook:
+    """Every configured bearer token as a digest, with the identity it stands for."""
+
+    def __init__(
+        self, admin_tokens: Sequence[SecretStr], consumer_tokens: Sequence[ConsumerToken]
+    ) -> None:
+        self._entries: dict[Role, list[tuple[bytes, Holder]]] = {
+            "admin": [
+                (_digest(t.get_secret_value()), Holder("admin", i))
+                for i, t in enumerate(admin_tokens)
+            ],
+            "consumer": [
+                (_digest(c.token.get_secret_value()), Holder("consumer", i, c.tenant))
+                for i, c in enumerate(consumer_tokens)
+            ],
+        }
+
+    @classmethod
+    def of(cls, settings: Settings) -> TokenBook:
+        return cls(settings.admin_tokens, settings.consumer_tokens)
+
+    def configured(self, role: Role) -> bool:
+        """Whether any token of ``role`` is configured (none: its routes are 404)."""
+        return bool(self._entries[role])
+
+    def identify(self, token: str, role: Role) -> Holder | None:
+        """The holder of ``token`` among the tokens of ``role``, or ``None``."""
+        given = _digest(token)
+        found: Holder | None = None
+        for digest, holder in self._entries[role]:  # every one: no early exit to time
+            if hmac.compare_digest(given, digest):
+                found = holder
+        return found
+
+    def authenticate(self, headers: Headers, role: Role) -> Holder | Refusal:
+        """The holder of the request's bearer token, or why it is refused."""
+        realm = f'Bearer realm="{_REALM[role]}"'
+
+        def refused(reason: str, error: str | None) -> Refusal:
+            if error is None:  # no credentials at all: no error code (RFC 6750 3.1)
+                return Refusal(reason, realm)
+            return Refusal(reason, f'{realm}, error="{error}"')
+
+        values = headers.getlist("authorization")
+        if not values:
+            return refused("Authorization: missing; send 'Authorization: Bearer <token>'", None)
+        if len(values) > 1:
+            return refused("Authorization: sent more than once; send one", "invalid_request")
+        value = values[0]
+        if not value.isascii():  # the header's bytes, read as latin-1
+            return refused("Authorization: not ASCII; a bearer token is ASCII", "invalid_request")
+        scheme, _, rest = value.partition(" ")
+        if scheme.lower() != "bearer":
+            return refused("Authorization: the scheme must be Bearer, as in 'Bearer <token>'", None)
+        token = rest.strip(" ")
+        if not _TOKEN.fullmatch(token):
+            return refused(
+                "Authorization: expected 'Bearer <token>', one token of printable ASCII",
+                "invalid_request",
+            )
+        holder = self.identify(token, role)
+        if holder is None:
+            return refused(f"Authorization: not a valid {role} bearer token", "invalid_token")
+        return holder
