@@ -172,7 +172,7 @@ def _config_without_tenant_key(tmp_path, redis_url) -> str:
 def test_a_tenant_account_without_its_own_api_key_is_refused_at_start_up(tmp_path, redis_url):
     config = _config_without_tenant_key(tmp_path, redis_url)
     env = {**os.environ}
-    for command in (["config", "check"], ["api", "--port", "0"], ["worker"]):
+    for command in (["config", "check"], ["api", "--port", "0"], ["worker"], ["serve"]):
         done = subprocess.run(
             [str(NOPOLL), *command, "--config", config],
             env=env,
@@ -180,6 +180,6 @@ def test_a_tenant_account_without_its_own_api_key_is_refused_at_start_up(tmp_pat
             text=True,
             timeout=60,
         )
-        assert done.returncode != 0, (command, done.stdout, done.stderr)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
         assert "tenants.team-a.providers.sim.api_key" in done.stderr, (command, done.stderr)
         assert "Traceback" not in done.stderr
