@@ -20,8 +20,6 @@ from tests.e2e import test_tenants
 from tests.e2e.helpers import NOPOLL, pg_rows, wait_for
 from tests.servers import running_api, running_worker
 
-pytestmark = pytest.mark.slow
-
 KEYS = test_tenants.KEYS
 ADMIN = "admin-token-" + "a" * 20
 CONSUMER = "consumer-token-" + "c" * 20
@@ -169,6 +167,7 @@ def _config_without_tenant_key(tmp_path, redis_url) -> str:
     return str(config)
 
 
+@pytest.mark.slow  # four processes start
 def test_a_tenant_account_without_its_own_api_key_is_refused_at_start_up(tmp_path, redis_url):
     config = _config_without_tenant_key(tmp_path, redis_url)
     env = {**os.environ}
