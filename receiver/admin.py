@@ -10,6 +10,7 @@ field; nothing a client sends gives a 500. ``GET /admin/v1/openapi.json`` descri
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import orjson
@@ -25,7 +26,7 @@ from receiver.admin_submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
 from receiver.auth import Refusal, TokenBook
 from receiver.config import Settings
 from receiver.console import Console
-from receiver.tenants import tenant_problem
+from receiver.tenants import DEFAULT_TENANT, tenant_problem
 from receiver.watches import WatchStore, register_many
 
 __all__ = ["WatchRequest", "admin_routes"]
@@ -33,6 +34,8 @@ __all__ = ["WatchRequest", "admin_routes"]
 _MAX_IDS = 10_000
 _MAX_BODY = 4 * 1024 * 1024
 _STATES = ("pending", "landed", "expired")
+_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ALL_TENANTS = "*"
 
 
 class WatchRequest(BaseModel):
@@ -141,6 +144,9 @@ class _AdminApi:
         provider = q.get("provider")
         if provider is not None and provider not in self.settings.providers:
             return _error(400, f"provider: unknown provider {provider[:64]!r}")
+        tenant = q.get("tenant", DEFAULT_TENANT)
+        if tenant != _ALL_TENANTS and not _TENANT.fullmatch(tenant):
+            return _error(400, f"tenant: {_TENANT_RULE}, or * for every tenant")
         try:
             cursor = int(q.get("cursor", "0"))
             limit = int(q.get("limit", "100"))
@@ -150,7 +156,12 @@ class _AdminApi:
             return _error(400, "limit: must be 1 to 1000; cursor: not negative")
         try:
             watches, after = await self.store.scan(
-                provider=provider, kind=kind, state=state, cursor=cursor, count=limit
+                provider=provider,
+                kind=kind,
+                state=state,
+                tenant=None if tenant == _ALL_TENANTS else tenant,
+                cursor=cursor,
+                count=limit,
             )
         except (RedisError, OSError):
             return _error(503, "Redis unreachable, retry later")
@@ -165,8 +176,11 @@ class _AdminApi:
         p = request.path_params
         if p["kind"] not in ("response", "batch"):
             return _error(400, "kind: must be response or batch")
+        tenant = request.query_params.get("tenant", DEFAULT_TENANT)
+        if not _TENANT.fullmatch(tenant):
+            return _error(400, f"tenant: {_TENANT_RULE}")
         try:
-            deleted = await self.store.delete(p["provider"], p["kind"], p["id"])
+            deleted = await self.store.delete(p["provider"], p["kind"], p["id"], tenant)
         except (RedisError, OSError):
             return _error(503, "Redis unreachable, retry later")
         return Response(status_code=204) if deleted else _error(404, "no such watch")
@@ -175,6 +189,9 @@ class _AdminApi:
         if (denied := self.refused(request)) is not None:
             return denied
         return _json(200, OPENAPI)
+
+
+_TENANT_RULE = "must be default or a tenant name ([A-Za-z0-9_-]{1,64})"
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -207,6 +224,13 @@ _ERROR = {
     },
 }
 _AUTH = {"401": _ERROR, "404": {"description": "no admin token is configured"}}
+_TENANT_PARAM: dict[str, Any] = {
+    "name": "tenant",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "default": DEFAULT_TENANT},
+    "description": "whose watches: each tenant's watch of an id is its own",
+}
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -249,7 +273,10 @@ OPENAPI: dict[str, Any] = {
             },
             "get": {
                 "summary": "List watches (a page; follow next_cursor until it is empty)",
-                "parameters": _params("provider", "kind", "state", "cursor", "limit"),
+                "parameters": [
+                    *_params("provider", "kind", "state", "cursor", "limit"),
+                    _TENANT_PARAM | {"description": _TENANT_PARAM["description"] + "; * for all"},
+                ],
                 "responses": {
                     "200": {"description": "a page of watches"},
                     "400": _ERROR,
@@ -260,10 +287,13 @@ OPENAPI: dict[str, Any] = {
         },
         "/admin/v1/watches/{provider}/{kind}/{id}": {
             "delete": {
-                "summary": "Stop watching one id",
+                "summary": "Stop watching one id (the watch of one tenant)",
                 "parameters": [
-                    {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
-                    for n in ("provider", "kind", "id")
+                    *(
+                        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                        for n in ("provider", "kind", "id")
+                    ),
+                    _TENANT_PARAM,
                 ],
                 "responses": {
                     "204": {"description": "ended"},

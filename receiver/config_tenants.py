@@ -47,8 +47,9 @@ def _kept(value: list[SecretStr]) -> list[SecretStr]:
 
 
 class TenantProviderConfig(_Model):
-    """A tenant's own account at one provider: overrides the provider's key and secrets
-    (the provider's ``dialect``, ``base_url`` and settings stay)."""
+    """A tenant's own account at one provider: its own key (required: with the provider's
+    key it could fetch the default tenant's results) and, optionally, its own webhook
+    secrets (the provider's ``dialect``, ``base_url`` and settings stay)."""
 
     api_key: SecretStr | None = None
     webhook_secrets: list[SecretStr] = Field(default_factory=list)
@@ -102,15 +103,22 @@ class ResultsConfig(_Model):
 
 
 def check_tenant_names(tenants: dict[str, TenantConfig], providers: set[str]) -> None:
-    """Tenant names are safe tokens; every provider a tenant names is configured."""
+    """Tenant names are safe tokens; every provider a tenant names is configured, and the
+    tenant has its own ``api_key`` there."""
     for name, tenant in tenants.items():
         if not _NAME.match(name):
             raise ValueError(f"tenants.{name[:64]}: a name must match [A-Za-z0-9_-]{{1,64}}")
         if name == "default":
             raise ValueError("tenants.default: 'default' is the providers' own account, reserved")
-        for provider in tenant.providers:
+        for provider, account in tenant.providers.items():
             if provider not in providers:
                 raise ValueError(f"tenants.{name}.providers.{provider}: no such provider")
+            if account.api_key is None or not account.api_key.get_secret_value():
+                raise ValueError(
+                    f"tenants.{name}.providers.{provider}.api_key: required: a tenant's "
+                    "account fetches and polls with its own key (the provider's key would "
+                    "reach the default tenant's results)"
+                )
 
 
 def check_distinct_tokens(raw: Any) -> None:

@@ -22,7 +22,7 @@ from receiver.batch_state import BATCH_INDEX_KEY
 from receiver.config import Settings
 from receiver.deadletter import DeadLetter, DeadLetters
 from receiver.health import queue_depths, sink_states
-from receiver.watches import WatchStore, due_key
+from receiver.watches import WatchStore, due_key, read_member
 
 __all__ = ["Console"]
 
@@ -75,14 +75,20 @@ class Console:
         return {p: await self.watches.counts(p) for p in self.settings.providers}
 
     async def next_polls(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The soonest-due pending watches over every provider."""
+        """The soonest-due pending watches over every provider and tenant."""
         found: list[dict[str, Any]] = []
         for provider in self.settings.providers:
             entries = await self.redis.zrange(due_key(provider), 0, limit - 1, withscores=True)
             for member, score in entries:
-                kind, _, object_id = member.decode().partition(":")
+                tenant, kind, object_id = read_member(member.decode())
                 found.append(
-                    {"provider": provider, "kind": kind, "id": object_id, "due_at": score / 1000}
+                    {
+                        "provider": provider,
+                        "tenant": tenant,
+                        "kind": kind,
+                        "id": object_id,
+                        "due_at": score / 1000,
+                    }
                 )
         return sorted(found, key=lambda w: w["due_at"])[:limit]
 

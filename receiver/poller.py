@@ -208,7 +208,7 @@ class WatchPoller:
             function=function,
             kwargs=kwargs,
         )
-        await self.store.finish(watch.provider, watch.kind, watch.id, "expired")
+        await self.store.end(watch, "expired")
         self.state.metrics.dead_letters.labels("watch").inc()
         log.warning("watch %s %s expired: dead letter %s", watch.kind, watch.id, letter.id)
 
@@ -235,7 +235,7 @@ class WatchPoller:
             job_id = batch_job_id(scoped(watch.provider, watch.tenant), watch.id)
             job = QueuedJob(FETCH_BATCH, job_id, kwargs)
             await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
-        await self.store.finish(watch.provider, watch.kind, watch.id, "landed", via="poll")
+        await self.store.end(watch, "landed", via="poll")
         self.state.metrics.watch_landing_seconds.labels(watch.provider).observe(
             time.monotonic() - started
         )

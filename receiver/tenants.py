@@ -7,11 +7,13 @@ is put first and the old ones stay until the endpoints signed by them are replac
 token that does not verify, or names a tenant or provider that is not configured, is
 unknown: the endpoint answers 404 before anything touches Redis.
 
-The tenant's own ``api_key`` and ``webhook_secrets`` replace the provider's where they are
-given (:func:`tenant_provider`); the provider's ``dialect``, ``base_url`` and settings stay.
+The tenant's own ``api_key`` (every account has one: the config refuses one without) and
+``webhook_secrets`` (where given) replace the provider's (:func:`tenant_provider`); the
+provider's ``dialect``, ``base_url`` and settings stay.
 
 Everything the default tenant keys by provider in Redis (the webhook-id dedupe, job ids,
-batch progress, ``nopoll submit``'s records and idempotency keys) is keyed by
+batch progress, watches and callback markers, ``nopoll submit``'s records and
+idempotency keys) is keyed by
 :func:`scoped` for other tenants: ``provider@tenant``, which no provider name can be, so
 two tenants with the same ids never collide, and the default tenant's keys stay as they
 always were. docs/tenants.md has the operator's side.

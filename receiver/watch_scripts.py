@@ -28,13 +28,17 @@ return 1
 """
 
 # KEYS: 1 due zset. ARGV: 1 now ms, 2 lease ms, 3 limit, 4 watch key prefix
-# Take due watches: push each one's due time a lease ahead and mark it polling.
+# ('nopoll:watch:<provider>')
+# Take due watches: push each one's due time a lease ahead and mark it polling. A member
+# 'kind:id@tenant' is a tenant's watch, at 'nopoll:watch:<provider>@<tenant>:kind:id'.
 TAKE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
 local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
 for _, member in ipairs(due) do
   redis.call('ZADD', KEYS[1], until_ms, member)
-  local key = ARGV[4] .. member
+  local watched, tenant = string.match(member, '^([^@]*)@([^@]+)$')
+  local key = ARGV[4] .. ':' .. member
+  if watched then key = ARGV[4] .. '@' .. tenant .. ':' .. watched end
   local state = redis.call('HGET', key, 'state')
   if state == 'pending' or state == 'polling' or state == 'landing' or state == 'callback' then
     redis.call('HSET', key, 'state', 'polling', 'next_at', until_ms)

@@ -1,13 +1,28 @@
 """Watches: results nopoll polls for, because no callback comes (or as a safety net).
 
-A watch is ``(provider, kind, id)`` with ``kind`` ``response`` or ``batch``. Keys::
+A watch is ``(tenant, provider, kind, id)`` with ``kind`` ``response`` or ``batch``: each
+tenant's watch of an id is its own, polled with its own account and landed with its own
+``tenant``. Keys, where ``<scoped>`` is :func:`receiver.tenants.scoped` (the provider's own
+name for the default tenant, so its keys are what they always were; ``provider@tenant``
+for the others)::
 
-    nopoll:watch:<provider>:<kind>:<id>     hash: state, polls, next_at, registered_at,
+    nopoll:watch:<scoped>:<kind>:<id>       hash: state, polls, next_at, registered_at,
                                             expect_callback, tenant, status (last seen),
                                             landed_at; expires a dedupe window after it ends
-    nopoll:watches:due:<provider>           zset: "<kind>:<id>" by next poll time (ms),
-                                            every watch that has not ended
+    nopoll:watches:called:<scoped>:<kind>:<id>
+                                            a callback for an id its tenant does not watch
+                                            (yet): ``landing``, then ``landed``
+    nopoll:watches:due:<provider>           zset: every watch of the provider that has not
+                                            ended, by next poll time (ms); the member is
+                                            "<kind>:<id>" for the default tenant and
+                                            "<kind>:<id>@<tenant>" for the others
     nopoll:watches:ended:<provider>         hash: landed, expired (how many ever ended so)
+
+The due set stays one per provider, its member naming the tenant (ids never hold ``@``):
+the pollers take a provider's due watches in one call whatever their tenants, under the
+provider's one rate limit and concurrency; the pending count of a provider stays one
+``ZCARD``. A callback reaches the watch and marker of its own tenant only, so no tenant's
+callback can pause, end or land another tenant's watch of the same id.
 
 States: ``pending`` (polled when due), ``polling`` (taken by a worker: its due time is
 pushed ``lease_ms`` ahead, so a worker killed mid-poll loses nothing, the watch comes due
@@ -32,6 +47,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from receiver import watch_scripts as lua
+from receiver.tenants import DEFAULT_TENANT, scoped
 
 __all__ = [
     "RECHECK_S",
@@ -39,7 +55,9 @@ __all__ = [
     "Watch",
     "WatchStore",
     "due_key",
+    "due_member",
     "ended_key",
+    "read_member",
     "register_many",
     "shown_state",
     "watch_key",
@@ -52,21 +70,37 @@ RECHECK_S = 900.0
 retries ran out: a dead letter) hands the id back to polling."""
 
 
-def watch_key(provider: str, kind: str, object_id: str) -> str:
-    return f"nopoll:watch:{provider}:{kind}:{object_id}"
+def watch_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    return f"nopoll:watch:{scoped(provider, tenant)}:{kind}:{object_id}"
 
 
 def due_key(provider: str) -> str:
     return f"nopoll:watches:due:{provider}"
 
 
+def due_member(kind: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    """A watch's member of its provider's due set: ``kind:id``, ``kind:id@tenant``."""
+    member = f"{kind}:{object_id}"
+    return member if tenant == DEFAULT_TENANT else f"{member}@{tenant}"
+
+
+def read_member(member: str) -> tuple[str, str, str]:
+    """``(tenant, kind, id)`` of a due-set member (:func:`due_member`)."""
+    watched, at, tenant = member.rpartition("@")
+    if not at:
+        watched, tenant = member, DEFAULT_TENANT
+    kind, _, object_id = watched.partition(":")
+    return tenant, kind, object_id
+
+
 def ended_key(provider: str) -> str:
     return f"nopoll:watches:ended:{provider}"
 
 
-def marker_key(provider: str, kind: str, object_id: str) -> str:
-    """Left by a callback for an id not watched (yet): ``landing``, then ``landed``."""
-    return f"nopoll:watches:called:{provider}:{kind}:{object_id}"
+def marker_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    """Left by a callback for an id its tenant does not watch (yet): ``landing``, then
+    ``landed``."""
+    return f"nopoll:watches:called:{scoped(provider, tenant)}:{kind}:{object_id}"
 
 
 MARKER_TTL_S = 3600
@@ -95,6 +129,9 @@ class Watch:
     tenant: str
     status: str | None
     """The provider's status at the last poll."""
+    keyed_as: str = DEFAULT_TENANT
+    """The tenant its keys are scoped by: ``tenant``, except for a watch registered before
+    watches were scoped by tenant (kept under the default tenant's keys)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,7 +150,7 @@ class Watch:
 
 
 class WatchStore:
-    """The watches of every provider on the shared Redis (see the module docs)."""
+    """The watches of every provider and tenant on the shared Redis (see the module docs)."""
 
     def __init__(self, redis: Redis, *, ended_ttl_s: int = 7 * 86_400) -> None:
         self.redis = redis
@@ -127,9 +164,10 @@ class WatchStore:
         *,
         first_poll_in_s: float,
         expect_callback: bool = False,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
     ) -> bool:
-        """Start watching; False when this id is already watched (or landed, or expired)."""
+        """Start watching; False when this id is already watched (or landed, or expired)
+        for this tenant."""
         [added] = await self.register_all(
             provider,
             kind,
@@ -148,7 +186,7 @@ class WatchStore:
         *,
         first_poll_in_s: float,
         expect_callback: bool = False,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
     ) -> list[bool]:
         """:meth:`register` for many ids, pipelined 1,000 at a time."""
         added: list[bool] = []
@@ -159,11 +197,11 @@ class WatchStore:
                     pipe.eval(
                         lua.REGISTER,
                         4,
-                        watch_key(provider, kind, object_id),
+                        watch_key(provider, kind, object_id, tenant),
                         due_key(provider),
-                        marker_key(provider, kind, object_id),
+                        marker_key(provider, kind, object_id, tenant),
                         ended_key(provider),
-                        f"{kind}:{object_id}",
+                        due_member(kind, object_id, tenant),
                         str(now),
                         str(now + int(first_poll_in_s * 1000)),
                         "1" if expect_callback else "0",
@@ -175,7 +213,8 @@ class WatchStore:
         return added
 
     async def take_due(self, provider: str, *, limit: int, lease_s: float) -> list[Watch]:
-        """Due watches of ``provider`` (at most ``limit``), each taken for ``lease_s``."""
+        """Due watches of ``provider``, every tenant's (at most ``limit``), each taken for
+        ``lease_s``."""
         members: list[bytes] = await self.redis.eval(  # type: ignore[misc]
             lua.TAKE,
             1,
@@ -183,12 +222,12 @@ class WatchStore:
             str(_ms()),
             str(int(lease_s * 1000)),
             str(limit),
-            f"nopoll:watch:{provider}:",
+            f"nopoll:watch:{provider}",
         )
         watches = []
         for member in members:
-            kind, _, object_id = member.decode().partition(":")
-            watch = await self.get(provider, kind, object_id)
+            tenant, kind, object_id = read_member(member.decode())
+            watch = await self.get(provider, kind, object_id, tenant)
             if watch is not None and watch.state == "polling":
                 watches.append(watch)
         return watches
@@ -208,9 +247,9 @@ class WatchStore:
         await self.redis.eval(  # type: ignore[misc]
             lua.RESCHEDULE,
             2,
-            watch_key(watch.provider, watch.kind, watch.id),
+            watch_key(watch.provider, watch.kind, watch.id, watch.keyed_as),
             due_key(watch.provider),
-            f"{watch.kind}:{watch.id}",
+            due_member(watch.kind, watch.id, watch.keyed_as),
             str(_ms() + int(in_s * 1000)),
             status or "",
             "0" if polled else "1",
@@ -223,9 +262,9 @@ class WatchStore:
             await self.redis.eval(  # type: ignore[misc]
                 lua.CLAIM_LANDING,
                 2,
-                watch_key(watch.provider, watch.kind, watch.id),
+                watch_key(watch.provider, watch.kind, watch.id, watch.keyed_as),
                 due_key(watch.provider),
-                f"{watch.kind}:{watch.id}",
+                due_member(watch.kind, watch.id, watch.keyed_as),
                 status,
                 str(_ms() + int(lease_s * 1000)),
             )
@@ -238,19 +277,21 @@ class WatchStore:
         object_id: str,
         state: str,
         *,
+        tenant: str = DEFAULT_TENANT,
         status: str | None = None,
         via: str = "",
     ) -> None:
-        """The watch ended: ``landed`` (with the object's final ``status`` when known) or
-        ``expired``; kept a dedupe window for lookups."""
+        """``tenant``'s watch ended: ``landed`` (with the object's final ``status`` when
+        known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
+        if a callback left one, says ``state``."""
         await self.redis.eval(  # type: ignore[misc]
             lua.FINISH,
             4,
-            watch_key(provider, kind, object_id),
+            watch_key(provider, kind, object_id, tenant),
             due_key(provider),
             ended_key(provider),
-            marker_key(provider, kind, object_id),
-            f"{kind}:{object_id}",
+            marker_key(provider, kind, object_id, tenant),
+            due_member(kind, object_id, tenant),
             state,
             str(_ms()),
             str(self._ended_ttl_s),
@@ -258,33 +299,52 @@ class WatchStore:
             via,
         )
 
+    async def end(self, watch: Watch, state: str, *, via: str = "") -> None:
+        """:meth:`finish` for a watch taken by a poll (wherever its keys are)."""
+        await self.finish(
+            watch.provider, watch.kind, watch.id, state, tenant=watch.keyed_as, via=via
+        )
+
     async def callback_arrived(
-        self, provider: str, kind: str, object_id: str, *, recheck_s: float = RECHECK_S
+        self,
+        provider: str,
+        kind: str,
+        object_id: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        recheck_s: float = RECHECK_S,
     ) -> str:
-        """A callback's job is about to fetch: ``none`` (not watched) or ``callback`` (go
-        on; polling stops, unless the job has not landed it ``recheck_s`` from now),
-        ``landed``/``landing`` (a poll delivered it: skip)."""
+        """A callback's job of ``tenant`` is about to fetch: ``none`` (the tenant does not
+        watch it) or ``callback`` (go on; polling stops, unless the job has not landed it
+        ``recheck_s`` from now), ``landed``/``landing`` (a poll delivered it: skip). Other
+        tenants' watches of the same id are not touched."""
         result = await self.redis.eval(  # type: ignore[misc]
             lua.CALLBACK,
             4,
-            watch_key(provider, kind, object_id),
+            watch_key(provider, kind, object_id, tenant),
             due_key(provider),
             ended_key(provider),
-            marker_key(provider, kind, object_id),
-            f"{kind}:{object_id}",
+            marker_key(provider, kind, object_id, tenant),
+            due_member(kind, object_id, tenant),
             str(_ms() + int(recheck_s * 1000)),
             str(MARKER_TTL_S),
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 
-    async def get(self, provider: str, kind: str, object_id: str) -> Watch | None:
-        raw = await self.redis.hgetall(watch_key(provider, kind, object_id))  # type: ignore[misc]
-        return _watch(provider, kind, object_id, raw) if raw else None
+    async def get(
+        self, provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT
+    ) -> Watch | None:
+        """``tenant``'s watch of the id, or None."""
+        raw = await self.redis.hgetall(watch_key(provider, kind, object_id, tenant))  # type: ignore[misc]
+        return _watch(provider, kind, object_id, tenant, raw) if raw else None
 
-    async def delete(self, provider: str, kind: str, object_id: str) -> bool:
+    async def delete(
+        self, provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT
+    ) -> bool:
+        """End ``tenant``'s watch of the id at once (nothing polls it any more)."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(watch_key(provider, kind, object_id))
-            pipe.zrem(due_key(provider), f"{kind}:{object_id}")
+            pipe.delete(watch_key(provider, kind, object_id, tenant))
+            pipe.zrem(due_key(provider), due_member(kind, object_id, tenant))
             deleted, _ = await pipe.execute()
         return bool(deleted)
 
@@ -294,19 +354,34 @@ class WatchStore:
         provider: str | None = None,
         kind: str | None = None,
         state: str | None = None,
+        tenant: str | None = DEFAULT_TENANT,
         cursor: int = 0,
         count: int = 100,
     ) -> tuple[list[Watch], int]:
-        """A page of watches matching the filters, and the cursor of the next page (0: the
-        last). Pages come from Redis SCAN, so a page may hold fewer than ``count``."""
-        pattern = f"nopoll:watch:{provider or '*'}:{kind or '*'}:*"
+        """A page of watches matching the filters (``tenant`` None: every tenant's), and
+        the cursor of the next page (0: the last). Pages come from Redis SCAN, so a page
+        may hold fewer than ``count``."""
+        if provider is None:
+            where = "*" if tenant in (None, DEFAULT_TENANT) else f"*@{tenant}:*"
+        else:
+            where = f"{provider}[:@]*" if tenant is None else f"{scoped(provider, tenant)}:*"
+        pattern = f"nopoll:watch:{where}"
         found: list[Watch] = []
         next_cursor = cursor
         for _ in range(100):  # bounded: a page needs at most this many SCAN calls
             next_cursor, keys = await self.redis.scan(next_cursor, match=pattern, count=500)
             for key in keys:
-                _, _, p, k, object_id = key.decode().split(":", 4)
-                watch = await self.get(p, k, object_id)
+                scope, _, rest = key.decode().removeprefix("nopoll:watch:").partition(":")
+                p, at, t = scope.partition("@")
+                k, _, object_id = rest.partition(":")
+                keyed_as = t if at else DEFAULT_TENANT
+                if (
+                    provider not in (None, p)
+                    or kind not in (None, k)
+                    or tenant not in (None, keyed_as)
+                ):
+                    continue
+                watch = await self.get(p, k, object_id, keyed_as)
                 shown = shown_state(watch.state) if watch else None
                 if watch is not None and (state is None or shown == state):
                     found.append(watch)
@@ -315,8 +390,9 @@ class WatchStore:
         return found, int(next_cursor)
 
     async def counts(self, provider: str) -> dict[str, int]:
-        """Watches of ``provider`` by shown state: ``pending`` (not ended: O(1) from the
-        due set), ``landed`` and ``expired`` (how many ever ended so, from a counter)."""
+        """Watches of ``provider`` (every tenant's) by shown state: ``pending`` (not ended:
+        O(1) from the due set), ``landed`` and ``expired`` (how many ever ended so, from a
+        counter)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zcard(due_key(provider))
             pipe.hmget(ended_key(provider), ["landed", "expired"])
@@ -332,12 +408,17 @@ def _ms() -> int:
     return int(time.time() * 1000)
 
 
-def _watch(provider: str, kind: str, object_id: str, raw: dict[bytes, bytes]) -> Watch:
+def _watch(
+    provider: str, kind: str, object_id: str, keyed_as: str, raw: dict[bytes, bytes]
+) -> Watch:
     def text(name: str) -> str | None:
         value = raw.get(name.encode())
         return value.decode() if value is not None else None
 
     next_at = text("next_at")
+    # the tenant is the one of its keys; under the default tenant's keys, a watch
+    # registered before watches were scoped says its tenant in the hash
+    tenant = keyed_as if keyed_as != DEFAULT_TENANT else text("tenant") or DEFAULT_TENANT
     return Watch(
         provider=provider,
         kind=kind,
@@ -347,8 +428,9 @@ def _watch(provider: str, kind: str, object_id: str, raw: dict[bytes, bytes]) ->
         next_at=int(next_at) / 1000 if next_at else None,
         registered_at=int(text("registered_at") or 0) / 1000,
         expect_callback=text("expect_callback") == "1",
-        tenant=text("tenant") or "default",
+        tenant=tenant,
         status=text("status") or None,
+        keyed_as=keyed_as,
     )
 
 
@@ -373,7 +455,7 @@ async def register_many(
     first_poll_s: float,
     reconcile_after_s: float,
     expect_callback: bool,
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
 ) -> Registered:
     """Register ``ids`` (checked against the safe-id pattern first); an id expecting a
     callback is first polled only ``reconcile_after_s`` after it was registered."""

@@ -130,7 +130,11 @@ async def fetch_response(
     """Fetch one finished response and fan it out (see module docs)."""
     watches = _watches(ctx)
     verdict = await watches.callback_arrived(
-        job.provider, "response", job.response_id, recheck_s=_recheck_s(ctx, job.provider)
+        job.provider,
+        "response",
+        job.response_id,
+        tenant=job.tenant,
+        recheck_s=_recheck_s(ctx, job.provider),
     )
     if verdict in ("landed", "landing"):
         return _skipped(job.provider, "response", job.response_id, verdict)
@@ -159,6 +163,7 @@ async def fetch_response(
         "response",
         job.response_id,
         "landed",
+        tenant=job.tenant,
         status=envelope.status,
         via="callback",
     )
@@ -240,7 +245,11 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
     verdict = "none"
     if not job.from_watch:  # a poll queued this job itself after claiming the landing
         verdict = await _watches(ctx).callback_arrived(
-            job.provider, "batch", job.batch_id, recheck_s=_recheck_s(ctx, job.provider)
+            job.provider,
+            "batch",
+            job.batch_id,
+            tenant=job.tenant,
+            recheck_s=_recheck_s(ctx, job.provider),
         )
         if verdict in ("landed", "landing"):
             return _skipped(job.provider, "batch", job.batch_id, verdict)
@@ -260,7 +269,9 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
     except SinkError as exc:
         return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), str(exc))
     if not job.from_watch:  # the callback ended its watch, or marks the id landed
-        await _watches(ctx).finish(job.provider, "batch", job.batch_id, "landed", via="callback")
+        await _watches(ctx).finish(
+            job.provider, "batch", job.batch_id, "landed", tenant=job.tenant, via="callback"
+        )
     done = "already_done" if outcome.already_done else "ok"
     state.metrics.batches.labels(job.provider, done).inc()
     state.metrics.jobs.labels(FETCH_BATCH, "ok").inc()

@@ -57,7 +57,13 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
             code = max(
                 code,
                 await _wait_for(
-                    redis, settings, args.provider, "response", result.ids, result.requests
+                    redis,
+                    settings,
+                    args.provider,
+                    "response",
+                    result.ids,
+                    result.requests,
+                    args.tenant,
                 ),
             )
         return code
@@ -79,13 +85,25 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
     print(f"batch {result.batch_id} {state}; watching it")
     if args.wait and result.batch_id:
         return await _wait_for(
-            submitter.redis, None, submitter.name, "batch", [result.batch_id], result.requests
+            submitter.redis,
+            None,
+            submitter.name,
+            "batch",
+            [result.batch_id],
+            result.requests,
+            submitter.tenant,
         )
     return 0
 
 
 async def _wait_for(
-    redis: Any, settings: Settings | None, provider: str, kind: str, ids: list[str], creates: int
+    redis: Any,
+    settings: Settings | None,
+    provider: str,
+    kind: str,
+    ids: list[str],
+    creates: int,
+    tenant: str,
 ) -> int:
     from receiver.cli._watch import _states, _wait
     from receiver.watches import WatchStore
@@ -93,13 +111,13 @@ async def _wait_for(
     store = WatchStore(redis)
     config = settings.providers[provider].watch if settings is not None else None
     limit_s = (config.expire_after_s + config.max_interval_s + 60) if config else 86_400 + 120
-    code = await _wait(store, provider, kind, ids, limit_s)
-    counts = await _states(store, provider, kind, ids)
+    code = await _wait(store, provider, kind, ids, limit_s, tenant)
+    counts = await _states(store, provider, kind, ids, tenant)
     landed = counts["landed"]
     if landed:
         # Each id landed by a callback costs one GET (its fetch), one landed by a poll none
         # beyond its polls.
-        by_callback, statuses = await _landed_detail(redis, provider, kind, ids)
+        by_callback, statuses = await _landed_detail(redis, provider, kind, ids, tenant)
         requests = creates + counts["polls"] + by_callback
         shown = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
         print(f"landed by status: {shown}")
@@ -111,7 +129,7 @@ async def _wait_for(
 
 
 async def _landed_detail(
-    redis: Any, provider: str, kind: str, ids: list[str]
+    redis: Any, provider: str, kind: str, ids: list[str], tenant: str
 ) -> tuple[int, dict[str, int]]:
     """How many landed ids a callback's fetch landed (one GET each), and the landed ones
     by their final status."""
@@ -123,7 +141,7 @@ async def _landed_detail(
     for start in range(0, len(ids), 1000):
         async with redis.pipeline(transaction=False) as pipe:
             for object_id in ids[start : start + 1000]:
-                pipe.hmget(watch_key(provider, kind, object_id), ["state", "via", "status"])
+                pipe.hmget(watch_key(provider, kind, object_id, tenant), ["state", "via", "status"])
             for state, via, status in await pipe.execute():
                 if state == b"landed":
                     by_callback += via == b"callback"

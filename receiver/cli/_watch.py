@@ -59,20 +59,23 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
             return 0
         valid = [i for i in dict.fromkeys(ids) if i not in {x for x, _ in done.invalid}]
         limit_s = provider.watch.expire_after_s + provider.watch.max_interval_s + 60
-        return await _wait(store, args.provider, args.kind, valid, limit_s)
+        return await _wait(store, args.provider, args.kind, valid, limit_s, args.tenant)
     finally:
         await redis.aclose()
 
 
-async def _states(store: Any, provider: str, kind: str, ids: list[str]) -> dict[str, int]:
-    """How many of ``ids`` are pending, landed or expired, and their ``polls`` in all."""
+async def _states(
+    store: Any, provider: str, kind: str, ids: list[str], tenant: str
+) -> dict[str, int]:
+    """How many of ``tenant``'s watches of ``ids`` are pending, landed or expired, and
+    their ``polls`` in all."""
     from receiver.watches import shown_state, watch_key
 
     counts = {"pending": 0, "landed": 0, "expired": 0, "polls": 0}
     for start in range(0, len(ids), 1000):
         async with store.redis.pipeline(transaction=False) as pipe:
             for object_id in ids[start : start + 1000]:
-                pipe.hmget(watch_key(provider, kind, object_id), ["state", "polls"])
+                pipe.hmget(watch_key(provider, kind, object_id, tenant), ["state", "polls"])
             for raw_state, raw_polls in await pipe.execute():
                 state = shown_state((raw_state or b"landed").decode())  # gone: ended long ago
                 counts[state] += 1
@@ -80,13 +83,15 @@ async def _states(store: Any, provider: str, kind: str, ids: list[str]) -> dict[
     return counts
 
 
-async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: float) -> int:
+async def _wait(
+    store: Any, provider: str, kind: str, ids: list[str], limit_s: float, tenant: str
+) -> int:
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     started = time.monotonic()
-    counts = await _states(store, provider, kind, ids)
+    counts = await _states(store, provider, kind, ids, tenant)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -108,7 +113,7 @@ async def _wait(store: Any, provider: str, kind: str, ids: list[str], limit_s: f
         while counts["pending"] and time.monotonic() - started < limit_s:
             before, at = counts["polls"], time.monotonic()
             await asyncio.sleep(1.0)
-            counts = await _states(store, provider, kind, ids)
+            counts = await _states(store, provider, kind, ids, tenant)
             bar.update(
                 task,
                 completed=counts["landed"] + counts["expired"],

@@ -389,11 +389,18 @@ async def test_admin_watches_and_submit_take_a_known_tenant(tenant_settings, red
         assert r.status_code == 202 and r.json()["watching"] == 1
         r = await client.post("/admin/v1/watches", json={**watch, "ids": ["resp_w2"]})
         assert r.status_code == 202
-        listed = (await client.get("/admin/v1/watches")).json()["watches"]
+        listed = (await client.get("/admin/v1/watches?tenant=*")).json()["watches"]
         assert {(w["id"], w["tenant"]) for w in listed} == {
             ("resp_w1", "team-a"),
             ("resp_w2", "default"),
         }
+        for tenant, query in (
+            ("default", ""),
+            ("default", "?tenant=default"),
+            ("team-a", "?tenant=team-a"),
+        ):
+            listed = (await client.get(f"/admin/v1/watches{query}")).json()["watches"]
+            assert {w["tenant"] for w in listed} == {tenant}, query
         submit = {"provider": "sim", "requests": [{"model": "m", "input": "x"}]}
         r = await client.post("/admin/v1/submit", json={**submit, "tenant": "ghost"})
         assert r.status_code == 400 and r.json()["error"].startswith("tenant: unknown tenant")

@@ -152,3 +152,65 @@ async def test_a_callback_before_the_watch_keeps_a_later_registration_from_polli
     await store.finish("p", "response", "slow", "landed", via="callback")
     watch = await store.get("p", "response", "slow")
     assert watch is not None and watch.state == "landed"
+
+
+async def test_each_tenants_watch_of_one_id_is_its_own_in_one_due_set(store, redis_sync_client):
+    for tenant in ("default", "team-a", "team-b"):
+        assert await store.register("p", "response", "r1", first_poll_in_s=0, tenant=tenant)
+    # the default tenant's keys are what they always were; the others' are provider@tenant
+    assert redis_sync_client.exists("nopoll:watch:p:response:r1")
+    assert redis_sync_client.exists("nopoll:watch:p@team-a:response:r1")
+    assert sorted(redis_sync_client.zrange(due_key("p"), 0, -1)) == [
+        b"response:r1",
+        b"response:r1@team-a",
+        b"response:r1@team-b",
+    ]
+    # team-a's callback: team-a's watch only
+    assert await store.callback_arrived("p", "response", "r1", tenant="team-a") == "callback"
+    taken = await store.take_due("p", limit=10, lease_s=30)
+    assert sorted((w.tenant, w.state) for w in taken) == [
+        ("default", "polling"),
+        ("team-b", "polling"),
+    ]
+    await store.finish("p", "response", "r1", "landed", tenant="team-a", via="callback")
+    by_tenant = {t: await store.get("p", "response", "r1", t) for t in ("default", "team-a")}
+    assert {t: w.state for t, w in by_tenant.items() if w} == {
+        "default": "polling",
+        "team-a": "landed",
+    }
+    # a poll of team-b lands team-b's; the default tenant's goes on
+    [team_b] = [w for w in taken if w.tenant == "team-b"]
+    assert await store.claim_landing(team_b, "completed", lease_s=30)
+    await store.end(team_b, "landed", via="poll")
+    assert await store.callback_arrived("p", "response", "r1", tenant="team-b") == "landed"
+    assert await store.callback_arrived("p", "response", "r1") == "callback"
+    listed, _ = await store.scan(provider="p", tenant=None)
+    assert sorted((w.tenant, w.state) for w in listed) == [
+        ("default", "callback"),
+        ("team-a", "landed"),
+        ("team-b", "landed"),
+    ]
+    only_b, _ = await store.scan(tenant="team-b")
+    assert [w.tenant for w in only_b] == ["team-b"]
+    assert await store.delete("p", "response", "r1", "team-a")
+    assert await store.get("p", "response", "r1", "team-a") is None
+    assert await store.get("p", "response", "r1") is not None
+
+
+async def test_a_tenants_watch_registered_before_watches_were_scoped_is_still_its_own(
+    store, redis_sync_client
+):
+    # as stored before: under the default tenant's keys, the tenant in the hash
+    redis_sync_client.hset(
+        "nopoll:watch:p:response:old",
+        mapping={"state": "pending", "polls": 0, "registered_at": 0, "tenant": "team-a"},
+    )
+    redis_sync_client.zadd(due_key("p"), {"response:old": 0})
+    [watch] = await store.take_due("p", limit=10, lease_s=30)
+    assert (watch.tenant, watch.keyed_as) == ("team-a", "default")  # polled with team-a's key
+    await store.reschedule(watch, in_s=0, status="in_progress")
+    [watch] = await store.take_due("p", limit=10, lease_s=30)
+    assert watch.polls == 2
+    await store.end(watch, "landed", via="poll")
+    assert redis_sync_client.hget("nopoll:watch:p:response:old", "state") == b"landed"
+    assert redis_sync_client.zcard(due_key("p")) == 0
