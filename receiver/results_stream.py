@@ -66,10 +66,10 @@ MAILBOX_LIMIT = 5_000
 """Events a subscriber may be behind the live stream before it catches up from Redis."""
 MAILBOX_BYTES = 1 << 20
 """... and bytes of events (events are shared by the subscribers they go to)."""
-WRITE_BYTES = 256 << 10
+WRITE_BYTES = 128 << 10
 """About the most one write to a client carries, and one catch-up page read from Redis
 (an envelope larger than this goes alone)."""
-_FIRST_PAGE = 32
+_FIRST_PAGE = 4
 """Entries of the first catch-up page; the next ones are sized to WRITE_BYTES."""
 _READ_COUNT = 1000
 _BLOCK_MS = 1000
