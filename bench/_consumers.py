@@ -96,6 +96,42 @@ async def publish(rate: float, total: int, out: Path) -> None:
     await asyncio.to_thread(out.write_text, json.dumps(summary))
 
 
+async def publish_big(prefix: str, count: int, size: int = 20_000) -> None:
+    """``count`` envelopes of about ``size`` bytes each, 50 to a write, through the sink."""
+    from pydantic import SecretStr
+
+    from nopoll.envelope import Envelope, now_rfc3339
+    from sinks.results import RESULTS_SINK, ResultsSink, ResultsSinkConfig
+
+    config = ResultsSinkConfig(
+        redis_url=SecretStr(common.REDIS_URL),
+        stream_max_entries=100_000,
+        stream_retention_s=3600,
+        latest_ttl_s=600,
+    )
+    text = "x" * size
+    async with ResultsSink(RESULTS_SINK, config) as sink:
+        for first in range(0, count, 50):
+            now = now_rfc3339()
+            await sink.write(
+                [
+                    Envelope(
+                        provider="p0",
+                        tenant="t0",
+                        kind="response",
+                        key=f"{prefix}_{i}",
+                        status="completed",
+                        usable=True,
+                        output_text=text,
+                        received_at=now,
+                        fetched_at=now,
+                        body={"id": f"{prefix}_{i}"},
+                    )
+                    for i in range(first, min(first + 50, count))
+                ]
+            )
+
+
 class _SseClient(asyncio.Protocol):
     """One subscriber on a raw socket (httpx costs several times more CPU per chunk here,
     and the clients share the machine with the server): HTTP/1.1 chunked decoding, events

@@ -1,7 +1,8 @@
 """The results API under load: SSE fan-out to many subscribers, and many held ``?wait``s.
 
 Usage: ``python bench/consumers.py [--subscribers 100] [--rate 1000] [--seconds 20]
-[--receivers 4] [--waits 1000] [--idle-seconds 10] [--skip-stream] [--skip-waits]``
+[--receivers 4] [--waits 1000] [--idle-seconds 10] [--stalled 100] [--skip-stream]
+[--skip-waits] [--skip-stalled]``
 
 1. **Stream**: one ``nopoll api`` process; ``--subscribers`` SSE clients of
    ``GET /v1/results/stream`` (spread over ``--receivers`` processes, all with
@@ -18,6 +19,14 @@ Usage: ``python bench/consumers.py [--subscribers 100] [--rate 1000] [--seconds 
    requests ``GET /v1/results/{provider}/{key}?wait=60`` held open (one client process,
    raw sockets), then the results land and every request must answer 200. Targets:
    RSS over the idle baseline < 50 MB, CPU while they are held < 5 % of a core.
+3. **Stalled readers**: ``--stalled`` SSE clients that read nothing (a 4 KiB receive
+   buffer), over envelopes of about 20 KB: 8 MB of them already in the stream (the
+   readers ask for it all with ``Last-Event-ID: 0-0``) and 8 MB more published while they
+   are connected. Two fresh ``nopoll api`` processes, warmed up by one reader that takes
+   the whole history: the baseline gets the same envelopes with no stalled reader; the
+   other the stalled readers. Printed: each one's RSS before and at its peak, and the
+   stalled run's peak over the baseline's. Target: the stalled readers add less than
+   1 MB each.
 
 The client processes (publisher with 8 concurrent writers, SSE subscribers on raw sockets,
 held requests) are in ``bench/_consumers.py``. Redis database 13 only (flushed first),
@@ -38,12 +47,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common
-from _consumers import child, land_waits
+from _consumers import child, land_waits, publish_big
 
 TOKEN_ENV = "NOPOLL_BENCH_TOKEN"
 TARGET_P99_MS = 100.0
 TARGET_RSS_MB = 50.0
 TARGET_IDLE_CORE = 0.05
+TARGET_STALLED_MB = 1.0
 
 
 def verdict(ok: bool) -> str:
@@ -57,6 +67,7 @@ redis_url: {common.REDIS_URL}
 data_dir: {data_dir}
 log_level: warning
 api: {{limit_concurrency: 4000}}
+results: {{max_held_per_token: 2000}}
 consumer_tokens: [{{token: "${{{TOKEN_ENV}}}"}}]
 sinks:
   files: {{type: jsonl, dir: {data_dir / "results"}}}
@@ -249,6 +260,72 @@ def part_waits(args: argparse.Namespace, work: Path, token: str) -> bool:
     return ok
 
 
+def _stalled_run(work: Path, token: str, name: str, readers: int) -> tuple[float, float]:
+    """A fresh API with 8 MB of ~20 KB envelopes in the stream, warmed up by one reader of
+    all of it; then ``readers`` stalled readers and 8 MB more: RSS before and at its peak."""
+    import socket
+
+    import httpx
+
+    common.flush_bench_db()
+    asyncio.run(publish_big("old", 400))
+    api, port = start_api(work, token, name)
+    sockets: list[socket.socket] = []
+    try:
+        headers = {"authorization": f"Bearer {token}", "last-event-id": "0-0"}
+        with httpx.stream(
+            "GET", f"http://127.0.0.1:{port}/v1/results/stream", headers=headers, timeout=60
+        ) as r:
+            got = 0
+            for chunk in r.iter_bytes():
+                got += chunk.count(b"event: result")
+                if got >= 400:
+                    break
+        time.sleep(1.0)
+        before = peak = rss_mb(api.pid)
+        for _ in range(readers):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(
+                f"GET /v1/results/stream HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}"
+                "\r\nlast-event-id: 0-0\r\n\r\n".encode()
+            )
+            sockets.append(sock)
+        asyncio.run(publish_big("new", 400))
+        deadline = time.monotonic() + 8  # within the 30 s after which stalled ones are dropped
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mb(api.pid))
+            time.sleep(0.1)
+    finally:
+        for sock in sockets:
+            sock.close()
+        common.stop_process(api)
+    return before, peak
+
+
+def part_stalled(args: argparse.Namespace, work: Path, token: str) -> bool:
+    print(
+        f"\n== 3. stalled readers: {args.stalled} SSE clients that read nothing, ~20 KB envelopes"
+    )
+    base_before, base_peak = _stalled_run(work, token, "api-baseline", 0)
+    before, peak = _stalled_run(work, token, "api-stalled", args.stalled)
+    extra = (peak - before) - (base_peak - base_before)
+    each = extra / max(args.stalled, 1)
+    print(f"baseline (no stalled reader): RSS {base_before:.1f} MB before, {base_peak:.1f} MB peak")
+    print(
+        f"{args.stalled} stalled readers: RSS {before:.1f} MB before, {peak:.1f} MB peak; "
+        f"peak {peak / base_peak:.2f}x the baseline's, +{extra:.1f} MB over its growth "
+        f"({each * 1024:.0f} KiB per stalled reader)"
+    )
+    ok = each < TARGET_STALLED_MB
+    print(
+        f"target: < {TARGET_STALLED_MB:g} MB per stalled reader: {each:.2f} MB "
+        f"({each / TARGET_STALLED_MB:.2f} of it) ({verdict(ok)})"
+    )
+    return ok
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--subscribers", type=int, default=100)
@@ -259,6 +336,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-seconds", type=float, default=10.0)
     p.add_argument("--skip-stream", action="store_true")
     p.add_argument("--skip-waits", action="store_true")
+    p.add_argument("--stalled", type=int, default=100, help="SSE readers that read nothing")
+    p.add_argument("--skip-stalled", action="store_true")
     return p.parse_args(argv)
 
 
@@ -276,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             ok = part_stream(args, Path(tmp), token) and ok
         if not args.skip_waits:
             ok = part_waits(args, Path(tmp), token) and ok
+        if not args.skip_stalled:
+            ok = part_stalled(args, Path(tmp), token) and ok
     print(f"\n{'all targets met' if ok else 'a target was missed'}")
     return 0 if ok else 1
 

@@ -152,8 +152,10 @@ class _AdminApi:
             limit = int(q.get("limit", "100"))
         except ValueError:
             return _error(400, "cursor and limit: must be whole numbers")
-        if cursor < 0 or not 1 <= limit <= 1000:
-            return _error(400, "limit: must be 1 to 1000; cursor: not negative")
+        if not 1 <= limit <= 1000:
+            return _error(400, "limit: must be 1 to 1000")
+        if not 0 <= cursor < 2**64:  # a Redis SCAN cursor is an unsigned 64-bit number
+            return _error(400, "cursor: must be a next_cursor this listing gave, or 0")
         try:
             watches, after = await self.store.scan(
                 provider=provider,

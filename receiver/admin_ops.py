@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from receiver.admin_http import first_error, json_answer, json_error, read_capped
-from receiver.console import Console
+from receiver.console import MAX_OFFSET, Console
 
 __all__ = ["OPS_OPENAPI", "ReplayRequest", "ops_routes"]
 
@@ -70,8 +70,10 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
             limit = int(q.get("limit", "50"))
         except ValueError:
             return json_error(400, "offset and limit: must be whole numbers")
-        if offset < 0 or not 1 <= limit <= 1000:
-            return json_error(400, "limit: must be 1 to 1000; offset: not negative")
+        if not 1 <= limit <= 1000:
+            return json_error(400, "limit: must be 1 to 1000")
+        if not 0 <= offset <= MAX_OFFSET:
+            return json_error(400, f"offset: must be 0 to {MAX_OFFSET}")
         sink = q.get("sink")
         if sink is not None and sink not in console.sink_names():
             return json_error(400, f"sink: unknown sink {sink[:64]!r}")

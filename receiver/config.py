@@ -36,7 +36,7 @@ from pydantic import (
 
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
-from receiver.config_checks import check_replay_window, settle_timeouts
+from receiver.config_checks import check_replay_window, settle_held_requests, settle_timeouts
 from receiver.config_sections import (
     ApiConfig,
     BatchConfig,
@@ -309,6 +309,7 @@ class Settings(_Model):
         """Windows and timeouts checked against each other (:mod:`receiver.config_checks`)."""
         check_replay_window(self)
         settle_timeouts(self)
+        settle_held_requests(self)
         return self
 
     @property

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from receiver.config import Settings
 
-__all__ = ["check_replay_window", "settle_timeouts"]
+__all__ = ["check_replay_window", "settle_held_requests", "settle_timeouts"]
 
 
 def check_replay_window(settings: Settings) -> None:
@@ -58,4 +58,33 @@ def settle_timeouts(settings: Settings) -> None:
         raise ValueError(
             f"batch.lease_s ({settings.batch.lease_s:g} s) must be below "
             f"batch.job_timeout_s ({settings.batch.job_timeout_s:g} s)"
+        )
+
+
+def settle_held_requests(settings: Settings) -> None:
+    """The results API's held requests (streams, ``?wait``) may never take the connections
+    kept for ``/webhooks``. uvicorn answers 503 to the connection that reaches
+    ``api.limit_concurrency`` (every open connection counts), so consumers may hold at
+    most ``limit_concurrency - 1 - reserved_for_webhooks``. Unset, the reserve is a
+    quarter of the limit and ``results.max_held`` all that is left (set on ``settings``
+    in place); set, they are checked."""
+    api, results = settings.api, settings.results
+    limit = api.limit_concurrency
+    if "reserved_for_webhooks" not in api.model_fields_set:
+        api = api.model_copy(update={"reserved_for_webhooks": max(1, limit // 4)})
+        object.__setattr__(settings, "api", api)
+    elif api.reserved_for_webhooks >= limit:
+        raise ValueError(
+            f"api.reserved_for_webhooks ({api.reserved_for_webhooks}) must be below "
+            f"api.limit_concurrency ({limit})"
+        )
+    room = max(0, limit - 1 - api.reserved_for_webhooks)
+    if "max_held" not in results.model_fields_set:
+        object.__setattr__(settings, "results", results.model_copy(update={"max_held": room}))
+    elif results.max_held > room:
+        raise ValueError(
+            f"results.max_held ({results.max_held}) leaves no room for "
+            f"api.reserved_for_webhooks ({api.reserved_for_webhooks}): at most "
+            f"api.limit_concurrency - 1 - api.reserved_for_webhooks ({room}) held requests; "
+            "beyond api.limit_concurrency even callbacks are answered 503"
         )

@@ -111,6 +111,10 @@ class ApiConfig(_Model):
 
     limit_concurrency: int = Field(default=1000, ge=1)
     """Connections and requests served at once; beyond it, uvicorn answers 503 (retry)."""
+    reserved_for_webhooks: int = Field(default=250, ge=1)
+    """Of ``limit_concurrency``, the connections the results API's held requests (streams
+    and ``?wait``) can never take, kept for ``/webhooks`` and everything else. Unset: a
+    quarter of ``limit_concurrency``."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A callback body must arrive whole within this long (slow senders hold memory)."""
     client_rps: int | None = Field(default=None, ge=1)

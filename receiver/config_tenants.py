@@ -100,6 +100,13 @@ class ResultsConfig(_Model):
     """``GET /v1/results/{provider}/{key}`` finds an envelope this long after it landed."""
     max_wait_s: float = Field(default=60.0, gt=0, le=60)
     """The longest ``?wait=`` a request may ask for."""
+    max_held: int = Field(default=749, ge=0)
+    """Held requests (streams and waits) one API process serves at once, all tokens
+    together; beyond it 429. Unset: what ``api.limit_concurrency`` leaves after
+    ``api.reserved_for_webhooks`` (an explicit value must leave it too)."""
+    max_held_per_token: int = Field(default=100, ge=1)
+    """Held requests one consumer token may have at once on one API process; beyond it
+    429."""
 
 
 def check_tenant_names(tenants: dict[str, TenantConfig], providers: set[str]) -> None:

@@ -24,9 +24,11 @@ from receiver.deadletter import DeadLetter, DeadLetters
 from receiver.health import queue_depths, sink_states
 from receiver.watches import WatchStore, due_key, read_member
 
-__all__ = ["Console"]
+__all__ = ["MAX_OFFSET", "Console"]
 
 BATCHES_SHOWN = 100
+MAX_OFFSET = 10**12
+"""The furthest a page of dead letters may start (Redis ranges are 64-bit)."""
 """Batches read per listing (newest first)."""
 
 

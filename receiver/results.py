@@ -10,9 +10,13 @@
 - ``GET /openapi.json``: one public OpenAPI document for ``/v1`` and ``/admin/v1``.
 
 Bearer tokens from ``consumer_tokens``, checked by :class:`receiver.auth.TokenBook`; with
-none configured every ``/v1`` route answers 404. A token limited to a tenant sees that
-tenant's results only: another tenant's result answers exactly as one that has not
-landed (after the same wait). What is published, and where, is :mod:`sinks.results`.
+none configured every ``/v1`` route answers 404. Held requests (waits and streams) are
+capped per token (``results.max_held_per_token``) and per process (``results.max_held``,
+below ``api.limit_concurrency`` by ``api.reserved_for_webhooks``): beyond, 429 with
+``Retry-After``, so that consumers never take the connections callbacks need. A token
+limited to a tenant sees that tenant's results only: another tenant's result answers
+exactly as one that has not landed (after the same wait). What is published, and where,
+is :mod:`sinks.results`.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ _STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "expire
 _NOT_LANDED = orjson.dumps({"error": "not landed"})
 _PING_S = 15
 _SEND_TIMEOUT_S = 30
+_RETRY_AFTER_S = 5
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -92,6 +97,7 @@ class _ResultsApi:
         self.tokens = TokenBook.of(settings)
         self.landings = Landings(redis)
         self.hub = StreamHub(redis)
+        self.held = _HeldRequests(settings.results.max_held, settings.results.max_held_per_token)
 
     def consumer(self, request: Request) -> ConsumerToken | Response:
         """The consumer token of the request, or the answer refusing it."""
@@ -120,13 +126,25 @@ class _ResultsApi:
         if not (visible and _NAME.fullmatch(tenant) and _NAME.fullmatch(provider) and key):
             # another tenant's result, or one that cannot exist: answered as not landed
             if wait_s is not None:
-                await _held(request.receive, wait_s)
+                who = id(consumer)
+                if (refused := self.held.take(who)) is not None:
+                    return refused
+                try:
+                    await _held(request.receive, wait_s)
+                finally:
+                    self.held.give_back(who)
             return _not_landed()
         name = latest_key(tenant, provider, key)
         try:
             value = await whole(self.redis.get(name))
             if value is None and wait_s is not None:
-                value = await self._wait(request.receive, name, wait_s)
+                who = id(consumer)
+                if (refused := self.held.take(who)) is not None:
+                    return refused
+                try:
+                    value = await self._wait(request.receive, name, wait_s)
+                finally:
+                    self.held.give_back(who)
         except (RedisError, OSError):
             return _error(503, "Redis unreachable, retry later")
         if value is None:
@@ -175,13 +193,57 @@ class _ResultsApi:
         except (RedisError, OSError):
             return _error(503, "Redis unreachable, retry later")
         assert start is not None
+        who = id(consumer)
+        if (refused := self.held.take(who)) is not None:
+            return refused
         sub = Subscriber(Filter(**values), start)
         return EventStream(
             events(self.hub, self.redis, sub),
             send_timeout_s=_SEND_TIMEOUT_S,
+            on_close=lambda: self.held.give_back(who),
             ping=_PING_S,
             sep="\n",
         )
+
+
+class _HeldRequests:
+    """The held requests (waits and streams) of this process: per token and in all. A
+    token is its config entry (``id`` of its :class:`ConsumerToken`: a token is configured
+    once, start-up refuses it twice)."""
+
+    def __init__(self, most: int, per_token: int) -> None:
+        self.most, self.per_token = most, per_token
+        self.total = 0
+        self.by_token: dict[int, int] = {}
+
+    def take(self, who: int) -> Response | None:
+        """Count one more for token ``who``, or the 429 refusing it."""
+        mine = self.by_token.get(who, 0)
+        if mine >= self.per_token:
+            why = (
+                f"this token holds {mine} streams and waits already, at most "
+                f"{self.per_token} at once per token (results.max_held_per_token)"
+            )
+        elif self.total >= self.most:
+            why = (
+                f"this API process holds {self.total} streams and waits already, at most "
+                f"{self.most} at once (results.max_held; the rest of its connections are "
+                "kept for callbacks)"
+            )
+        else:
+            self.total += 1
+            self.by_token[who] = mine + 1
+            return None
+        headers = {"retry-after": str(_RETRY_AFTER_S)}
+        return _error(429, f"too many held requests: {why}; retry once one ends", headers)
+
+    def give_back(self, who: int) -> None:
+        self.total -= 1
+        left = self.by_token[who] - 1
+        if left:
+            self.by_token[who] = left
+        else:
+            del self.by_token[who]
 
 
 def _seconds(text: str) -> float | None:

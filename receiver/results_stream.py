@@ -4,10 +4,15 @@ One reader per API process (:class:`StreamHub`) reads the stream
 (:data:`sinks.results.STREAM`) with ``XREAD BLOCK`` and hands each entry, encoded once as
 an SSE event, to the subscribers whose filter it matches; it runs while anyone is
 subscribed. Each subscriber has a bounded mailbox. A subscriber that falls more than
-:data:`MAILBOX_LIMIT` events behind (a slow client) is not dropped: its mailbox is emptied
-and it catches up from Redis with ``XRANGE`` from the last entry it sent, then takes live
-events again. One that stops reading altogether is disconnected when a send has waited
-``send_timeout`` (30 s); it resumes with ``Last-Event-ID``.
+:data:`MAILBOX_LIMIT` events or :data:`MAILBOX_BYTES` behind (a slow client) is not
+dropped: its mailbox is emptied and it catches up from Redis with ``XRANGE`` from the last
+entry it sent, then takes live events again. One that stops reading altogether is
+disconnected when a send has waited ``send_timeout`` (30 s); it resumes with
+``Last-Event-ID``.
+
+What a client that stops reading makes the server hold is bounded: catch-up pages and
+writes carry about :data:`WRITE_BYTES` each, and at most two writes wait for one client
+(the one in its socket's buffer and the next), besides its mailbox.
 
 Resuming after ``Last-Event-ID`` starts with ``XRANGE`` strictly after that id, then the
 live events, each one sent only if it is newer than the last one sent: no gap, no
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -37,7 +42,9 @@ from receiver.redis_link import RedisLink
 from sinks.results import LAST_ID, STREAM
 
 __all__ = [
+    "MAILBOX_BYTES",
     "MAILBOX_LIMIT",
+    "WRITE_BYTES",
     "EventStream",
     "Filter",
     "SendStuck",
@@ -57,6 +64,13 @@ StreamId = tuple[int, int]
 T = TypeVar("T")
 MAILBOX_LIMIT = 5_000
 """Events a subscriber may be behind the live stream before it catches up from Redis."""
+MAILBOX_BYTES = 1 << 20
+"""... and bytes of events (events are shared by the subscribers they go to)."""
+WRITE_BYTES = 128 << 10
+"""About the most one write to a client carries, and one catch-up page read from Redis
+(an envelope larger than this goes alone)."""
+_FIRST_PAGE = 4
+"""Entries of the first catch-up page; the next ones are sized to WRITE_BYTES."""
 _READ_COUNT = 1000
 _BLOCK_MS = 1000
 _PAGE = 500
@@ -122,14 +136,39 @@ class Subscriber:
     """One stream client: its filter, the last entry it was sent (or skipped), its
     mailbox, and whether it fell behind."""
 
-    __slots__ = ("filter", "lagging", "mailbox", "position", "wake")
+    __slots__ = ("filter", "lagging", "mailbox", "mailbox_bytes", "position", "wake")
 
     def __init__(self, filter_: Filter, position: StreamId) -> None:
         self.filter = filter_
         self.position = position
         self.mailbox: list[tuple[StreamId, bytes]] = []
+        self.mailbox_bytes = 0
         self.lagging = False
         self.wake = asyncio.Event()
+
+    def post(self, sid: StreamId, event: bytes) -> None:
+        self.mailbox.append((sid, event))
+        self.mailbox_bytes += len(event)
+
+    def clear(self) -> None:
+        self.mailbox.clear()
+        self.mailbox_bytes = 0
+
+    def take(self) -> list[tuple[StreamId, bytes]]:
+        """The oldest events of the mailbox, about :data:`WRITE_BYTES` of them (at least
+        one); the rest stay, and ``wake`` stays set for them."""
+        size, taken = 0, 0
+        for _sid, event in self.mailbox:
+            taken += 1
+            size += len(event)
+            if size >= WRITE_BYTES:
+                break
+        batch = self.mailbox[:taken]
+        del self.mailbox[:taken]
+        self.mailbox_bytes -= size
+        if self.mailbox:
+            self.wake.set()
+        return batch
 
 
 class StreamHub:
@@ -206,12 +245,12 @@ class StreamHub:
                 event = event or _event(raw_id, fields)
                 for sub in group:
                     if not sub.lagging:
-                        sub.mailbox.append((sid, event))
+                        sub.post(sid, event)
                         touched.add(sub)
         for sub in touched:
-            if len(sub.mailbox) > MAILBOX_LIMIT:
+            if len(sub.mailbox) > MAILBOX_LIMIT or sub.mailbox_bytes > MAILBOX_BYTES:
                 sub.lagging = True  # it catches up from Redis instead
-                sub.mailbox.clear()
+                sub.clear()
             sub.wake.set()
 
 
@@ -275,9 +314,17 @@ class EventStream(EventSourceResponse):
     connection looks every few seconds whether a send has been waiting longer than
     ``send_timeout_s``, and if so fails the response, which closes the connection."""
 
-    def __init__(self, content: AsyncIterator[bytes], *, send_timeout_s: float, **kw: Any):
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        send_timeout_s: float,
+        on_close: Callable[[], None] | None = None,
+        **kw: Any,
+    ):
         super().__init__(content, **kw)
         self._stuck_after_s = send_timeout_s
+        self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -306,6 +353,9 @@ class EventStream(EventSourceResponse):
                 client[0] if client else "a client",
                 self._stuck_after_s,
             )
+        finally:
+            if self._on_close is not None:
+                self._on_close()
 
 
 def reset_event(data: dict[str, Any]) -> bytes:
@@ -313,21 +363,27 @@ def reset_event(data: dict[str, Any]) -> bytes:
 
 
 async def _catch_up(redis: Redis, sub: Subscriber) -> AsyncIterator[bytes]:
-    """Every matching entry after ``sub.position`` up to the stream's end, a page at a
-    time (the reset event first if some of them were trimmed), moving the position."""
+    """Every matching entry after ``sub.position`` up to the stream's end, a page of about
+    :data:`WRITE_BYTES` at a time (the reset event first if some of them were trimmed),
+    moving the position."""
     sub.position, reset = await resume_point(redis, sub.position)
     if reset is not None:
         yield reset_event(reset)
+    count = _FIRST_PAGE
     while True:
         after = f"({_text(sub.position)}"
-        page = await whole(redis.xrange(STREAM, after, "+", count=_PAGE))
+        page = await whole(redis.xrange(STREAM, after, "+", count=count))
         if not page:
             return
-        chunk = [_event(raw, fields) for raw, fields in page if sub.filter.matches(fields)]
+        chunk = b"".join(_event(raw, f) for raw, f in page if sub.filter.matches(f))
         sub.position = parse_id(page[-1][0]) or sub.position
+        last = len(page) < count
+        size = sum(len(f.get(b"envelope", b"")) for _, f in page) or 1
+        count = max(1, min(_PAGE, WRITE_BYTES * len(page) // size))
+        del page  # not held while the client takes the chunk
         if chunk:
-            yield b"".join(chunk)
-        if len(page) < _PAGE:
+            yield chunk
+        if last:
             return
 
 
@@ -344,7 +400,7 @@ async def events(hub: StreamHub, redis: Redis, sub: Subscriber) -> AsyncIterator
         while True:
             if catch_up or sub.lagging:
                 sub.lagging = False
-                sub.mailbox.clear()  # what it held is read again from Redis
+                sub.clear()  # what it held is read again from Redis
                 async for chunk in _catch_up(redis, sub):
                     yield chunk
                 catch_up = False
@@ -356,7 +412,7 @@ async def events(hub: StreamHub, redis: Redis, sub: Subscriber) -> AsyncIterator
             sub.wake.clear()
             if sub.lagging:
                 continue
-            batch, sub.mailbox = sub.mailbox, []
+            batch = sub.take()
             fresh = [event for sid, event in batch if sid > sub.position]
             if batch:
                 sub.position = max(sub.position, batch[-1][0])

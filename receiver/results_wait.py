@@ -83,8 +83,9 @@ class Landings:
 
     async def wait(self, key: str, timeout_s: float, waiter: Waiter | None = None) -> bytes | None:
         """The value at ``key`` once it is set (within ``timeout_s``), else None; also None
-        once ``waiter`` is abandoned. Raises RedisError when Redis cannot be read, or when
-        the time ran out while the subscription was broken (the answer is not known)."""
+        once ``waiter`` is abandoned. Raises RedisError when Redis cannot be read. When the
+        time ran out before the subscription was up (a wait shorter than subscribing, or
+        a broken subscription), ``key`` is read once more: that read is the answer."""
         waiter = waiter or Waiter()
         name = key.encode()
         self._waiters.setdefault(name, set()).add(waiter)
@@ -100,11 +101,14 @@ class Landings:
                     await waiter.sleep()
                 return waiter.value
         except TimeoutError:
-            if not self._subscribed:
-                raise RedisError("the landing notifications were unreachable") from None
-            return None
+            pass
         finally:
             self._forget(name, waiter)
+        if self._subscribed or waiter.gone:
+            return None
+        # not subscribed: a landing may have gone unnoticed, and Redis may be down
+        last: bytes | None = await whole(self._redis.get(name))
+        return last
 
     def _forget(self, name: bytes, waiter: Waiter) -> None:
         waiters = self._waiters.get(name)

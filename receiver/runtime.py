@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import uvicorn
@@ -40,7 +40,7 @@ from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems
 
-__all__ = ["redis_url_for", "run"]
+__all__ = ["api_server_config", "redis_url_for", "run"]
 
 log = logging.getLogger("nopoll")
 
@@ -92,18 +92,24 @@ def _api_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles)
         worker_heartbeat_key=HEALTH_CHECK_KEY if roles.worker else None,
         lifespan=lifespan,
     )
-    config = uvicorn.Config(
+    return _Server(api_server_config(app, settings, host=roles.host, port=roles.port))
+
+
+def api_server_config(
+    app: Any, settings: Settings, *, host: str, port: int, lifespan: Literal["on", "off"] = "on"
+) -> uvicorn.Config:
+    """uvicorn's settings for the API (the tests' servers use them too)."""
+    return uvicorn.Config(
         app,
-        host=roles.host,
-        port=roles.port,
+        host=host,
+        port=port,
         log_config=None,
         access_log=False,
-        lifespan="on",
+        lifespan=lifespan,
         timeout_graceful_shutdown=10,
         # beyond this many connections uvicorn answers 503: the provider retries later
         limit_concurrency=settings.api.limit_concurrency,
     )
-    return _Server(config)
 
 
 def _health_server(

@@ -29,6 +29,7 @@ from receiver.arq_worker import build_workers
 from receiver.config import Settings
 from receiver.metrics import Metrics
 from receiver.queue import HEALTH_CHECK_KEY, redis_client
+from receiver.runtime import api_server_config
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -184,10 +185,8 @@ async def running_api(
         worker_heartbeat_key=HEALTH_CHECK_KEY if with_worker_check else None,
     )
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="off"
-        )
+    server = uvicorn.Server(  # as `nopoll api` configures it (limit_concurrency too)
+        api_server_config(app, settings, host="127.0.0.1", port=port, lifespan="off")
     )
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

@@ -34,7 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from receiver.auth import TokenBook
 from receiver.config import Settings
-from receiver.console import Console
+from receiver.console import MAX_OFFSET, Console
 from receiver.ui.charts import bar_chart
 
 __all__ = ["ui_routes"]
@@ -203,7 +203,10 @@ class _Ui:
         if (denied := self._guard(request)) is not None:
             return denied
         q = request.query_params
-        page = int(q["page"]) if q.get("page", "").isdigit() else 1
+        raw = q.get("page", "1")
+        page = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 12 else None
+        if page is None or (page - 1) * _PAGE > MAX_OFFSET:
+            return self.refuse(request, 400, f"There is no page {raw[:20]!r}.")
         page = max(page, 1)
         sink = q.get("sink") or None
         if sink is not None and sink not in self.console.sink_names():
