@@ -111,6 +111,21 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
         await pool.aclose()
 
 
+async def test_a_dead_letter_keeps_the_providers_own_reason(stack, redis_url, signed_callback):
+    """A fetch the provider refuses (404 for an id it does not know) is a dead letter that
+    says what the provider said, not only its status."""
+    settings, _ = stack()
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        assert (await post(base, *signed_callback("resp_unknown"))).status_code == 202
+        pool = arq_pool(redis_url)
+        [letter] = await wait_for(DeadLetters(pool).find)
+        await pool.aclose()
+    assert letter.keys == ["resp_unknown"]
+    assert letter.error.endswith(
+        '(HTTP 404): unexpected status; the provider said: "no such response"'
+    )
+
+
 async def test_incomplete_max_output_tokens_with_text_is_usable(
     stack, redis_url, signed_callback, pg_url, pg_table
 ):
