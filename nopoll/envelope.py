@@ -11,6 +11,8 @@ import operator
 import time
 from typing import Any, Literal
 
+from nopoll.status import final_status
+
 __all__ = [
     "COLUMNS",
     "FIELDS",
@@ -31,7 +33,6 @@ __all__ = [
 
 SCHEMA = "nopoll.result/v1"
 Kind = Literal["response", "batch_row", "batch"]
-_TERMINAL = {"completed", "incomplete", "failed", "cancelled", "expired"}
 
 
 def now_rfc3339() -> str:
@@ -167,9 +168,7 @@ def envelope_from_response(
     tenant: str = "default",
 ) -> Envelope:
     """Normalize a Responses API object into a ``response`` envelope."""
-    status = response.get("status")
-    if status not in _TERMINAL:
-        status = str(status) if status is not None else "failed"
+    status = final_status(response.get("status")) or "failed"
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None
     text = response_output_text(response)
@@ -247,7 +246,7 @@ def _body_fields(body: dict[str, Any] | None) -> dict[str, Any]:
         "output_tokens": _int_or_none(usage.get("output_tokens")),
         "model": model if isinstance(model, str) else None,
         "incomplete_reason": reason if isinstance(reason, str) else None,
-        "status": status if isinstance(status, str) else None,
+        "status": final_status(status),
     }
 
 
@@ -313,9 +312,6 @@ def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-BATCH_STATUSES = {"completed", "failed", "cancelled", "expired"}
-
-
 def batch_summary_envelope(
     batch: dict[str, Any],
     *,
@@ -327,9 +323,7 @@ def batch_summary_envelope(
     tenant: str = "default",
 ) -> Envelope:
     """The ``batch`` envelope written after every row: counts and the batch object."""
-    status = str(batch.get("status") or "completed")
-    if status == "canceled":
-        status = "cancelled"
+    status = final_status(batch.get("status") or "completed", "batch") or "failed"
     body = {k: v for k, v in batch.items() if k not in ("results", "request_status")}
     metadata = batch.get("metadata") if isinstance(batch.get("metadata"), dict) else {}
     request_counts = batch.get("request_counts")

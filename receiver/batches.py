@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
 from nopoll.exceptions import NopollError, ResultNotReady
+from nopoll.status import unfinished_status
 from receiver.batch_state import BatchState, batch_state_key
 from receiver.batch_writer import DONE, SinkWriter
 from receiver.config import Settings
@@ -43,7 +44,6 @@ from receiver.deadletter import DeadLetters
 from receiver.fanout import FanOut
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
-from receiver.status import TERMINAL_BATCH, unfinished_status
 from receiver.tenants import scoped
 
 __all__ = ["BatchOutcome", "BatchRunner", "Lease", "LeaseLost", "batch_state_key"]
@@ -312,7 +312,7 @@ class BatchRunner:
         object is still streaming (Sail's inline results) an absent status is no verdict."""
         if partial and "status" not in fetch.batch:
             return
-        status = unfinished_status(fetch.batch, TERMINAL_BATCH)
+        status = unfinished_status(fetch.batch, "batch")
         if status is not None:
             raise ResultNotReady(
                 provider=ctx.provider, path=f"batches/{ctx.batch_id}", status=status

@@ -33,10 +33,10 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, TransientProviderError
+from nopoll.status import unfinished_status
 from receiver.logs import bind
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
 from receiver.ratelimit import RateLimiter
-from receiver.status import TERMINAL_BATCH, TERMINAL_RESPONSE, unfinished_status
 from receiver.tenants import scoped
 from receiver.watches import Watch, WatchStore
 
@@ -162,11 +162,11 @@ class WatchPoller:
         try:
             if watch.kind == "response":
                 obj = await dialect.fetch_response(watch.id)
-                status = unfinished_status(obj, TERMINAL_RESPONSE)
+                status = unfinished_status(obj)
             else:
                 # one try: every request a watch makes goes through the rate limit
                 obj = await dialect.fetch_batch_object(watch.id, attempts=1)  # type: ignore[attr-defined]
-                status = unfinished_status(obj, TERMINAL_BATCH)
+                status = unfinished_status(obj, "batch")
         except TransientProviderError as exc:
             outcome = "429" if exc.status == 429 else "error"
             metrics.watch_polls.labels(watch.provider, outcome).inc()

@@ -34,6 +34,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
+from nopoll.status import STATUSES
 from receiver.auth import Refusal, TokenBook
 from receiver.config import ConsumerToken, Settings
 from receiver.results_openapi import openapi_document
@@ -54,7 +55,7 @@ __all__ = ["results_routes"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KINDS = frozenset({"response", "batch_row", "batch"})
-_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "expired"})
+_STATUSES = frozenset(STATUSES)
 _NOT_LANDED = orjson.dumps({"error": "not landed"})
 _PING_S = 15
 _SEND_TIMEOUT_S = 30

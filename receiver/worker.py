@@ -33,13 +33,13 @@ from nopoll.exceptions import (
     SinkError,
     TransientProviderError,
 )
+from nopoll.status import unfinished_status
 from receiver.batches import LeaseLost
 from receiver.delivery import deliver, queue_retries
 from receiver.jobs import dead_letter, guarded, retry_or_give_up
 from receiver.providers import Dialect
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.state import WorkerState
-from receiver.status import TERMINAL_RESPONSE, unfinished_status
 from receiver.watches import RECHECK_S, WatchStore
 
 __all__ = [
@@ -140,7 +140,7 @@ async def fetch_response(
         return _skipped(job.provider, "response", job.response_id, verdict)
     try:
         body = await dialect.fetch_response(job.response_id)
-        status = unfinished_status(body, TERMINAL_RESPONSE)
+        status = unfinished_status(body)
         if status is not None:
             path = f"responses/{job.response_id}"
             raise ResultNotReady(provider=job.provider, path=path, status=status)

@@ -5,7 +5,9 @@ The value is the envelope as JSON, the headers ``nopoll-kind``, ``nopoll-status`
 envelope and waits for all acknowledgements; if any fails the whole write fails and is
 retried, so consumers dedupe on the message key. A message over ``max_message_bytes``
 goes out with ``body_ref`` (where the body is, from the claim-check hook) instead of
-``body``; without a hook it fails the write, so it ends as a dead letter, never dropped.
+``body``. Without a hook (or still too large without its body) no retry can send it: that
+envelope alone is refused (:class:`~nopoll.exceptions.SinkRowsRejected`, so it becomes a
+dead letter at once, saying why), and the others of the write are sent.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nopoll.envelope import Envelope
-from nopoll.exceptions import SinkError
+from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["ClaimCheck", "KafkaSink", "KafkaSinkConfig"]
@@ -191,8 +193,15 @@ class KafkaSink(SinkBase):
         if producer is None:
             raise SinkError("not open", sink=self.name)
         # Everything is serialized (and claim-checked) before the first send, so a
-        # message that cannot go out fails the write before any of it is sent.
-        records = [await self._record(env) for env in envelopes]
+        # message that cannot go out yet fails the write before any of it is sent; one
+        # that can never go out (too large) is refused alone, after the others are sent.
+        records = []
+        refused: dict[str, str] = {}
+        for env in envelopes:
+            try:
+                records.append(await self._record(env))
+            except SinkRejected as exc:
+                refused[env.key] = str(exc.args[0])
         topic = self.config.topic
         futures: list[asyncio.Future[Any]] = []
         sent = False
@@ -220,6 +229,13 @@ class KafkaSink(SinkBase):
                 f"{_describe(errors[0])}",
                 sink=self.name,
             ) from errors[0]
+        if refused:
+            raise SinkRowsRejected(
+                f"{len(refused)} of {len(envelopes)} messages refused: "
+                + "; ".join(sorted(set(refused.values())))[:1500],
+                sink=self.name,
+                rejected=refused,
+            )
 
     async def _record(self, env: Envelope) -> tuple[bytes, bytes, _Headers]:
         """Key, value and headers of one envelope's message, claim-checked if too large."""
@@ -242,7 +258,7 @@ class KafkaSink(SinkBase):
         if size <= limit:
             return key, value, headers
         if self.claim_check is None:
-            raise SinkError(
+            raise SinkRejected(
                 f"message {name} is {size} bytes, over max_message_bytes ({limit}); "
                 "set claim_check to an s3 sink (claim-check: body_ref in place of body)",
                 sink=self.name,
@@ -260,7 +276,7 @@ class KafkaSink(SinkBase):
         value = orjson.dumps(doc)
         checked = _size(key, value, headers)
         if checked > limit:
-            raise SinkError(
+            raise SinkRejected(
                 f"message {name} is {checked} bytes even without its body, "
                 f"over max_message_bytes ({limit})",
                 sink=self.name,

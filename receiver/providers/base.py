@@ -19,6 +19,7 @@ import orjson
 
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
+from nopoll.status import row_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.client import ProviderClient
 
@@ -29,43 +30,10 @@ __all__ = [
     "chunk_rows",
     "id_chunks",
     "loads_obj",
-    "normalize_status",
     "rows_by_custom_id",
-    "unknown_status",
 ]
 
 Chunk = tuple[int, list[BatchRow]]
-
-_STATUS = {
-    "completed": "completed",
-    "succeeded": "completed",
-    "success": "completed",
-    "failed": "failed",
-    "error": "failed",
-    "errored": "failed",
-    "cancelled": "cancelled",
-    "canceled": "cancelled",
-    "expired": "expired",
-    "incomplete": "incomplete",
-}
-
-
-def normalize_status(value: Any, default: str = "failed") -> str:
-    """A provider's row status in nopoll's words (``COMPLETED`` → ``completed``); a status
-    nopoll does not know is ``failed`` (see :func:`unknown_status`), no status ``default``."""
-    if not isinstance(value, str):
-        return default
-    return _STATUS.get(value.lower(), "failed")
-
-
-def unknown_status(value: Any) -> dict[str, str] | None:
-    """The error of a row whose status is text but no final status nopoll knows."""
-    if isinstance(value, str) and value.lower() not in _STATUS:
-        return {
-            "code": "unknown_status",
-            "message": f"row status {value[:64]!r} is not a final status nopoll knows",
-        }
-    return None
 
 
 @dataclass
@@ -168,7 +136,7 @@ class ResponsesDialect:
 
 def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:
     raw = info.get("status") if isinstance(info, dict) else info
-    return normalize_status(raw), unknown_status(raw)
+    return row_status(raw), unknown_status(raw)
 
 
 async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> AsyncIterator[Chunk]:

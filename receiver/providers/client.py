@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -55,6 +56,72 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 
 _NETWORK_ERRORS = _network_errors()
+
+
+_SAID_BYTES = 4096
+"""How much of an error answer is read for the provider's own reason."""
+_SAID_CHARS = 300
+
+
+async def _provider_says(response: httpx.Response) -> str:
+    """``; the provider said: "..."`` with the provider's own error message from an error
+    answer (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"message"}`` or
+    ``{"detail"}``, else its text), truncated and JSON-escaped so it cannot forge a log
+    line; empty when there is none. At most 64 KiB of the answer is read (the rest is
+    not: the connection is then closed rather than reused), and a failure to read it
+    only loses the reason."""
+    head = bytearray()
+    read = 0
+    try:
+        async for chunk in raw_stream(response):
+            read += len(chunk)
+            head += chunk[: _SAID_BYTES - len(head)]
+            if read > PIECE:
+                break
+    except _NETWORK_ERRORS:
+        pass
+    if response.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
+        return ""
+    return _said(bytes(head))
+
+
+def _said(raw: bytes) -> str:
+    message: Any = None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        message = _cut_message(raw) or raw.decode("utf-8", "replace")
+    else:
+        if isinstance(data, dict):
+            error = data.get("error")
+            if isinstance(error, dict):
+                message = error.get("message") or error.get("type") or error.get("code")
+            else:
+                message = error or data.get("message") or data.get("detail")
+    if not isinstance(message, str):
+        return ""
+    message = " ".join(message.split())
+    if not message:
+        return ""
+    if len(message) > _SAID_CHARS:
+        message = message[: _SAID_CHARS - 1] + "\u2026"
+    return "; the provider said: " + orjson.dumps(message).decode()
+
+
+_MESSAGE = re.compile(rb'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
+
+
+def _cut_message(raw: bytes) -> str | None:
+    """The ``"message"`` string of a JSON error cut short by the read limit."""
+    found = _MESSAGE.search(raw)
+    if found is None:
+        return None
+    text = found.group(1)
+    for cut in range(7):  # the cut may have split an escape such as \u2026
+        with contextlib.suppress(orjson.JSONDecodeError):
+            value = orjson.loads(b'"' + text[: len(text) - cut] + b'"')
+            return value if isinstance(value, str) else None
+    return None
 
 
 def _timeout_text(exc: BaseException) -> str:
@@ -178,15 +245,16 @@ class ProviderClient:
         started = time.perf_counter()
         status: int | None = None
         content = bytearray()
+        said = ""
         try:
             with self._transient(path, _timeout_text, "connection failed"):
                 response = await self._send(path)
-                if read:
+                if read or response.status_code != 200:
                     try:
                         if response.status_code == 200:
                             content = await self._read_capped(response, path)
                         else:
-                            await self._drain(response)
+                            said = await _provider_says(response)
                     finally:
                         await response.aclose()
                 status = response.status_code
@@ -195,11 +263,9 @@ class ProviderClient:
                 self._on_request(self.name, status, time.perf_counter() - started)
         if status == 200:
             return response, content
-        if not read:
-            await response.aclose()
         if status in _RETRY_STATUS:
             raise TransientProviderError(
-                "provider busy or failing",
+                "provider busy or failing" + said,
                 provider=self.name,
                 path=path,
                 status=status,
@@ -207,8 +273,10 @@ class ProviderClient:
             )
         if status in (401, 403):
             reason = f"the provider refused the API key: check providers.{self.name}.api_key"
-            raise ProviderError(reason, provider=self.name, path=path, status=status)
-        raise ProviderError("unexpected status", provider=self.name, path=path, status=status)
+            raise ProviderError(reason + said, provider=self.name, path=path, status=status)
+        raise ProviderError(
+            "unexpected status" + said, provider=self.name, path=path, status=status
+        )
 
     @contextlib.contextmanager
     def _transient(
@@ -279,15 +347,6 @@ class ProviderClient:
                 )
             content += piece
         return content
-
-    @staticmethod
-    async def _drain(response: httpx.Response) -> None:
-        """Read a small error body to its end, so the connection can be reused."""
-        read = 0
-        async for chunk in raw_stream(response):
-            read += len(chunk)
-            if read > PIECE:
-                return
 
     async def stream_bytes(self, path: str) -> AsyncIterator[bytes]:
         """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;

@@ -12,14 +12,13 @@ from collections.abc import AsyncIterator
 import orjson
 
 from nopoll.envelope import BatchRow
+from nopoll.status import row_status, unknown_status
 from receiver.providers.base import (
     BatchFetch,
     Chunk,
     ResponsesDialect,
     chunk_rows,
     loads_obj,
-    normalize_status,
-    unknown_status,
 )
 
 __all__ = ["SferenceDialect", "parse_line"]
@@ -39,7 +38,7 @@ def parse_line(index: int, line: bytes) -> BatchRow:
     body = loads_obj(data.get("result_json"))
     error = loads_obj(data.get("error_json"))
     raw = data.get("status")
-    status = normalize_status(raw, "completed" if body and not error else "failed")
+    status = row_status(raw, "completed" if body and not error else "failed")
     error = error or unknown_status(raw)
     if error is None and body is None and not isinstance(raw, str):
         error = {"code": "no_result", "message": "the line has no result_json and no error_json"}

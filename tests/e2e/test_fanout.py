@@ -10,7 +10,9 @@ import uuid
 import boto3
 import orjson
 import pytest
+from redis import asyncio as redis_asyncio
 
+from receiver.deadletter import DeadLetters
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import running_api, running_worker
 from tests.sinks.test_kafka_sink import consume
@@ -117,3 +119,48 @@ def _keys_in_parts(s3, bucket: str, parts: list[dict]) -> set[str]:
         body = s3.get_object(Bucket=bucket, Key=part["key"])["Body"].read().decode()
         keys |= {json.loads(line)["key"] for line in body.splitlines()}
     return keys
+
+
+async def test_an_oversize_kafka_message_without_claim_check_is_a_dead_letter_at_once(
+    make_settings, redis_url, provider_sim, tmp_path, signed_callback, kafka_bootstrap
+):
+    """No retry can make a message smaller: without claim_check it becomes a dead letter on
+    the first try (not after the sink's retries, minutes later), saying what to set, and
+    the other results of the same sink still arrive."""
+    sim = provider_sim(api_key="sk-test-not-a-real-key")
+    topic = f"t.{uuid.uuid4().hex[:12]}"
+    sinks = {
+        "bus": {
+            "type": "kafka",
+            "bootstrap_servers": kafka_bootstrap,
+            "topic": topic,
+            "enable_idempotence": False,
+            "max_message_bytes": 80_000,
+            "max_batch_size": 80_000,
+        },
+        "files": {"type": "jsonl", "dir": str(tmp_path / "results")},
+    }
+    # the sink's retries as a deployment has them: minutes before a dead letter
+    retry = {"max_tries": 12, "base_delay_s": 5, "max_delay_s": 60}
+    settings = make_settings(sim.base_url, redis_url=redis_url, sinks=sinks, sink_retry=retry)
+    sim.add_response("resp_huge", text="x" * 100_000)
+    sim.add_response("resp_small", text="fits")
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    letters = DeadLetters(redis)
+
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        for object_id in ("resp_huge", "resp_small"):
+            assert (await post(base, *signed_callback(object_id))).status_code == 202
+        found = await wait_for(lambda: letters.find(sink="bus"), timeout=15)
+        messages = await consume(kafka_bootstrap, topic, expected=1, timeout_s=15)
+        await wait_for(lambda: _rows(tmp_path, 2), timeout=15)
+    await redis.aclose()
+
+    [letter] = found
+    assert letter.keys == ["resp_huge"] and letter.attempts == 1
+    assert "over max_message_bytes (80000)" in letter.error and "claim_check" in letter.error
+    assert [m.key for m in messages] == [b"sim:resp_small"]
+
+
+async def _rows(tmp_path, n: int) -> bool:
+    return len(jsonl_rows(tmp_path / "results")) >= n

@@ -111,6 +111,42 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
         await pool.aclose()
 
 
+async def test_a_dead_letter_keeps_the_providers_own_reason(stack, redis_url, signed_callback):
+    """A fetch the provider refuses (404 for an id it does not know) is a dead letter that
+    says what the provider said, not only its status."""
+    settings, _ = stack()
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        assert (await post(base, *signed_callback("resp_unknown"))).status_code == 202
+        pool = arq_pool(redis_url)
+        [letter] = await wait_for(DeadLetters(pool).find)
+        await pool.aclose()
+    assert letter.keys == ["resp_unknown"]
+    assert letter.error.endswith(
+        '(HTTP 404): unexpected status; the provider said: "no such response"'
+    )
+
+
+async def test_provider_spellings_land_in_nopolls_words(
+    stack, redis_url, signed_callback, tmp_path
+):
+    """``canceled`` lands as ``cancelled`` (a status the results stream can filter on), and
+    ``COMPLETED`` as a usable ``completed``."""
+    settings, sim = stack()
+    sim.add_response("resp_canceled", status="canceled", text=None)
+    sim.add_response("resp_upper", status="COMPLETED")
+    async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
+        for rid in ("resp_canceled", "resp_upper"):
+            assert (await post(base, *signed_callback(rid))).status_code == 202
+
+        async def landed():
+            rows = jsonl_rows(tmp_path / "results")
+            return rows if len(rows) == 2 else None
+
+        rows = await wait_for(landed)
+    got = {r["key"]: (r["status"], r["usable"]) for r in rows}
+    assert got == {"resp_canceled": ("cancelled", False), "resp_upper": ("completed", True)}
+
+
 async def test_incomplete_max_output_tokens_with_text_is_usable(
     stack, redis_url, signed_callback, pg_url, pg_table
 ):

@@ -67,6 +67,7 @@ async def test_404_and_401_are_permanent_and_not_retried(provider_sim):
         await ResponsesDialect(c).fetch_response("resp_1")
     assert not isinstance(info.value, TransientProviderError) and info.value.status == 401
     assert "sk-test" not in str(info.value)
+    assert str(info.value).endswith('; the provider said: "bad api key"')
     assert wrong_key.request_count() == 1
     await c.aclose()
 
@@ -75,8 +76,62 @@ async def test_404_and_401_are_permanent_and_not_retried(provider_sim):
     with pytest.raises(ProviderError) as info:
         await ResponsesDialect(c).fetch_response("resp_missing")
     assert not isinstance(info.value, TransientProviderError) and info.value.status == 404
+    assert str(info.value) == (
+        "sim GET responses/resp_missing (HTTP 404): "
+        'unexpected status; the provider said: "no such response"'
+    )
     assert sim.request_count() == 1
     await c.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (
+            400,
+            b'{"error": {"message": "Invalid id", "type": "invalid_request_error"}}',
+            '"Invalid id"',
+        ),
+        (404, b'{"error": {"type": "not_found_error"}}', '"not_found_error"'),
+        (409, b'{"error": "conflict here"}', '"conflict here"'),
+        (410, b'{"detail": "gone"}', '"gone"'),
+        (418, b"plain text\r\nX-Fake: log line", '"plain text X-Fake: log line"'),
+        (451, b"", None),
+        (422, b'{"error": {"message": 42}}', None),
+    ],
+)
+async def test_the_providers_own_reason_is_kept(status, body, said):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=body)
+
+    c = client("https://api.example/v1", transport=httpx.MockTransport(handler))
+    with pytest.raises(ProviderError) as info:
+        await ResponsesDialect(c).fetch_response("resp_1")
+    await c.aclose()
+    text = str(info.value)
+    if said is None:
+        assert text.endswith("unexpected status")
+    else:
+        assert text.endswith(f"unexpected status; the provider said: {said}")
+
+
+async def test_a_hostile_reason_is_truncated_and_escaped():
+    hostile = "first\nERROR forged log line \x1b[31m\u2028" + "x" * 100_000
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": hostile}})
+
+    c = client("https://api.example/v1", transport=httpx.MockTransport(handler), attempts=1)
+    with pytest.raises(TransientProviderError) as info:
+        await c.get_json("responses/resp_1")
+    await c.aclose()
+    text = str(info.value)
+    assert text.startswith(
+        "sim GET responses/resp_1 (HTTP 503): provider busy or failing; "
+        'the provider said: "first ERROR forged log line \\u001b[31m x'
+    ), text
+    assert "\n" not in text and "\x1b" not in text and "\u2028" not in text
+    assert len(text) < 450 and text.endswith('\u2026"')
 
 
 async def test_connection_refused_is_transient():

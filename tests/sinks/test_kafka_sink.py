@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from nopoll.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
-from nopoll.exceptions import ConfigError, SinkError
+from nopoll.exceptions import ConfigError, SinkError, SinkRowsRejected
 from receiver.demo.simulator import make_response
 from sinks.kafka import KafkaSink, KafkaSinkConfig
 from sinks.registry import create_sink, validate_sink_config
@@ -200,17 +200,20 @@ async def test_claim_check_replaces_an_oversize_body_with_body_ref(
     assert orjson.loads(messages[b"sim:resp_0"].value) == small.to_dict()
 
 
-async def test_oversize_without_claim_check_fails_the_write(
+async def test_oversize_without_claim_check_is_refused_alone(
     kafka_config: Callable[..., KafkaSinkConfig], kafka_bootstrap: str, topic: str
 ) -> None:
     near = big_envelope(1_040_000)  # just under the limit: sent whole
+    small = envelopes(1)[0]
     async with KafkaSink("bus", kafka_config()) as sink:
         await sink.write([near])
-        with pytest.raises(SinkError) as info:
-            await sink.write([envelopes(1)[0], big_envelope(1_100_000)])
-    # nothing of the failed write was sent, not even its small envelope
-    messages = await consume(kafka_bootstrap, topic, 2, timeout_s=2)
-    assert [orjson.loads(m.value) for m in messages] == [near.to_dict()]
+        with pytest.raises(SinkRowsRejected) as info:
+            await sink.write([small, big_envelope(1_100_000)])
+    # no retry can send it: only the oversize envelope is refused, the small one went out
+    assert info.value.rejected.keys() == {"resp_big"}
+    messages = await consume(kafka_bootstrap, topic, 2, timeout_s=10)
+    by_key = {m.key: orjson.loads(m.value) for m in messages}
+    assert by_key == {b"sim:resp_big": near.to_dict(), b"sim:resp_0": small.to_dict()}
     message = str(info.value)
     assert "sim:resp_big" in message
     assert "max_message_bytes (1048576)" in message
@@ -228,7 +231,9 @@ async def test_still_oversize_without_body_fails_the_write(
     )  # output_text alone is over the limit
     config = kafka_config(max_message_bytes=4096, max_batch_size=4096)
     async with KafkaSink("bus", config, claim_check=claim_check) as sink:
-        with pytest.raises(SinkError, match=r"sim:resp_long is \d+ bytes even without its body"):
+        with pytest.raises(
+            SinkRowsRejected, match=r"sim:resp_long is \d+ bytes even without its body"
+        ):
             await sink.write([env])
 
 
