@@ -102,6 +102,9 @@ def _api_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles)
         timeout_graceful_shutdown=10,
         # beyond this many connections uvicorn answers 503: the provider retries later
         limit_concurrency=settings.api.limit_concurrency,
+        # X-Forwarded-For names the client only when it comes from a configured proxy
+        proxy_headers=bool(settings.api.trusted_proxies),
+        forwarded_allow_ips=list(settings.api.trusted_proxies),
     )
     return _Server(config)
 
