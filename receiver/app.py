@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -347,6 +347,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return Response(payload, exc.status_code, exc.headers, media_type="application/json")
 
 
+async def _client_left(request: Request, exc: Exception) -> Response:
+    """A client that closed its connection before sending its whole body: the request just
+    ends (the answer goes nowhere), as no error of the server's."""
+    log.debug(
+        "%s %s: the client left before sending its whole body", request.method, request.url.path
+    )
+    return _json(400, {"error": "client disconnected before sending the whole body"})
+
+
 def create_app(
     settings: Settings,
     *,
@@ -372,6 +381,8 @@ def create_app(
         *ui_routes(settings, redis),
     ]
     starlette = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
     return _Dispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette)
