@@ -32,7 +32,7 @@ from standardwebhooks.webhooks import Webhook
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
-from nopoll.wire import decode_webhook_secret, retry_after_s
+from nopoll.wire import decode_webhook_secret, retry_after_s, url_secrets
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
@@ -271,7 +271,8 @@ class HttpSink(SinkBase):
 
     def _excerpt(self, response: httpx.Response, head: bytes) -> str:
         secrets = [v.get_secret_value() for v in self.config.headers.values()]
-        return _excerpt(response, head, [s for s in secrets if len(s) >= 4])
+        secrets = [s for s in secrets if len(s) >= 4] + url_secrets(self.config.url)
+        return _excerpt(response, head, sorted(secrets, key=len, reverse=True))
 
     async def aclose(self) -> None:
         if self._client is not None:
