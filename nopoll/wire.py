@@ -1,5 +1,5 @@
 """What crosses the wire, shared by the receiver and the sinks: safe ids, Retry-After,
-webhook secrets."""
+webhook secrets, and a sink's URL as it may be shown."""
 
 from __future__ import annotations
 
@@ -8,9 +8,20 @@ import binascii
 import email.utils
 import re
 import time
+import urllib.parse
 from collections.abc import Mapping
 
-__all__ = ["SAFE_ID", "decode_webhook_secret", "retry_after_s", "safe_id"]
+__all__ = [
+    "SAFE_ID",
+    "decode_webhook_secret",
+    "retry_after_s",
+    "safe_id",
+    "url_masked",
+    "url_origin",
+    "url_secrets",
+]
+
+_MASK = "***"
 
 SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
 """Ids that may go into a URL path or an object key as one segment."""
@@ -56,3 +67,66 @@ def decode_webhook_secret(secret: str) -> bytes:
     if not key:
         raise ValueError("webhook secret is empty")
     return key
+
+
+# A sink's URL often carries its credentials: a password, a token in the query (?token=,
+# ?sig=), or a secret path segment (/hooks/<secret>). Only the scheme, host and port are
+# shown as they are. A URL without a host (sqlite:///path/to/file) is a local file: its
+# path is shown too.
+
+
+def _split(url: str) -> tuple[urllib.parse.SplitResult, str, str] | None:
+    """(parts, userinfo, host[:port]) of ``url``, or None when it is no URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        return None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    return (parts, userinfo, hostport) if parts.scheme else None
+
+
+def url_origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: all of a sink's URL that a log line shows (and
+    a local file's path)."""
+    split = _split(url)
+    if split is None:
+        return _MASK
+    parts, _, hostport = split
+    if not hostport:
+        return url_masked(url)
+    return f"{parts.scheme}://{hostport}"
+
+
+def url_masked(url: str) -> str:
+    """``url`` with its user and password, every path segment and every query value
+    replaced by ``***`` (query names kept): a sink's URL as ``config check`` shows it."""
+    split = _split(url)
+    if split is None:
+        return _MASK
+    parts, userinfo, hostport = split
+    query = "&".join(
+        f"{name}{sep}{_MASK if sep else ''}"
+        for name, sep, _ in (p.partition("=") for p in parts.query.split("&") if p)
+    )
+    if not hostport:  # a local file, written as it is
+        return url.partition("?")[0].partition("#")[0] + (f"?{query}" if query else "")
+    netloc = (f"{_MASK}@" if userinfo else "") + hostport
+    path = "/".join(_MASK if segment else "" for segment in parts.path.split("/"))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path, query, ""))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The parts of ``url`` that may be secret (user, password, path segments, query
+    values, as written and decoded), longest first: what to mask in text that may echo
+    them, such as a server's error message."""
+    split = _split(url)
+    if split is None:
+        return [url] if len(url) >= 4 else []
+    parts, userinfo, hostport = split
+    found = {*userinfo.split(":"), parts.fragment}
+    found.update(p.partition("=")[2] for p in parts.query.split("&"))
+    if hostport:
+        found.update(parts.path.split("/"))
+    found |= {urllib.parse.unquote_plus(f) for f in found}
+    return sorted((f for f in found if len(f) >= 4), key=len, reverse=True)

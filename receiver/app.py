@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -63,7 +63,7 @@ from receiver.tenants import (
 )
 from receiver.ui import ui_routes
 from receiver.verify import Verifier
-from receiver.webhook_limits import WebhookLimits
+from receiver.webhook_limits import WebhookLimits, client_address
 from receiver.wire import (
     ReadDeadlines,
     Reply,
@@ -144,9 +144,13 @@ class WebhookEndpoint:
         """``POST /webhooks/t/{token}``: a token that is not genuine is 404 at once, before
         the body is read or Redis is touched; else as ``/webhooks/{provider}``, with the
         tenant's secrets."""
-        endpoint = self._tenants.resolve(scope["path"][len(TENANT_PREFIX) :])
-        if endpoint is None:
-            reply = Reply(404, {"error": "unknown endpoint"}, then=Then.DRAIN_AND_CLOSE)
+        try:
+            if self._limits is not None:  # before the token costs an HMAC
+                self._limits.check_client(client_address(scope))
+            endpoint = self._tenants.resolve(scope["path"][len(TENANT_PREFIX) :])
+            if endpoint is None:
+                raise Reply(404, {"error": "unknown endpoint"}, then=Then.DRAIN_AND_CLOSE)
+        except Reply as reply:
             self._callbacks.labels("unknown", reply.outcome).inc()
             self._log_rejection("unknown", "t/...", scope, reply)
             await answer_and_close(reply, receive, send)
@@ -156,7 +160,6 @@ class WebhookEndpoint:
     def _log_rejection(self, label: str, where: str, scope: Scope, reply: Reply) -> None:
         """One line per provider and status every 10 s at most, with the reason (a tenant
         endpoint's token is not logged: it is the endpoint's address)."""
-        client = scope.get("client")
         self._rejections.log(
             logging.WARNING,
             (label, reply.status),
@@ -164,15 +167,16 @@ class WebhookEndpoint:
             where[:160],
             reply.status,
             reply.payload.get("error") or reply.payload.get("reason"),
-            client[0] if client else "unknown",
+            client_address(scope),
         )
 
     async def _handle(
         self, provider: str, tenant: str, verifier: Verifier | None, scope: Scope, receive: Receive
     ) -> tuple[int, dict[str, Any]]:
         if self._limits is not None:
-            client = scope.get("client")
-            self._limits.check(client[0] if client else "unknown", provider)
+            if tenant == DEFAULT_TENANT:  # a tenant's address was counted by tenant()
+                self._limits.check_client(client_address(scope))
+            self._limits.check_provider(provider)
         if verifier is None:
             if tenant != DEFAULT_TENANT:
                 reason = "this endpoint takes no callbacks (no webhook_secrets)"
@@ -343,6 +347,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return Response(payload, exc.status_code, exc.headers, media_type="application/json")
 
 
+async def _client_left(request: Request, exc: Exception) -> Response:
+    """A client that closed its connection before sending its whole body: the request just
+    ends (the answer goes nowhere), as no error of the server's."""
+    log.debug(
+        "%s %s: the client left before sending its whole body", request.method, request.url.path
+    )
+    return _json(400, {"error": "client disconnected before sending the whole body"})
+
+
 def create_app(
     settings: Settings,
     *,
@@ -368,6 +381,8 @@ def create_app(
         *ui_routes(settings, redis),
     ]
     starlette = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
     return _Dispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette)

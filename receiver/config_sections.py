@@ -4,12 +4,14 @@ docs/configuration.md)."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -123,6 +125,23 @@ class ApiConfig(_Model):
     provider_rps: int | None = Field(default=None, ge=1)
     """Webhook requests one provider's route takes a second (per API process); None: no
     limit."""
+    trusted_proxies: list[str] = Field(default_factory=list, max_length=256)
+    """Addresses and networks (CIDR) of the proxies in front of the API (an ingress
+    controller's pods). From them only, ``X-Forwarded-For`` names the client; empty: the
+    header is ignored and the client is the connection's peer."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        networks = []
+        for item in value:
+            try:
+                networks.append(str(ipaddress.ip_network(item.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(
+                    f"{item[:64]!r} is not an IP address or a CIDR network (e.g. 10.42.0.0/16)"
+                ) from None
+        return networks
 
 
 class WorkerConfig(_Model):

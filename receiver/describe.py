@@ -1,4 +1,5 @@
-"""What a configuration sets up, in words, with every credential hidden.
+"""What a configuration sets up, in words, with every credential hidden (of a sink's
+URL only the scheme, host and port are shown).
 
 Used for the start-up summary of ``nopoll serve|api|worker`` (one log line per item:
 what runs, which Redis, each provider with its webhook path, each sink, the routes).
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from pydantic import SecretStr
+
+from nopoll.wire import url_origin
 from receiver.config import Settings, redact_url
 
 __all__ = ["describe"]
@@ -48,11 +52,10 @@ def describe(
         )
         lines.append(f"provider {name} ({p.dialect}): {callbacks}; fetches from {p.base_url}")
     for name, sink in settings.sinks.items():
-        where = next(
-            (str(getattr(sink, f)) for f in _WHERE if getattr(sink, f, None) is not None), ""
-        )
-        if where.startswith("**"):  # a SecretStr: its real value, redacted
-            where = redact_url(sink.url.get_secret_value())
+        value = next((getattr(sink, f) for f in _WHERE if getattr(sink, f, None) is not None), "")
+        where = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        if "://" in where:
+            where = url_origin(where)
         lines.append(f"sink {name}: {sink.type}" + (f" -> {where}" if where else ""))
     if settings.routes:
         for i, route in enumerate(settings.routes):

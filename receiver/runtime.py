@@ -109,6 +109,9 @@ def api_server_config(
         timeout_graceful_shutdown=10,
         # beyond this many connections uvicorn answers 503: the provider retries later
         limit_concurrency=settings.api.limit_concurrency,
+        # X-Forwarded-For names the client only when it comes from a configured proxy
+        proxy_headers=bool(settings.api.trusted_proxies),
+        forwarded_allow_ips=list(settings.api.trusted_proxies),
     )
 
 

@@ -6,23 +6,38 @@ requests in a sliding one-second window gets ``429`` with ``Retry-After`` before
 is read or its signature checked, and its connection is closed. ``api.provider_rps`` caps
 one provider's route the same way. The counters are the ``limits`` package's sliding
 window in this process's memory (about 9 us a request): each API process limits on its
-own, so N pods allow N times the figure. Behind a proxy, run uvicorn with proxy headers
-trusted so that the address is the client's, not the proxy's.
+own, so N pods allow N times the figure.
+
+The address is the connection's peer. Behind a proxy, list the proxy in
+``api.trusted_proxies``: uvicorn then takes the client from its ``X-Forwarded-For``
+(from that proxy only). Whatever ends up as the address is used only if it is an IP
+address; anything else (junk a proxy passed on) counts under one shared ``unknown``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 
 from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
+from starlette.types import Scope
 
 from receiver.config import ApiConfig
 from receiver.wire import Reply, Then
 
-__all__ = ["WebhookLimits"]
+__all__ = ["WebhookLimits", "client_address"]
+
+
+def client_address(scope: Scope) -> str:
+    """The request's client as a normalized IP address, or ``unknown`` when it is not one."""
+    client = scope.get("client")
+    try:
+        return str(ipaddress.ip_address(client[0])) if client else "unknown"
+    except ValueError:
+        return "unknown"
 
 
 class WebhookLimits:
@@ -36,10 +51,13 @@ class WebhookLimits:
         )
         self.enabled = self._client is not None or self._provider is not None
 
-    def check(self, client: str, provider: str) -> None:
-        """Count this request; Reply(429) when the client or the provider is over its limit."""
+    def check_client(self, client: str) -> None:
+        """Count this request against its address; Reply(429) when over the limit."""
         if self._client is not None and not self._limiter.hit(self._client, "c", client):
             self._refuse(self._client, ("c", client), "this address", self._client.amount)
+
+    def check_provider(self, provider: str) -> None:
+        """Count this request against its provider; Reply(429) when over the limit."""
         if self._provider is not None and not self._limiter.hit(self._provider, "p", provider):
             self._refuse(self._provider, ("p", provider), "this provider", self._provider.amount)
 

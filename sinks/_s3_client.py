@@ -16,6 +16,7 @@ from aiobotocore.session import get_session
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from nopoll.exceptions import SinkError
+from nopoll.wire import url_secrets
 
 if TYPE_CHECKING:
     from sinks.s3 import S3SinkConfig
@@ -248,4 +249,6 @@ class S3Calls:
         ):
             if secret is not None and secret.get_secret_value():
                 text = text.replace(secret.get_secret_value(), "**********")
+        for part in url_secrets(self.config.endpoint_url or ""):  # botocore quotes its URLs
+            text = text.replace(part, "***")
         return text[:500]

@@ -9,7 +9,9 @@ pairs: a retry of the same envelopes carries the same id and the subscriber can 
 
 A 2xx is success. 408, 429, 5xx, timeouts and connection errors raise
 :class:`HttpSinkError` (the worker retries with backoff, then dead-letters); any other
-4xx raises :class:`~nopoll.exceptions.SinkRejected` (retrying will not help). See
+4xx raises :class:`~nopoll.exceptions.SinkRejected` (retrying will not help). Of the
+subscriber's answer at most the first 4 KiB is read (the start of it goes into the
+error); a longer answer's connection is closed instead of read to its end. See
 ``docs/sinks/http.md``.
 """
 
@@ -30,12 +32,16 @@ from standardwebhooks.webhooks import Webhook
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
-from nopoll.wire import decode_webhook_secret, retry_after_s
+from nopoll.wire import decode_webhook_secret, retry_after_s, url_secrets
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
 
 MAX_BATCH_SIZE = 500
+_ANSWER_BYTES = 4096
+"""The most of a subscriber's answer that is read; the rest is never downloaded."""
+_EXCERPT_CHARS = 200
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _RESERVED_HEADERS = frozenset(
     {
@@ -144,6 +150,31 @@ def _describe(exc: httpx.RequestError) -> str:
     return type(exc).__name__
 
 
+async def _answer_head(response: httpx.Response) -> bytes:
+    """The first ``_ANSWER_BYTES`` of the answer as sent (not decompressed); the caller
+    closes the response, which closes a connection whose answer was not read to its end."""
+    head = b""
+    async for chunk in response.aiter_raw():
+        head += chunk
+        if len(head) >= _ANSWER_BYTES:
+            break
+    return head[:_ANSWER_BYTES]
+
+
+def _excerpt(response: httpx.Response, head: bytes, secrets: Sequence[str]) -> str:
+    """The start of a readable answer, for the error message (one printable line), with
+    any of ``secrets`` the subscriber echoed masked."""
+    if not head or response.headers.get("content-encoding", "identity") != "identity":
+        return ""
+    text = head.decode("utf-8", "replace")
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    text = _UNPRINTABLE.sub(" ", text).strip()
+    if not text:
+        return ""
+    return f"; answer: {text[:_EXCERPT_CHARS]}" + ("..." if len(text) > _EXCERPT_CHARS else "")
+
+
 class HttpSink(SinkBase):
     """POSTs envelopes to a subscriber, Standard-Webhooks signed, in arrays of
     ``batch_size``."""
@@ -205,9 +236,13 @@ class HttpSink(SinkBase):
             "webhook-timestamp": str(timestamp),
             "webhook-signature": signature,
             "content-type": "application/json",
+            "accept-encoding": "identity",  # a bounded read of the answer is its size
         }
         try:
-            response = await client.post(self.config.url, content=body, headers=headers)
+            async with client.stream(
+                "POST", self.config.url, content=body, headers=headers
+            ) as response:
+                head = await _answer_head(response)
         except httpx.TimeoutException as exc:
             raise HttpSinkError(
                 f"{where} timed out after {self.config.timeout_s:g}s", sink=self.name
@@ -220,16 +255,24 @@ class HttpSink(SinkBase):
         message = f"{where} answered HTTP {status}"
         if 400 <= status < 500 and status not in (408, 429):
             raise SinkRejected(
-                message + " (the subscriber refuses it)", sink=self.name, status=status
+                message + f" (the subscriber refuses it){self._excerpt(response, head)}",
+                sink=self.name,
+                status=status,
             )
         if 300 <= status < 400:
             message += " (redirects are not followed: configure the final URL)"
+        message += self._excerpt(response, head)
         raise HttpSinkError(
             message,
             sink=self.name,
             status=status,
             retry_after_s=retry_after_s(response.headers),
         )
+
+    def _excerpt(self, response: httpx.Response, head: bytes) -> str:
+        secrets = [v.get_secret_value() for v in self.config.headers.values()]
+        secrets = [s for s in secrets if len(s) >= 4] + url_secrets(self.config.url)
+        return _excerpt(response, head, sorted(secrets, key=len, reverse=True))
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -14,7 +15,7 @@ import uvicorn
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.servers import free_port
@@ -36,7 +37,10 @@ class Delivery:
 class Subscriber:
     """A webhook consumer: verifies each POST with ``standardwebhooks`` (401 when it does not
     verify), records it, then answers ``status`` with ``headers`` after ``delay_s``; the
-    statuses in ``script`` are answered first, one per POST."""
+    statuses in ``script`` are answered first, one per POST, with ``answer`` as the body.
+    With ``body_bytes`` the answer
+    has a body of that many bytes, streamed; ``body_sent`` counts what was handed to the
+    connection (it stops growing once the client closes it)."""
 
     def __init__(
         self,
@@ -46,12 +50,15 @@ class Subscriber:
         headers: dict[str, str] | None = None,
         delay_s: float = 0.0,
         script: list[int] | None = None,
+        answer: bytes = b"",
+        body_bytes: int = 0,
     ) -> None:
         self.secret = secret
         self.script = list(script or [])
         self.status = status
         self.headers = headers or {}
         self.delay_s = delay_s
+        self.answer, self.body_bytes, self.body_sent = answer, body_bytes, 0
         self.deliveries: list[Delivery] = []
         self.port = free_port()
         self._release = asyncio.Event()
@@ -76,7 +83,19 @@ class Subscriber:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._release.wait(), self.delay_s)
         status = self.script.pop(0) if self.script else self.status
-        return Response(status_code=status, headers=self.headers)
+        if self.body_bytes:
+            headers = {**self.headers, "content-length": str(self.body_bytes)}
+            return StreamingResponse(self._body(), status_code=status, headers=headers)
+        return Response(self.answer, status_code=status, headers=self.headers)
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        chunk = b"x" * 65536
+        for start in range(0, self.body_bytes, len(chunk)):
+            part = chunk[: self.body_bytes - start]
+            yield part
+            self.body_sent += len(part)  # resumed: the send of ``part`` returned
+            # let Starlette see a disconnect: uvicorn's send returns at once after one
+            await asyncio.sleep(0)
 
     async def start(self) -> Subscriber:
         app = Starlette(routes=[Route("/{path:path}", self._hook, methods=["POST"])])

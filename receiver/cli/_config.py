@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from nopoll.wire import url_masked
 from receiver.cli._common import add_config_option, config_path, load
 from receiver.config import Settings, is_secret_key, redact_url
 
@@ -40,8 +41,8 @@ def _redacted(value: Any, loc: tuple[str | int, ...], unset: Mapping[str, Any]) 
         return f"{text} (not set)"
     if is_secret_key(loc):
         return _MASK if text else ""
-    if "://" in text:
-        return redact_url(text)
+    if "://" in text:  # a sink's URL may hide a token anywhere: its path and query too
+        return url_masked(text) if loc[:1] == ("sinks",) else redact_url(text)
     if isinstance(value, SecretStr):
         return _MASK if text else ""
     return text

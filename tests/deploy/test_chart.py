@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from receiver.config import (
+    ApiConfig,
     BatchConfig,
     HttpConfig,
     ProviderConfig,
@@ -154,6 +155,7 @@ def test_schema_config_keys_match_nopoll_settings() -> None:
     assert keys(config["properties"]["http"]) == set(HttpConfig.model_fields)
     assert keys(config["properties"]["worker"]) == set(WorkerConfig.model_fields)
     assert keys(config["properties"]["batch"]) == set(BatchConfig.model_fields)
+    assert keys(config["properties"]["api"]) == set(ApiConfig.model_fields)
     route = config["properties"]["routes"]["items"]
     assert keys(route) == set(RouteConfig.model_fields)
     assert keys(route["properties"]["match"]) == set(RouteMatch.model_fields)

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from redis.asyncio import Redis
 
 from receiver.app import create_app
 from receiver.cli import _parser, main
 from receiver.config import (
+    ApiConfig,
     load_settings,
 )
 from receiver.metrics import Metrics
@@ -26,6 +28,7 @@ from tests.deploy.conftest import (
     default_values,
     load_values,
     pod_spec,
+    render_error,
     with_changes,
     worker_health_port,
 )
@@ -141,6 +144,22 @@ def test_config_map_passes_nopoll_config_check(
     settings = load_settings(config)
     assert str(settings.data_dir) == "/data"
     assert settings.redis_url.get_secret_value() == env["REDIS_URL"]
+
+
+def test_ingress_trusted_proxies_become_the_apis_trusted_proxies(render: Any) -> None:
+    """ingress.trustedProxies is written to config.api.trusted_proxies, beside the other
+    api settings; unset, the API trusts no X-Forwarded-For; both set is refused."""
+
+    def api(values: dict[str, Any]) -> ApiConfig:
+        return ApiConfig(**yaml.safe_load(render(values).config_map()["nopoll.yaml"])["api"])
+
+    base = with_changes(default_values(), config__api={"client_rps": 50})
+    assert api(base).trusted_proxies == []
+    values = with_changes(base, ingress__trustedProxies=["10.244.0.0/16", "192.168.1.7"])
+    assert api(values).trusted_proxies == ["10.244.0.0/16", "192.168.1.7/32"]
+    assert api(values).client_rps == 50
+    both = with_changes(values, config__api={"trusted_proxies": ["10.0.0.0/8"]})
+    assert "ingress.trustedProxies" in render_error(render, both)
 
 
 def test_no_secret_value_outside_the_secret(scenario: Rendered) -> None:

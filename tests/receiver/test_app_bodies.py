@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -247,3 +248,29 @@ async def test_a_trickled_body_is_408_after_the_whole_body_deadline(server):
     assert status == 408, raw[:200]
     assert "0.5 s" in payload["error"]
     assert elapsed < 4
+
+
+@pytest.mark.parametrize(
+    "path", ["/ui/login", "/admin/v1/watches", "/admin/v1/submit", "/admin/v1/deadletters/replay"]
+)
+async def test_a_client_that_leaves_mid_body_is_no_error(make_settings, redis_url, caplog, path):
+    """A POST whose client closes the connection after half its body simply ends: nothing
+    is logged as a warning or an error, and the server serves the next request."""
+    settings = make_settings(redis_url=redis_url, admin_tokens=["admin-token-0123456789"])
+    caplog.set_level(logging.DEBUG)
+    async with running_api(settings, redis_url) as (base, _):
+        reader, writer = await connect(base)
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer admin-token-0123456789\r\n"
+            "content-type: application/x-www-form-urlencoded\r\ncontent-length: 1000\r\n\r\n"
+        )
+        writer.write(head.encode() + b"a" * 500)
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the server is reading the body
+        writer.close()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # no answer, just the end
+        await asyncio.sleep(0.2)  # the server has seen the disconnect
+        async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+            assert (await client.get("/healthz")).status_code == 200
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.levelname, r.getMessage(), r.exc_info) for r in loud]

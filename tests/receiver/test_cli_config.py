@@ -118,8 +118,8 @@ def test_redacted_prints_the_effective_config_without_any_secret(tmp_path: Path)
     assert shown["providers"]["sference"]["api_key"] == "***"
     assert shown["providers"]["sference"]["webhook_secrets"] == ["***"]
     assert shown["providers"]["sail"]["webhook_secrets"] == []
-    assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://app:***@db/results"
-    assert shown["sinks"]["audit"]["url"] == "https://consumer.example/hook?token=***"
+    assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://***@db/***"
+    assert shown["sinks"]["audit"]["url"] == "https://consumer.example/***?token=***"
     assert shown["sinks"]["audit"]["secret"] == "***"
     assert shown["http"]["read_timeout_s"] == 30.0  # defaults are part of the effective config
 
@@ -141,7 +141,7 @@ def test_redacted_needs_no_secret_in_the_environment(tmp_path: Path) -> None:
         assert f"{key}: {name} is not set (needed to run)" in result.stderr
     shown = yaml.safe_load(result.stdout)
     assert shown["providers"]["sference"]["api_key"] == "${SFERENCE_API_KEY} (not set)"
-    assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://app:***@db/results"
+    assert shown["sinks"]["warehouse"]["url"] == "postgresql+asyncpg://***@db/***"
 
 
 TOKENS = """

@@ -83,6 +83,11 @@ def test_missing_variable_names_key_and_variable(tmp_path: Path) -> None:
             ("data_dir:", "dedupe_ttl_s: 500\ndata_dir:"),
             r"dedupe_ttl_s \(500 s\) must be at least twice providers\.sference\.tolerance_s",
         ),
+        (
+            ("data_dir:", "api: {trusted_proxies: [10.0.0.0/8, nginx]}\ndata_dir:"),
+            r"api\.trusted_proxies: .*'nginx' is not an IP address or a CIDR network",
+        ),
+        (("data_dir:", "api: {trusted_proxies: ['*']}\ndata_dir:"), r"api\.trusted_proxies"),
     ],
 )
 def test_invalid_config_names_the_key(

@@ -7,6 +7,7 @@ import httpx
 from redis.asyncio import Redis
 
 from receiver.queue import JOBS_QUEUE
+from receiver.tenants import endpoint_path, endpoint_token
 from tests.servers import running_api
 
 
@@ -81,3 +82,35 @@ async def test_without_limits_nothing_is_refused(make_settings, redis_url, signe
         async with _client(base, "127.0.0.7") as c:
             answers = await _send(c, signed_callback, 60, "resp_free")
         assert {r.status_code for r in answers} == {202}
+
+
+async def test_forged_tenant_tokens_are_counted_against_their_address_first(
+    make_settings, redis_url, signed_callback, webhook_secret
+):
+    """The per-address limit comes before the token is checked: a flood of forged tenant
+    endpoints gets 429, and a genuine tenant's callback is counted once, not twice."""
+    team = {"providers": {"sim": {"api_key": "sk-team-a", "webhook_secrets": [webhook_secret]}}}
+    settings = make_settings(
+        redis_url=redis_url,
+        api={"client_rps": 5},
+        tenant_keys=["tenant-key-" + "k" * 32],
+        tenants={"team-a": team},
+    )
+    genuine = endpoint_path(endpoint_token(settings, "team-a", "sim"))
+    async with running_api(settings, redis_url) as (base, metrics):
+        async with _client(base, "127.0.0.8") as forger, _client(base, "127.0.0.9") as team_a:
+            codes = [
+                (await forger.post(f"/webhooks/t/forged{i}", content=b"{}")).status_code
+                for i in range(30)
+            ]
+            answers = []
+            for i in range(8):
+                body, headers = signed_callback(f"resp_team_{i}")
+                answers.append(await team_a.post(genuine, content=body, headers=headers))
+        # (a slow machine may cross into the next second: then more get through)
+        assert codes[:5] == [404] * 5 and codes.count(429) >= 20, codes
+        team_codes = [r.status_code for r in answers]
+        assert team_codes[:5] == [202] * 5 and 429 in team_codes, team_codes
+        text = metrics.render().decode()
+        # before its token is checked, a refused request has no known provider
+        assert 'nopoll_callbacks_total{outcome="rate_limited",provider="unknown"}' in text

@@ -3,6 +3,7 @@ that verifies every POST with the ``standardwebhooks`` package and records it.""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import secrets
 import time
@@ -186,6 +187,40 @@ async def test_redirect_is_not_followed(subscriber, http_sink, webhook_secret) -
         await sink.write([envelope(1)])
     assert not isinstance(info.value, SinkRejected) and info.value.status == 307
     assert len(sub.deliveries) == 1
+
+
+@pytest.mark.parametrize("status", [200, 500])
+async def test_a_huge_answer_is_not_read_whole(
+    subscriber, http_sink, webhook_secret, status: int
+) -> None:
+    """The sink reads the first few KiB of an answer and closes the connection: a 128 MiB
+    answer stops once the socket buffers are full, and the next write still works."""
+    huge = 128 * 1024 * 1024
+    sub = await subscriber(webhook_secret, status=status, body_bytes=huge)
+    sink = await http_sink(sub.url(), webhook_secret)
+    for i in range(2):
+        if status == 200:
+            await sink.write([envelope(i)])
+        else:
+            with pytest.raises(HttpSinkError, match=f"HTTP {status}.* answer: xxxx"):
+                await sink.write([envelope(i)])
+    assert len(sub.deliveries) == 2
+    await asyncio.sleep(0.2)  # the subscriber has noticed the closed connections
+    assert sub.body_sent < huge // 4, sub.body_sent  # two answers, each cut short
+
+
+async def test_the_start_of_a_refusal_is_in_the_error_without_echoed_secrets(
+    subscriber, http_sink, webhook_secret
+) -> None:
+    token = "tok-" + secrets.token_hex(16)
+    answer = f'{{"error": "token {token} is revoked"}}\n\x1b[31m'.encode() + b"z" * 5000
+    sub = await subscriber(webhook_secret, status=403, answer=answer)
+    sink = await http_sink(sub.url(), webhook_secret, headers={"Authorization": token})
+    with pytest.raises(SinkRejected) as info:
+        await sink.write([envelope(1)])
+    message = str(info.value)
+    assert 'refuses it); answer: {"error": "token *** is revoked"} [31mzzz' in message
+    assert token not in message and "\x1b" not in message and message.endswith("z...")
 
 
 async def test_subscriber_down(http_sink, webhook_secret) -> None:

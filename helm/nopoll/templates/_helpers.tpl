@@ -116,7 +116,13 @@ The nopoll config file: the user's config plus what the chart owns (redis_url, d
 # to environment variables from the release's Secret; they are never written here.
 redis_url: ${REDIS_URL}
 data_dir: /data
-{{ toYaml .Values.config }}
+{{- $config := deepCopy .Values.config }}
+{{- with .Values.ingress.trustedProxies }}
+{{- $api := deepCopy ($config.api | default dict) }}
+{{- $_ := set $api "trusted_proxies" . }}
+{{- $_ = set $config "api" $api }}
+{{- end }}
+{{ toYaml $config }}
 {{- end }}
 
 {{/*
@@ -296,6 +302,10 @@ Every check that must hold before anything is rendered. Included once, by config
 {{- define "nopoll.validate" -}}
 {{- $v := .Values }}
 {{- $ref := `^\$\{[A-Za-z_][A-Za-z0-9_]*(:-)?\}$` }}
+
+{{- if and $v.ingress.trustedProxies $v.config.api $v.config.api.trusted_proxies }}
+{{- fail "config.api.trusted_proxies: set ingress.trustedProxies instead (the chart writes it there); not both" }}
+{{- end }}
 
 {{- /* Redis: exactly one shared server. */}}
 {{- $sources := 0 }}
