@@ -36,12 +36,14 @@ from receiver.config import Settings
 from receiver.console import Console
 from receiver.ui.charts import bar_chart
 
-__all__ = ["ui_routes"]
+__all__ = ["MAX_FORM", "ui_routes"]
 
 _HERE = Path(__file__).parent
 _PAGE = 50
 _SESSION_S = 8 * 3600
-_MAX_FORM = 64 * 1024
+MAX_FORM = 64 * 1024
+"""The most of a form's body read (bytes); the app's :class:`receiver.wire.BoundedBodies`
+holds every POST to it."""
 
 
 def _fingerprint(key: bytes, token: bytes) -> str:
@@ -92,16 +94,15 @@ class _Ui:
         return ok
 
     async def _form(self, request: Request) -> dict[str, str] | Response:
-        """The POSTed form's fields, or the 403 to answer when it is too large or its CSRF
-        token is missing or not this session's."""
-        declared = request.headers.get("content-length", "")
-        if not (declared.isdigit() and int(declared) > _MAX_FORM):
-            form = await request.form(max_files=0, max_fields=100)
-            fields = {k: v for k, v in form.items() if isinstance(v, str)}
-            expected = request.session.get("csrf")
-            given = fields.get("csrf", "")
-            if isinstance(expected, str) and hmac.compare_digest(given, expected):
-                return fields
+        """The POSTed form's fields, or the 403 to answer when its CSRF token is missing or
+        not this session's. (Its size and how long it takes are bounded before it gets
+        here: :data:`MAX_FORM`.)"""
+        form = await request.form(max_files=0, max_fields=100)
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        expected = request.session.get("csrf")
+        given = fields.get("csrf", "")
+        if isinstance(expected, str) and hmac.compare_digest(given, expected):
+            return fields
         return self.refuse(
             request,
             403,
