@@ -101,7 +101,11 @@ class _Ui:
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         expected = request.session.get("csrf")
         given = fields.get("csrf", "")
-        if isinstance(expected, str) and hmac.compare_digest(given, expected):
+        if (
+            isinstance(expected, str)
+            and given.isascii()  # a token is ASCII; compare_digest takes no other str
+            and hmac.compare_digest(given.encode(), expected.encode())
+        ):
             return fields
         return self.refuse(
             request,
