@@ -18,6 +18,7 @@ from receiver.config import (
     RouteConfig,
     RouteMatch,
     Settings,
+    UiConfig,
     WorkerConfig,
 )
 from tests.deploy.conftest import (
@@ -154,6 +155,7 @@ def test_schema_config_keys_match_nopoll_settings() -> None:
     assert keys(config["properties"]["http"]) == set(HttpConfig.model_fields)
     assert keys(config["properties"]["worker"]) == set(WorkerConfig.model_fields)
     assert keys(config["properties"]["batch"]) == set(BatchConfig.model_fields)
+    assert keys(config["properties"]["ui"]) == set(UiConfig.model_fields)
     route = config["properties"]["routes"]["items"]
     assert keys(route) == set(RouteConfig.model_fields)
     assert keys(route["properties"]["match"]) == set(RouteMatch.model_fields)
