@@ -21,7 +21,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from receiver.admin_ops import MAX_BODY as _REPLAY_MAX_BODY
 from receiver.admin_ops import OPS_OPENAPI, ReplayRequest, ops_routes
+from receiver.admin_submit import MAX_BODY as _SUBMIT_MAX_BODY
 from receiver.admin_submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
 from receiver.auth import Refusal, TokenBook
 from receiver.config import Settings
@@ -29,13 +31,19 @@ from receiver.console import Console
 from receiver.tenants import DEFAULT_TENANT, tenant_problem
 from receiver.watches import WatchStore, register_many
 
-__all__ = ["WatchRequest", "admin_routes"]
+__all__ = ["BODY_CAPS", "WatchRequest", "admin_routes"]
 
 _MAX_IDS = 10_000
 _MAX_BODY = 4 * 1024 * 1024
 _STATES = ("pending", "landed", "expired")
 _TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _ALL_TENANTS = "*"
+BODY_CAPS = {
+    "/admin/v1/watches": _MAX_BODY,
+    "/admin/v1/deadletters/replay": _REPLAY_MAX_BODY,
+    "/admin/v1/submit": _SUBMIT_MAX_BODY,
+}
+"""The most of a request body each admin route that takes one reads (bytes)."""
 
 
 class WatchRequest(BaseModel):

@@ -20,9 +20,9 @@ from starlette.routing import BaseRoute, Route
 from receiver.admin_http import first_error, json_answer, json_error, read_capped
 from receiver.console import MAX_OFFSET, Console
 
-__all__ = ["OPS_OPENAPI", "ReplayRequest", "ops_routes"]
+__all__ = ["MAX_BODY", "OPS_OPENAPI", "ReplayRequest", "ops_routes"]
 
-_MAX_BODY = 1024 * 1024
+MAX_BODY = 1024 * 1024
 
 
 class ReplayRequest(BaseModel):
@@ -80,9 +80,9 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
         return json_answer(200, await console.dead_letters(offset=offset, limit=limit, sink=sink))
 
     async def replay(request: Request) -> Response:
-        raw = await read_capped(request, _MAX_BODY)
+        raw = await read_capped(request, MAX_BODY)
         if raw is None:
-            return json_error(413, f"body: larger than {_MAX_BODY} bytes")
+            return json_error(413, f"body: larger than {MAX_BODY} bytes")
         try:
             body = ReplayRequest.model_validate_json(raw)
         except ValidationError as exc:

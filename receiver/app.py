@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
+from receiver.admin import BODY_CAPS as ADMIN_BODY_CAPS
 from receiver.admin import admin_routes
 from receiver.config import Settings
 from receiver.health import metrics_page as _metrics_page
@@ -61,16 +62,16 @@ from receiver.tenants import (
     TenantEndpoints,
     scoped,
 )
-from receiver.ui import ui_routes
+from receiver.ui import MAX_FORM, ui_routes
 from receiver.verify import Verifier
 from receiver.webhook_limits import WebhookLimits, client_address
 from receiver.wire import (
+    BoundedBodies,
     ReadDeadlines,
     Reply,
     Then,
     answer_and_close,
     callback_headers,
-    reading_body_first,
 )
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
@@ -300,13 +301,19 @@ def _job(
     return CallbackJob(scope, webhook_id, function, job_id, kwargs, queue)
 
 
+def _body_cap(path: str) -> int:
+    """The most of a request body a route reads: the admin API's own caps, else 64 KiB
+    (the ``/ui`` forms'; no other route reads a body)."""
+    return ADMIN_BODY_CAPS.get(path, MAX_FORM)
+
+
 class _Dispatch:
     """POST /webhooks/<name> and /webhooks/t/<token> go to the endpoint; everything else
-    to Starlette."""
+    to Starlette, its bodies bounded as a callback's (:class:`BoundedBodies`)."""
 
-    def __init__(self, webhooks: WebhookEndpoint, app: Starlette) -> None:
+    def __init__(self, webhooks: WebhookEndpoint, app: Starlette, body_timeout_s: float) -> None:
         self.webhooks, self.starlette = webhooks, app
-        self.app = reading_body_first(app)  # its early answers stay readable too
+        self.app = BoundedBodies(app, _body_cap, ReadDeadlines(body_timeout_s))
 
     @property
     def routes(self) -> list[Any]:
@@ -385,4 +392,5 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
-    return _Dispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette)
+    webhooks = WebhookEndpoint(settings, enqueuer, metrics)
+    return _Dispatch(webhooks, starlette, settings.api.body_timeout_s)

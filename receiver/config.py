@@ -42,6 +42,7 @@ from receiver.config_sections import (
     BatchConfig,
     HttpConfig,
     RetryConfig,
+    UiConfig,
     WatchConfig,
     WorkerConfig,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Settings",
     "TenantConfig",
     "TenantProviderConfig",
+    "UiConfig",
     "WatchConfig",
     "WorkerConfig",
     "decode_webhook_secret",
@@ -196,6 +198,7 @@ class Settings(_Model):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     admin_tokens: list[SecretStr] = Field(default_factory=list)
     """Bearer tokens of the admin API (``/admin/v1``); none: the admin API is 404."""
+    ui: UiConfig = Field(default_factory=UiConfig)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     """Teams with their own provider accounts, each behind signed ``/webhooks/t/{token}``."""
     tenant_keys: list[SecretStr] = Field(default_factory=list)

@@ -1,5 +1,5 @@
 """The plain sections of the configuration: retries, provider HTTP, batches, the API,
-the worker and watches (re-exported by :mod:`receiver.config`, documented in
+the status page, the worker and watches (re-exported by :mod:`receiver.config`, documented in
 docs/configuration.md)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     field_validator,
     model_validator,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "BatchConfig",
     "HttpConfig",
     "RetryConfig",
+    "UiConfig",
     "WatchConfig",
     "WorkerConfig",
 ]
@@ -142,6 +144,23 @@ class ApiConfig(_Model):
                     f"{item[:64]!r} is not an IP address or a CIDR network (e.g. 10.42.0.0/16)"
                 ) from None
         return networks
+
+
+class UiConfig(_Model):
+    """The status page, ``/ui``."""
+
+    session_secret: SecretStr | None = None
+    """Signs the session cookie (at least 32 characters). None: a random key made once
+    and kept in Redis, shared by every API process."""
+
+    @field_validator("session_secret")
+    @classmethod
+    def _session_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():  # "${VAR:-}" left empty
+            return None
+        if len(value.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters long")
+        return value
 
 
 class WorkerConfig(_Model):

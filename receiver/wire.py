@@ -4,7 +4,8 @@ What a client sends is read here, within bounds: the Standard Webhooks headers (
 ones included), a body that must arrive whole within a deadline, and an answer given while
 the client is still sending (413, 404, ...) that stays readable: the rest of the body is
 read and dropped, within a bound, before the connection closes, instead of resetting it
-under the client.
+under the client. Every other route's body (the ``/ui`` forms, the admin API's POSTs) is
+held to the same cap-as-read and deadline by :class:`BoundedBodies`.
 
 What goes to Redis leaves through :class:`RoundTrips`: many commands in one write, their
 replies read back under one deadline, on a connection held from one trip to the next.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ except ImportError:  # pragma: no cover - arq installs redis[hiredis]
     _hiredis_pack = None
 
 __all__ = [
+    "BoundedBodies",
     "ReadDeadlines",
     "Reply",
     "RoundTrips",
@@ -41,7 +43,6 @@ __all__ = [
     "answer_and_close",
     "callback_headers",
     "drain_body",
-    "reading_body_first",
 ]
 
 _CONTENT_TYPE = (b"content-type", b"application/json")
@@ -196,36 +197,104 @@ async def drain_body(receive: Receive) -> None:
                 dropped += len(message.get("body", b""))
 
 
-def reading_body_first(app: ASGIApp) -> ASGIApp:
-    """``app``, except that an answer it gives before reading the whole request body (a
-    404 or 405 for a POST, say) is held open while the rest of the body is read and
-    dropped (bounded), so the client reads the answer instead of a connection reset."""
+class BoundedBodies:
+    """ASGI middleware for every route but the webhooks': the request body, as the app
+    reads it, within the same bounds as a callback's.
 
-    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+    - Counted as it arrives: a declared ``Content-Length`` over the path's cap is 413 at
+      the app's first read, and so is the count passing the cap, Content-Length or not.
+    - Due whole within ``deadlines.timeout_s`` of the app's first read, else 408 and the
+      connection closes.
+    - An answer the app gives before reading the whole body (a 404, 405 or 401, say) is
+      held open while the rest is read and dropped (bounded), so the client reads it
+      instead of a connection reset.
+
+    The bounds apply only once the app reads: a route that answers first (a wrong token)
+    never makes a client's body be read, and a GET that waits for the client to go away
+    is not timed. A refusal is raised from ``receive`` and ends the app's request; what
+    the app (or Starlette's error handler) sends after it is dropped.
+    """
+
+    def __init__(
+        self, app: ASGIApp, cap_for: Callable[[str], int], deadlines: ReadDeadlines
+    ) -> None:
+        self.app, self._cap_for, self._deadlines = app, cap_for, deadlines
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await app(scope, receive, send)
+            await self.app(scope, receive, send)
             return
-        read_all = False
+        cap = self._cap_for(scope["path"])
+        task = asyncio.current_task()
+        assert task is not None
+        deadlines = self._deadlines
+        size = 0
+        read_all = reading = answered = False
+        refusal: Reply | None = None
 
-        async def tracked() -> Message:
-            nonlocal read_all
+        async def bounded() -> Message:
+            nonlocal size, read_all, reading, refusal
+            if read_all:  # the body is in: what follows is the client going away
+                return await receive()
+            if not reading:
+                reading = True
+                if _declared(scope["headers"]) > cap:
+                    refusal = _too_large(cap, Then.DRAIN_AND_CLOSE)
+                    raise refusal
+                if asyncio.current_task() is task:
+                    deadlines.start(task)
             message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
+            more = message["type"] == "http.request" and message.get("more_body", False)
+            if not more:
                 read_all = True
+                deadlines.stop(task)
+            size += len(message.get("body", b""))
+            if size > cap:
+                refusal = _too_large(cap, Then.DRAIN_AND_CLOSE if more else Then.CLOSE)
+                raise refusal
             return message
 
         async def holding(message: Message) -> None:
+            nonlocal answered
+            if refusal is not None:
+                return  # the app's (or Starlette's 500) answer to a refused body: ours goes
+            if message["type"] == "http.response.start":
+                answered = True
+                deadlines.stop(task)
             ends = message["type"] == "http.response.body" and not message.get("more_body")
             if ends and not read_all:
                 await send({**message, "more_body": True})
-                await drain_body(tracked)
+                await drain_body(receive)
                 await send({"type": "http.response.body", "body": b""})
                 return
             await send(message)
 
-        await app(scope, tracked, holding)
+        try:
+            await self.app(scope, bounded, holding)
+        except Reply as raised:
+            if raised is not refusal:
+                raise
+        except asyncio.CancelledError:
+            if not deadlines.expired(task):
+                raise
+            reason = f"body did not arrive whole within {deadlines.timeout_s:g} s"
+            refusal = Reply(408, {"error": reason}, then=Then.CLOSE)
+        finally:
+            deadlines.stop(task)
+        if refusal is not None and not answered:
+            await answer_and_close(refusal, receive, send)
 
-    return wrapped
+
+def _declared(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The declared Content-Length, 0 when there is none (uvicorn refuses a malformed one)."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _too_large(cap: int, then: Then) -> Reply:
+    return Reply(413, {"error": f"body: larger than {cap} bytes"}, then=then)
 
 
 class RoundTrips:

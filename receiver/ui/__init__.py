@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from receiver.ui.app import ui_routes
+from receiver.ui.app import MAX_FORM, ui_routes
 
-__all__ = ["ui_routes"]
+__all__ = ["MAX_FORM", "ui_routes"]

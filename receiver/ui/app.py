@@ -1,11 +1,12 @@
 """``/ui``: the status page, served by the API process.
 
 Login with an admin token (one of ``admin_tokens``; none configured: ``/ui`` is 404, like
-``/admin/v1``). The session lives in a signed cookie (Starlette's ``SessionMiddleware``,
-itsdangerous underneath): ``HttpOnly``, ``SameSite=Strict``, ``Secure`` when
-``public_url`` is https, scoped to ``/ui``, eight hours. It holds a fingerprint of the
-token, never the token, so removing a token from the config ends its sessions. Every
-state-changing request is a POST carrying the session's CSRF token.
+``/admin/v1``). The session lives in a signed cookie (:mod:`receiver.ui.session`: a key of
+its own, eight hours from login, ended for every copy at log-out): ``HttpOnly``,
+``SameSite=Strict``, ``Secure`` when ``public_url`` is https, scoped to ``/ui``. It holds
+a fingerprint of the token (an HMAC under the session key), never the token, so removing
+a token from the config ends its sessions. Every state-changing request is a POST carrying
+the session's CSRF token.
 
 Pages read through :class:`receiver.console.Console`, the same calls as the admin API.
 Each page's content is also served alone (``?part=1``), which htmx fetches every few
@@ -26,7 +27,6 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.middleware import Middleware
-from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -36,13 +36,15 @@ from receiver.auth import TokenBook
 from receiver.config import Settings
 from receiver.console import MAX_OFFSET, Console
 from receiver.ui.charts import bar_chart
+from receiver.ui.session import SessionCookies, Sessions
 
-__all__ = ["ui_routes"]
+__all__ = ["MAX_FORM", "ui_routes"]
 
 _HERE = Path(__file__).parent
 _PAGE = 50
-_SESSION_S = 8 * 3600
-_MAX_FORM = 64 * 1024
+MAX_FORM = 64 * 1024
+"""The most of a form's body read (bytes); the app's :class:`receiver.wire.BoundedBodies`
+holds every POST to it."""
 
 
 def _fingerprint(key: bytes, token: bytes) -> str:
@@ -65,7 +67,7 @@ class _Ui:
         self.console = Console(settings, redis)
         self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
         self.book = TokenBook.of(settings)
-        self.key = hashlib.sha256(b"nopoll-ui-session\0" + b"\0".join(self.tokens)).digest()
+        self.sessions = Sessions(settings, redis)
         self.secure = (settings.public_url or "").startswith("https://")
         env = Environment(
             loader=FileSystemLoader(_HERE / "templates"),
@@ -84,26 +86,33 @@ class _Ui:
             token = request.session["csrf"] = secrets.token_urlsafe(32)
         return token
 
-    def _signed_in(self, request: Request) -> bool:
-        seen = request.session.get("admin")
-        if not isinstance(seen, str):
+    async def _signed_in(self, request: Request) -> bool:
+        """A live session of a configured token, not logged out (remembered for the page)."""
+        request.state.signed_in = False
+        live = self.sessions.live(request.session)
+        if live is None or not live[0].isascii():
             return False
+        key = await self.sessions.key()
         ok = False
         for token in self.tokens:  # every token compared: no early exit
-            ok |= hmac.compare_digest(seen, _fingerprint(self.key, token))
-        return ok
+            ok |= hmac.compare_digest(live[0].encode(), _fingerprint(key, token).encode())
+        request.state.signed_in = ok and not await self.sessions.ended(live[1])
+        return bool(request.state.signed_in)
 
     async def _form(self, request: Request) -> dict[str, str] | Response:
-        """The POSTed form's fields, or the 403 to answer when it is too large or its CSRF
-        token is missing or not this session's."""
-        declared = request.headers.get("content-length", "")
-        if not (declared.isdigit() and int(declared) > _MAX_FORM):
-            form = await request.form(max_files=0, max_fields=100)
-            fields = {k: v for k, v in form.items() if isinstance(v, str)}
-            expected = request.session.get("csrf")
-            given = fields.get("csrf", "")
-            if isinstance(expected, str) and hmac.compare_digest(given, expected):
-                return fields
+        """The POSTed form's fields, or the 403 to answer when its CSRF token is missing or
+        not this session's. (Its size and how long it takes are bounded before it gets
+        here: :data:`MAX_FORM`.)"""
+        form = await request.form(max_files=0, max_fields=100)
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        expected = request.session.get("csrf")
+        given = fields.get("csrf", "")
+        if (
+            isinstance(expected, str)
+            and given.isascii()  # a token is ASCII; compare_digest takes no other str
+            and hmac.compare_digest(given.encode(), expected.encode())
+        ):
+            return fields
         return self.refuse(
             request,
             403,
@@ -111,7 +120,7 @@ class _Ui:
         )
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        context.setdefault("signed_in", self._signed_in(request))
+        context.setdefault("signed_in", getattr(request.state, "signed_in", False))
         context["csrf"] = self._csrf(request)
         context["path"] = request.url.path
         html = self.env.get_template(name).render(**context)
@@ -126,7 +135,7 @@ class _Ui:
         return RedirectResponse("/ui/login", 303)
 
     async def login_page(self, request: Request) -> Response:
-        if self._signed_in(request):
+        if await self._signed_in(request):
             return RedirectResponse("/ui/", 303)
         return self.render(request, "login.html", error=None)
 
@@ -141,16 +150,14 @@ class _Ui:
         if holder is None:
             return self.render(request, "login.html", 401, error="That is not an admin token.")
         match = self.tokens[holder.index]
-        request.session.clear()  # a new session: new CSRF token, nothing carried over
-        request.session["admin"] = _fingerprint(self.key, match)
-        request.session["csrf"] = secrets.token_urlsafe(32)
+        self.sessions.begin(request.session, _fingerprint(await self.sessions.key(), match))
         return RedirectResponse("/ui/", 303)
 
     async def logout(self, request: Request) -> Response:
         form = await self._form(request)
         if isinstance(form, Response):
             return form
-        request.session.clear()
+        await self.sessions.end(request.session)  # every copy of the cookie ends too
         return RedirectResponse("/ui/login", 303)
 
     # --- pages ----------------------------------------------------------------------
@@ -167,11 +174,11 @@ class _Ui:
             )
         return self.render(request, f"{name}.html", page=name, **data)
 
-    def _guard(self, request: Request) -> Response | None:
-        return None if self._signed_in(request) else self._login_first(request)
+    async def _guard(self, request: Request) -> Response | None:
+        return None if await self._signed_in(request) else self._login_first(request)
 
     async def overview(self, request: Request) -> Response:
-        if (denied := self._guard(request)) is not None:
+        if (denied := await self._guard(request)) is not None:
             return denied
         data = await self.console.overview()
         activity = data["activity"]
@@ -183,7 +190,7 @@ class _Ui:
         return await self._page(request, "overview", data)
 
     async def batches(self, request: Request) -> Response:
-        if (denied := self._guard(request)) is not None:
+        if (denied := await self._guard(request)) is not None:
             return denied
         data = await self.console.batches()
         return await self._page(
@@ -191,7 +198,7 @@ class _Ui:
         )
 
     async def watches(self, request: Request) -> Response:
-        if (denied := self._guard(request)) is not None:
+        if (denied := await self._guard(request)) is not None:
             return denied
         data = {
             "counts": await self.console.watch_counts(),
@@ -200,7 +207,7 @@ class _Ui:
         return await self._page(request, "watches", data)
 
     async def dead_letters(self, request: Request) -> Response:
-        if (denied := self._guard(request)) is not None:
+        if (denied := await self._guard(request)) is not None:
             return denied
         q = request.query_params
         raw = q.get("page", "1")
@@ -230,7 +237,7 @@ class _Ui:
         return await self._page(request, "deadletters", data)
 
     async def replay(self, request: Request) -> Response:
-        if (denied := self._guard(request)) is not None:
+        if (denied := await self._guard(request)) is not None:
             return denied
         form = await self._form(request)
         if isinstance(form, Response):
@@ -297,24 +304,14 @@ def ui_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
 
     routes = [
         Route("/", safe(ui.overview), methods=["GET"]),
-        Route("/login", ui.login_page, methods=["GET"]),
-        Route("/login", ui.login, methods=["POST"]),
-        Route("/logout", ui.logout, methods=["POST"]),
+        Route("/login", safe(ui.login_page), methods=["GET"]),
+        Route("/login", safe(ui.login), methods=["POST"]),
+        Route("/logout", safe(ui.logout), methods=["POST"]),
         Route("/batches", safe(ui.batches), methods=["GET"]),
         Route("/watches", safe(ui.watches), methods=["GET"]),
         Route("/deadletters", safe(ui.dead_letters), methods=["GET"]),
         Route("/deadletters/replay", safe(ui.replay), methods=["POST"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
-    middleware = [
-        Middleware(
-            SessionMiddleware,
-            secret_key=ui.key.hex(),
-            session_cookie="nopoll_ui",
-            max_age=_SESSION_S,
-            path="/ui",
-            same_site="strict",
-            https_only=ui.secure,
-        )
-    ]
+    middleware = [Middleware(SessionCookies, sessions=ui.sessions, secure=ui.secure, path="/ui")]
     return [Mount("/ui", routes=routes, middleware=middleware)]

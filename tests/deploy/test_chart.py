@@ -19,6 +19,7 @@ from receiver.config import (
     RouteConfig,
     RouteMatch,
     Settings,
+    UiConfig,
     WorkerConfig,
 )
 from tests.deploy.conftest import (
@@ -156,6 +157,7 @@ def test_schema_config_keys_match_nopoll_settings() -> None:
     assert keys(config["properties"]["worker"]) == set(WorkerConfig.model_fields)
     assert keys(config["properties"]["batch"]) == set(BatchConfig.model_fields)
     assert keys(config["properties"]["api"]) == set(ApiConfig.model_fields)
+    assert keys(config["properties"]["ui"]) == set(UiConfig.model_fields)
     route = config["properties"]["routes"]["items"]
     assert keys(route) == set(RouteConfig.model_fields)
     assert keys(route["properties"]["match"]) == set(RouteMatch.model_fields)
