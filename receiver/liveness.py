@@ -170,6 +170,7 @@ class Liveness:
         self._registered = False
         self._beating_since: float | None = None
         """When this process's beats last started to go through (reaping waits for it)."""
+        self._last_beat: float | None = None
 
     def _keys(self, worker_id: str) -> list[str]:
         return [WORKERS_KEY, held_jobs_key(worker_id), held_watches_key(worker_id)]
@@ -178,7 +179,7 @@ class Liveness:
     def redis(self) -> Redis:
         if self._redis is None:
             self._redis = Redis.from_url(
-                self.redis_url, socket_connect_timeout=5, socket_timeout=self.beat_s * 2
+                self.redis_url, socket_connect_timeout=5, socket_timeout=10
             )
         return self._redis
 
@@ -204,16 +205,20 @@ class Liveness:
         return int(now)
 
     async def run(self) -> None:
-        """Beat and reap every ``beat_s`` until cancelled; Redis errors only pause it."""
+        """Beat and reap every ``beat_s`` until cancelled; Redis errors only pause it. A
+        gap in this process's own beats longer than a few beats (an outage, not one slow
+        call) restarts the wait before it may reap."""
         while True:
             try:
                 now_ms = await self.beat()
-                if self._beating_since is None:
-                    self._beating_since = time.monotonic()
-                if time.monotonic() - self._beating_since >= self.dead_after_s:
+                now = time.monotonic()
+                gap = now - self._last_beat if self._last_beat is not None else None
+                if self._beating_since is None or (gap is not None and gap > 4 * self.beat_s):
+                    self._beating_since = now
+                self._last_beat = now
+                if now - self._beating_since >= self.dead_after_s:
                     await self.reap(now_ms)
             except (RedisError, OSError) as exc:
-                self._beating_since = None
                 log.debug("worker heartbeat waits for Redis: %s", type(exc).__name__)
             await asyncio.sleep(self.beat_s)
 

@@ -478,8 +478,9 @@ class Soak:
                 else:
                     provider, member = thing.split(" ", 1)
                     tenant, kind, object_id = read_member(member)
-                    owner = await client.hget(watch_key(provider, kind, object_id, tenant), "owner")
-                    free = owner != worker.encode()
+                    key = watch_key(provider, kind, object_id, tenant)
+                    owner, state = await client.hmget(key, ["owner", "state"])
+                    free = owner != worker.encode() or state not in (b"polling", b"landing")
                 if free:
                     left.discard((worker, thing))
                     last = time.monotonic() - killed
