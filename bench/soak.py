@@ -5,6 +5,10 @@ while a worker is SIGKILLed mid-batch, Redis is restarted, Postgres is frozen, S
 
     python bench/soak.py                      # 10 minutes, every fault 20 s
     python bench/soak.py --minutes 3 --fault-s 8
+    python bench/soak.py --minutes 2 --faults worker_kill   # Postgres is not frozen
+
+For each worker kill it prints how long the work the killed workers held (job locks,
+watches being polled) took to be free for the restarted workers: the liveness bound.
 
 Prints per fault window: callbacks acknowledged, results expected, found, missing and
 duplicated in SQL, S3 and Kafka, and the dead letters (each must say why). Target: 0
@@ -23,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import PG_URL, load_note
-from tests.soak import passed, print_report, run
+from tests.soak import FAULTS, passed, print_report, run
 
 
 def main() -> int:
@@ -33,8 +37,21 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="response callbacks a second")
     parser.add_argument("--drain", type=float, default=300.0)
     parser.add_argument("--json", help="also write the result here")
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"which faults, comma-separated (default all: {','.join(FAULTS)})",
+    )
     args = parser.parse_args()
-    result = run(args.minutes * 60, args.fault_s, PG_URL, drain_s=args.drain, rate=args.rate)
+    faults = tuple(f for f in args.faults.split(",") if f)
+    result = run(
+        args.minutes * 60,
+        args.fault_s,
+        PG_URL,
+        drain_s=args.drain,
+        rate=args.rate,
+        faults=faults,
+    )
     print_report(result)
     print(load_note())
     print(f"logs: {result['workdir']}")

@@ -20,6 +20,10 @@ What :class:`SeamWorker` changes:
   timeout, retry and failure rules), minus those per-job round trips.
 - Finishes: the keys of the jobs that finish while one finish is in flight go in the next
   Lua call together (arq: one MULTI/EXEC per job).
+- Liveness: a claim's token starts with the process's worker id, and the claim adds its
+  lock to the process's held set, so a worker that stops beating has its locks released
+  by the others (:mod:`receiver.liveness`) instead of after the lock's expiry; on stop,
+  claimed jobs not started yet are handed back at once (:meth:`SeamWorker.hand_back`).
 - Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
   for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
   finish was cut off by the outage has its lock released once Redis is back, so it runs
@@ -154,6 +158,7 @@ for i = 1, #due, 2 do
   local id = due[i]
   if redis.call('EXISTS', ARGV[6] .. id) == 0 then
     redis.call('PSETEX', ARGV[6] .. id, ARGV[2], ARGV[3])
+    if ARGV[9] ~= '' then redis.call('SADD', ARGV[9], ARGV[6] .. id) end
     local tries = redis.call('INCR', ARGV[8] .. id)
     redis.call('EXPIRE', ARGV[8] .. id, 88400)
     claimed[#claimed + 1] = id
@@ -197,11 +202,25 @@ class SeamWorker(JobRunner):
     """An arq Worker with one-call claims, grouped finishes, leases, outage riding, and
     hooks where nopoll's policy comes in (:meth:`give_up`, :meth:`health_checked`)."""
 
-    def __init__(self, *args: Any, claim_ttl_s: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        claim_ttl_s: float | None = None,
+        worker_id: str | None = None,
+        held_key: str = "",
+        stop_at_once: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._claim_script: Any = None
         self._claim_ttl_s = claim_ttl_s
-        self._worker_id = uuid.uuid4().hex[:12]
+        self._worker_id = worker_id or uuid.uuid4().hex[:12]
+        """The start of every claim's token: the process's id when its liveness is kept."""
+        self._held_key = held_key
+        """Where each claim's lock key is added ('': nowhere): :mod:`receiver.liveness`."""
+        self.stop_at_once = stop_at_once
+        """On stop, cancel running jobs at once rather than let them finish (batch jobs:
+        they resume after their last committed chunk, on another worker)."""
         self.leases: dict[str, Lease] = {}
         """Running jobs' locks, by job id (``ctx["leases"]``: a batch job renews its own)."""
         self._orphans: set[str] = set()
@@ -279,12 +298,15 @@ class SeamWorker(JobRunner):
         prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
         reply = await self._claim_script(
             keys=[self.queue_name],
-            args=[now, ttl_ms, token, free, self.queue_read_limit, *prefixes],
+            args=[now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key],
         )
         for i in range(0, len(reply), 4):
             job = Claimed(reply[i].decode(), int(float(reply[i + 1])), reply[i + 2], reply[i + 3])
-            self.leases[job.id] = Lease(self.pool, job.id, token)
+            lease = self.leases[job.id] = Lease(self.pool, job.id, token)
             await self.sem.acquire()
+            if self.leases.get(job.id) is not lease:  # handed back meanwhile (hand_back)
+                self.sem.release()
+                continue
             self.job_counter += 1
             task = self.loop.create_task(self._run_claimed(job))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
@@ -309,6 +331,17 @@ class SeamWorker(JobRunner):
             if lease is not None and not lease.lost:
                 with contextlib.suppress(RedisError, OSError):
                     await lease.release()
+
+    async def hand_back(self) -> int:
+        """Stopping: release the lock of every job claimed but not started yet (it runs on
+        another worker at once); how many."""
+        unstarted = [i for i in self.leases if i not in self.tasks]
+        released = 0
+        for job_id in unstarted:
+            lease = self.leases.pop(job_id)
+            with contextlib.suppress(RedisError, OSError):
+                released += await lease.release()
+        return released
 
     def owns(self, job_id: str) -> bool:
         """False when the job's lease was lost: another run owns the job now, so this one
@@ -347,9 +380,10 @@ class SeamWorker(JobRunner):
 
 def stop_workers(workers: Sequence[SeamWorker], *, wait: bool) -> None:
     """Stop taking jobs; with ``wait`` let running ones finish for the workers'
-    ``job_completion_wait`` first, else cancel them (arq runs a cancelled job again)."""
+    ``job_completion_wait`` first (except a ``stop_at_once`` worker's), else cancel them
+    (arq runs a cancelled job again)."""
     for worker in workers:
-        if wait:
+        if wait and not worker.stop_at_once:
             worker.handle_sig_wait_for_completion(signal.SIGTERM)
         else:
             worker.handle_sig(signal.SIGTERM)

@@ -24,6 +24,7 @@ from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.health import publish_sink_health
 from receiver.jobs import letter_target, rules_for
+from receiver.liveness import Liveness, held_jobs_key
 from receiver.metrics import Metrics
 from receiver.queue import (
     BATCHES_QUEUE,
@@ -107,9 +108,11 @@ def build_workers(
 
     short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
     long = [job(fetch_batch, FETCH_BATCH)]
-    # One WorkerState for the process's workers (see receiver.state.startup).
+    # One WorkerState for the process's workers (see receiver.state.startup), and one
+    # liveness: their claims and the watch poller's takes all name this process.
     extra = dict(extra_ctx or {})
-    shared = Shared(redis_url, transport=extra.pop("provider_transport", None))
+    liveness = Liveness(redis_url)
+    shared = Shared(redis_url, transport=extra.pop("provider_transport", None), liveness=liveness)
     extra_ctx = {"shared": shared, **extra}
     common: dict[str, Any] = {
         "redis_url": redis_url,
@@ -117,6 +120,8 @@ def build_workers(
         "handle_signals": handle_signals,
         "extra_ctx": extra_ctx,
         "tries": tries,
+        "worker_id": liveness.worker_id,
+        "held_key": held_jobs_key(liveness.worker_id),
     }
     return [
         _worker(
@@ -139,6 +144,8 @@ def build_workers(
             BATCHES_QUEUE + ":health-check",
             # a batch job renews its lock as a lease: a killed worker's batch resumes soon
             claim_ttl_s=settings.batch.lease_s,
+            # on stop, a batch is cancelled and resumes on another worker at once
+            stop_at_once=True,
             **common,
         ),
     ]
@@ -153,6 +160,9 @@ def _worker(
     health_key: str,
     *,
     claim_ttl_s: float | None,
+    stop_at_once: bool = False,
+    worker_id: str,
+    held_key: str,
     redis_url: str,
     metrics: Metrics,
     handle_signals: bool,
@@ -165,6 +175,9 @@ def _worker(
     return NopollWorker(
         functions,
         claim_ttl_s=claim_ttl_s,
+        worker_id=worker_id,
+        held_key=held_key,
+        stop_at_once=stop_at_once,
         queue_name=queue,
         redis_pool=arq_pool(redis_url, queue=queue, expires_ms=settings.job_expiry_s * 1000),
         on_startup=startup,

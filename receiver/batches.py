@@ -13,9 +13,10 @@ A batch that is not terminal yet (``finalizing`` with no output file, ``in_progr
 never summarized: the run stops with :class:`~nopoll.exceptions.ResultNotReady` and
 the job is retried later.
 
-The job's in-progress lock is a lease renewed while the job runs, so a killed worker's
-batch is picked up again within ``batch.lease_s``, not after the whole job timeout. A run
-that cannot renew its lease (Redis unreachable for most of ``lease_s``, or the lease
+The job's in-progress lock is a lease renewed while the job runs; a killed worker's batch
+is picked up again once its heartbeat stops (:mod:`receiver.liveness`), or at the latest
+within ``batch.lease_s``, not after the whole job timeout. A run that cannot renew its
+lease (Redis unreachable for half the liveness bound or most of ``lease_s``, or the lease
 taken over) stops before the lease can pass to another worker: two runs of one batch
 never overlap.
 """
@@ -42,6 +43,7 @@ from receiver.batch_writer import DONE, SinkWriter
 from receiver.config import Settings
 from receiver.deadletter import DeadLetters
 from receiver.fanout import FanOut
+from receiver.liveness import DEAD_AFTER_S
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.tenants import scoped
@@ -115,24 +117,31 @@ class BatchRunner:
         )
 
     async def _hold(self, lease: Lease) -> None:
-        """Renew the lease every third of ``batch.lease_s``; return (which stops the run)
-        when it is taken over, or when it could not be renewed for 80% of ``lease_s``
-        (before it can expire and pass to another worker)."""
+        """Renew the lease every third of ``batch.lease_s`` (at most every quarter of the
+        liveness bound); return (which stops the run) when it is taken over, or when it
+        could not be renewed for 80% of ``lease_s`` or half the liveness bound, whichever
+        is shorter: before the lock can expire, or this worker be taken for dead
+        (:mod:`receiver.liveness`), and the batch pass to another worker."""
         lease_s = self.settings.batch.lease_s
         ttl_ms = int(lease_s * 1000)
+        every_s = min(lease_s / 3, DEAD_AFTER_S / 4)
+        give_up_s = min(0.8 * lease_s, DEAD_AFTER_S / 2)
         last_ok = time.monotonic()
         while True:
             try:
-                if not await lease.renew(ttl_ms):
+                left_s = give_up_s - (time.monotonic() - last_ok)
+                if not await asyncio.wait_for(lease.renew(ttl_ms), max(0.1, left_s)):
                     lease.lost = True
                     log.warning("batch lease taken over by another run")
                     return
                 last_ok = time.monotonic()
-                await asyncio.sleep(lease_s / 3)
-            except (RedisError, OSError) as exc:
-                if time.monotonic() - last_ok > 0.8 * lease_s:
+                await asyncio.sleep(every_s)
+            except (RedisError, OSError, TimeoutError) as exc:
+                if time.monotonic() - last_ok >= give_up_s:
                     lease.lost = True
-                    log.warning("batch lease not renewed for %.0f s (%s)", lease_s * 0.8, exc)
+                    log.warning(
+                        "batch lease not renewed for %.0f s (%s)", give_up_s, type(exc).__name__
+                    )
                     return
                 await asyncio.sleep(min(1.0, lease_s / 10))
 

@@ -50,9 +50,10 @@ log = logging.getLogger("nopoll.watch")
 
 
 def lease_s(settings: Settings) -> float:
-    """How long a taken watch is this process's: the wait for a rate-limit slot (a third of
-    it), the GET (its timeouts, every try) and the landing must fit, else the watch comes
-    due again for any process (a worker killed mid-poll loses nothing for longer)."""
+    """How long a taken watch is this process's at most: the wait for a rate-limit slot (a
+    third of it), the GET (its timeouts, every try) and the landing must fit, else the watch
+    comes due again for any process. A backstop: the watches of a worker that died come
+    due again once its heartbeat stops (:mod:`receiver.liveness`), long before."""
     http = settings.http
     request_s = (http.connect_timeout_s + http.read_timeout_s) * http.attempts
     return max(15.0, 3.0 * float(request_s))
@@ -76,8 +77,10 @@ def next_interval_s(config: WatchConfig, polls: int) -> float:
 class WatchPoller:
     """Polls due watches for one worker process (see the module docs)."""
 
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: WorkerState, *, owner: str | None = None) -> None:
         self.state = state
+        self.owner = owner
+        """This process's worker id (:mod:`receiver.liveness`): the watches it takes name it."""
         self.store = WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
         self.providers: dict[str, ProviderConfig] = dict(state.settings.providers)
         self.limiters = {
@@ -114,7 +117,7 @@ class WatchPoller:
         for name in self.providers:
             if self._free[name] > 0:
                 for watch in await self.store.take_due(
-                    name, limit=self._free[name], lease_s=self.lease_s
+                    name, limit=self._free[name], lease_s=self.lease_s, owner=self.owner
                 ):
                     self._start(watch)
             due_in = await self.store.next_due_in_s(name)

@@ -1,8 +1,12 @@
 """Running nopoll: the API, the worker, or both in one process, with clean shutdown.
 
 On SIGTERM or SIGINT the API stops accepting and finishes in-flight requests, the
-worker stops picking jobs, waits up to ``worker.shutdown_wait_s`` for running ones and
-cancels the rest (arq runs a cancelled job again later), then everything is closed.
+worker stops picking jobs and hands back at once what it holds but is not running (the
+watches it polls, jobs claimed but not started) and its running batch jobs (cancelled:
+they resume after their last committed chunk on another worker); it waits up to
+``worker.shutdown_wait_s`` for the other running jobs and cancels the rest (arq runs a
+cancelled job again), then everything is closed and the process leaves the set of live
+workers (:mod:`receiver.liveness`).
 
 Redis going away ends nothing: the API answers 503 and the workers wait for it
 (:mod:`receiver.redis_link`). Once Redis first answers, its settings are checked: a
@@ -39,6 +43,7 @@ from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems
+from receiver.state import Shared, hand_back
 
 __all__ = ["api_server_config", "redis_url_for", "run"]
 
@@ -190,12 +195,25 @@ async def _shut_down(
     log.info("shutting down")
     for server in servers:
         server.should_exit = True
-    stop_workers(workers, wait=True)
+    stop_workers(workers, wait=True)  # batch jobs are cancelled at once: they resume elsewhere
+    await _hand_back(workers)
     results = await wait_stopped(tasks, workers, settings.worker.shutdown_wait_s + 30, force=False)
     for w in workers:
         with contextlib.suppress(Exception):
             await w.close()
     return results
+
+
+async def _hand_back(workers: list[NopollWorker]) -> None:
+    """What the workers hold but have not started goes to the other workers at once: the
+    watches being polled, the jobs claimed but not started (see receiver.liveness)."""
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            if n := await worker.hand_back():
+                log.info("handed back %d claimed job(s) of %s", n, worker.queue_name)
+    shared = workers[0].ctx.get("shared") if workers else None
+    if isinstance(shared, Shared):
+        await hand_back(shared)
 
 
 async def _check_redis(

@@ -20,19 +20,21 @@ from typing import Any
 
 import httpx
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from receiver._arq import arq_pool
 from receiver.batches import BatchRunner
 from receiver.config import ProviderConfig, Settings
 from receiver.deadletter import DeadLetters
 from receiver.fanout import FanOut, ManagedSink
+from receiver.liveness import Liveness
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.results_publish import add_publication
 from receiver.routing import Router
 from receiver.tenants import DEFAULT_TENANT, tenant_providers
 
-__all__ = ["Shared", "WorkerState", "build_state", "shutdown", "startup"]
+__all__ = ["Shared", "WorkerState", "build_state", "hand_back", "shutdown", "startup"]
 
 log = logging.getLogger("nopoll.worker")
 
@@ -125,6 +127,8 @@ class Shared:
     """The cyclic GC's thresholds before the state was opened (see :func:`_tune_gc`)."""
     poller: asyncio.Task[None] | None = None
     """The process's watch poller (:mod:`receiver.poller`), started with the state."""
+    liveness: Liveness | None = None
+    """The process's heartbeat (:mod:`receiver.liveness`), beating while the state is open."""
 
 
 _JOB_GC_THRESHOLD = (20_000, 20, 20)
@@ -166,13 +170,38 @@ async def startup(ctx: dict[str, Any]) -> None:
     ctx["state"] = shared.state
     ctx["fanout"] = shared.state.fanout  # for the heartbeat's sink health
     if first:
+        if shared.liveness is not None:
+            await shared.liveness.start()  # known as alive before its first claim
         await shared.state.open()
         _tune_gc(shared)
         if shared.state.settings.providers:
             from receiver.poller import WatchPoller
 
-            poller = WatchPoller(shared.state)
+            owner = shared.liveness.worker_id if shared.liveness is not None else None
+            poller = WatchPoller(shared.state, owner=owner)
             shared.poller = asyncio.create_task(poller.run(), name="watch poller")
+
+
+async def hand_back(shared: Shared) -> None:
+    """Stopping (SIGTERM): stop polling watches and make the ones this process took due
+    now for the other workers, instead of after their lease."""
+    await _stop_poller(shared)
+    if shared.liveness is not None:
+        try:
+            n = await shared.liveness.hand_back_watches()
+        except (RedisError, OSError) as exc:
+            log.warning("could not hand back this worker's watches (%s)", type(exc).__name__)
+        else:
+            if n:
+                log.info("handed back %d watch(es) being polled", n)
+
+
+async def _stop_poller(shared: Shared) -> None:
+    if shared.poller is not None:
+        shared.poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await shared.poller
+        shared.poller = None
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
@@ -181,10 +210,8 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     shared.users -= 1
     if shared.users <= 0 and shared.state is not None:
         state, shared.state = shared.state, None
-        if shared.poller is not None:
-            shared.poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await shared.poller
-            shared.poller = None
+        await _stop_poller(shared)
+        if shared.liveness is not None:
+            await shared.liveness.stop()  # nothing of this process runs any more
         _restore_gc(shared)
         await state.aclose()

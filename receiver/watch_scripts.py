@@ -27,10 +27,24 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: 1 due zset. ARGV: 1 now ms, 2 lease ms, 3 limit, 4 watch key prefix
-# ('nopoll:watch:<provider>')
-# Take due watches: push each one's due time a lease ahead and mark it polling. A member
-# 'kind:id@tenant' is a tenant's watch, at 'nopoll:watch:<provider>@<tenant>:kind:id'.
+# A Lua function: the watch hash, due zset and due member of an entry "<provider> <member>"
+# of a worker's held watches (receiver.liveness). A member 'kind:id@tenant' is a tenant's
+# watch, at 'nopoll:watch:<provider>@<tenant>:kind:id'.
+WATCH_OF = """
+local function watch_of(entry)
+  local provider, member = string.match(entry, '^(%S+) (.+)$')
+  local watched, tenant = string.match(member, '^([^@]*)@([^@]+)$')
+  local key = 'nopoll:watch:' .. provider .. ':' .. member
+  if watched then key = 'nopoll:watch:' .. provider .. '@' .. tenant .. ':' .. watched end
+  return key, 'nopoll:watches:due:' .. provider, member
+end
+"""
+
+# KEYS: 1 due zset, 2 the taker's held watches ('' ARGV 5: none). ARGV: 1 now ms, 2 lease
+# ms, 3 limit, 4 watch key prefix ('nopoll:watch:<provider>'), 5 owner (the taking worker's
+# id, or ''), 6 provider
+# Take due watches: push each one's due time a lease ahead, mark it polling by its owner
+# (whose liveness then bounds the lease: receiver.liveness).
 TAKE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
 local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
@@ -43,6 +57,12 @@ for _, member in ipairs(due) do
   if state == 'pending' or state == 'polling' or state == 'landing' or state == 'callback' then
     redis.call('HSET', key, 'state', 'polling', 'next_at', until_ms)
     redis.call('HINCRBY', key, 'polls', 1)
+    if ARGV[5] ~= '' then
+      redis.call('HSET', key, 'owner', ARGV[5])
+      redis.call('SADD', KEYS[2], ARGV[6] .. ' ' .. member)
+    else
+      redis.call('HDEL', key, 'owner')
+    end
   else
     redis.call('ZREM', KEYS[1], member)  -- ended meanwhile (callback, deleted)
   end
@@ -51,22 +71,27 @@ return due
 """
 
 # KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status, 4 polls to
-# take back (a take that made no request)
+# take back (a take that made no request), 5 the taker ('': any)
+# Nothing changes once the watch is no longer this taker's (its worker was taken for dead
+# and the watch handed on).
 RESCHEDULE = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'polling' then return 0 end
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'next_at', ARGV[2], 'status', ARGV[3])
 if ARGV[4] ~= '0' then redis.call('HINCRBY', KEYS[1], 'polls', -tonumber(ARGV[4])) end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 status, 3 lease until (ms)
-# A poll found the object terminal: claim the landing unless a callback got there first.
-# The watch stays due a lease ahead: if the poller dies while delivering, it is polled
-# (and delivered) again.
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 status, 3 lease until (ms), 4 the
+# taker ('': any)
+# A poll found the object terminal: claim the landing unless a callback got there first
+# (or the watch was handed on to another taker). The watch stays due a lease ahead: if
+# the poller dies while delivering, it is polled (and delivered) again.
 CLAIM_LANDING = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'polling' and state ~= 'pending' then return 0 end
+if ARGV[4] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[4] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'landing', 'status', ARGV[2], 'next_at', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1

@@ -8,7 +8,8 @@ for the others)::
 
     nopoll:watch:<scoped>:<kind>:<id>       hash: state, polls, next_at, registered_at,
                                             expect_callback, tenant, status (last seen),
-                                            landed_at; expires a dedupe window after it ends
+                                            owner (the worker polling it), landed_at;
+                                            expires a dedupe window after it ends
     nopoll:watches:called:<scoped>:<kind>:<id>
                                             a callback for an id its tenant does not watch
                                             (yet): ``landing``, then ``landed``
@@ -24,13 +25,14 @@ provider's one rate limit and concurrency; the pending count of a provider stays
 ``ZCARD``. A callback reaches the watch and marker of its own tenant only, so no tenant's
 callback can pause, end or land another tenant's watch of the same id.
 
-States: ``pending`` (polled when due), ``polling`` (taken by a worker: its due time is
-pushed ``lease_ms`` ahead, so a worker killed mid-poll loses nothing, the watch comes due
-again), ``landing`` (a poll found it terminal and is delivering it), ``callback`` (a
-callback came: its job delivers, polling stops; if it has not landed the result by
-``recheck_s`` later, the watch is polled again), ``landed``, ``expired``. Outside, only
-``pending`` (every state before the end), ``landed`` and ``expired`` are shown; the
-stored one is ``phase``.
+States: ``pending`` (polled when due), ``polling`` (taken by a worker, named in its
+``owner`` field: its due time is pushed ``lease_ms`` ahead, and a worker that dies
+mid-poll has its watches made due again once its heartbeat stops,
+:mod:`receiver.liveness`; the lease is the backstop), ``landing`` (a poll found it
+terminal and is delivering it), ``callback`` (a callback came: its job delivers, polling
+stops; if it has not landed the result by ``recheck_s`` later, the watch is polled
+again), ``landed``, ``expired``. Outside, only ``pending`` (every state before the end),
+``landed`` and ``expired`` are shown; the stored one is ``phase``.
 
 Exactly one delivery: the poll that finds a watch terminal claims it (``landing``) only if
 no callback claimed it first, and a callback's job skips fetching if a poll already
@@ -47,6 +49,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 
 from receiver import watch_scripts as lua
+from receiver.liveness import held_watches_key
 from receiver.tenants import DEFAULT_TENANT, scoped
 
 __all__ = [
@@ -132,6 +135,8 @@ class Watch:
     keyed_as: str = DEFAULT_TENANT
     """The tenant its keys are scoped by: ``tenant``, except for a watch registered before
     watches were scoped by tenant (kept under the default tenant's keys)."""
+    owner: str | None = None
+    """The worker that took it for a poll (:mod:`receiver.liveness`), if any."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -212,17 +217,24 @@ class WatchStore:
                 added += [bool(r) for r in await pipe.execute()]
         return added
 
-    async def take_due(self, provider: str, *, limit: int, lease_s: float) -> list[Watch]:
+    async def take_due(
+        self, provider: str, *, limit: int, lease_s: float, owner: str | None = None
+    ) -> list[Watch]:
         """Due watches of ``provider``, every tenant's (at most ``limit``), each taken for
-        ``lease_s``."""
+        ``lease_s``; with ``owner`` (a worker id, :mod:`receiver.liveness`), taken by that
+        worker: handed on as soon as it is found dead, and only it can reschedule or land
+        them."""
         members: list[bytes] = await self.redis.eval(  # type: ignore[misc]
             lua.TAKE,
-            1,
+            2,
             due_key(provider),
+            held_watches_key(owner) if owner else due_key(provider),
             str(_ms()),
             str(int(lease_s * 1000)),
             str(limit),
             f"nopoll:watch:{provider}",
+            owner or "",
+            provider,
         )
         watches = []
         for member in members:
@@ -253,6 +265,7 @@ class WatchStore:
             str(_ms() + int(in_s * 1000)),
             status or "",
             "0" if polled else "1",
+            watch.owner or "",
         )
 
     async def claim_landing(self, watch: Watch, status: str, *, lease_s: float) -> bool:
@@ -267,6 +280,7 @@ class WatchStore:
                 due_member(watch.kind, watch.id, watch.keyed_as),
                 status,
                 str(_ms() + int(lease_s * 1000)),
+                watch.owner or "",
             )
         )
 
@@ -431,6 +445,7 @@ def _watch(
         tenant=tenant,
         status=text("status") or None,
         keyed_as=keyed_as,
+        owner=text("owner"),
     )
 
 

@@ -48,9 +48,12 @@ from typing import Any
 import httpx
 import orjson
 import psutil
+from redis.asyncio import Redis
 from standardwebhooks.webhooks import Webhook
 
 from receiver.demo.simulator import ProviderSimulator
+from receiver.liveness import WORKERS_KEY, held_jobs_key, held_watches_key
+from receiver.watches import read_member, watch_key
 from tests.kafka_broker import TansuBroker, tansu_binary
 from tests.s3_server import FAKE_CREDENTIALS, MotoServer
 from tests.servers import TcpProxy, ValkeyProcess, free_port, port_open
@@ -95,6 +98,8 @@ class Report:
     faults: list[tuple[str, float, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rows: dict[str, Any] = field(default_factory=dict)
+    resumed_s: list[float] = field(default_factory=list)
+    """Per worker kill: seconds until the last work the killed workers held was free."""
 
     def window_at(self, t: float, grace_s: float) -> str:
         for name, start, end in self.faults:
@@ -191,9 +196,14 @@ class Soak:
         batch_every_s: float = 4.0,
         batch_rows: int = 200,
         seed: int = 7,
+        faults: tuple[str, ...] = FAULTS,
     ) -> None:
         self.seconds, self.fault_s, self.pg_url = seconds, fault_s, pg_url
         self.rate, self.batch_every_s, self.batch_rows = rate, batch_every_s, batch_rows
+        unknown = set(faults) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        self.faults = faults
         self.dir = workdir
         self.table = f"soak_{int(time.time())}"
         self.random = random.Random(seed)
@@ -431,15 +441,64 @@ class Soak:
     # --- faults ---------------------------------------------------------------------
     async def _kill_workers(self) -> None:
         """SIGKILL both workers while a batch runs (so the one running it is among them),
-        and start them again 2 s later."""
-        for name in ("worker1", "worker2"):
-            victim = self.procs[name]
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.wait(10)
-            self.report.notes.append(f"{name} (PID {victim.pid}) SIGKILLed at {self._now():.0f} s")
-        await asyncio.sleep(2)
-        for name in ("worker1", "worker2"):
-            self._start(name, "worker", "--config", str(self.config))
+        and start them again 2 s later; then measure how long the work they held took to
+        resume (:meth:`_resumed`)."""
+        client = Redis.from_url(self.redis.url)
+        try:
+            held = await _held(client)
+            for name in ("worker1", "worker2"):
+                victim = self.procs[name]
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.wait(10)
+                self.report.notes.append(
+                    f"{name} (PID {victim.pid}) SIGKILLed at {self._now():.0f} s"
+                )
+            killed = time.monotonic()
+            await asyncio.sleep(2)
+            for name in ("worker1", "worker2"):
+                self._start(name, "worker", "--config", str(self.config))
+            self.report.notes.append(await self._resumed(client, held, killed))
+        finally:
+            await client.aclose()
+
+    async def _resumed(
+        self, client: Redis, held: dict[str, tuple[list[bytes], list[str]]], killed: float
+    ) -> str:
+        """How long after the kill the last lock or watch the killed workers held was
+        released (taken over, finished or made due again), and when the reaper forgot them."""
+        locks = {(w, k) for w, (ks, _) in held.items() for k in ks}
+        watches = {(w, e) for w, (_, es) in held.items() for e in es}
+        left, reaped = set(locks | watches), {}
+        last = None
+        while time.monotonic() - killed < 120 and (left or len(reaped) < len(held)):
+            for worker, thing in list(left):
+                if isinstance(thing, bytes):
+                    token = await client.get(thing)
+                    free = token is None or not token.startswith(f"{worker}:".encode())
+                else:
+                    provider, member = thing.split(" ", 1)
+                    tenant, kind, object_id = read_member(member)
+                    key = watch_key(provider, kind, object_id, tenant)
+                    owner, state = await client.hmget(key, ["owner", "state"])
+                    free = owner != worker.encode() or state not in (b"polling", b"landing")
+                if free:
+                    left.discard((worker, thing))
+                    last = time.monotonic() - killed
+            for worker in held:
+                if worker not in reaped and await client.zscore(WORKERS_KEY, worker) is None:
+                    reaped[worker] = time.monotonic() - killed
+            await asyncio.sleep(0.2)
+        what = f"{len(locks)} job lock(s) and {len(watches)} watch(es)"
+        if not locks and not watches:
+            return "work resumed: the killed workers held nothing at the kill"
+        if left:
+            return f"work resumed: {len(left)} of {what} still held 120 s after the kill"
+        when = ", ".join(f"{t:.1f} s" for t in sorted(reaped.values()))
+        self.report.resumed_s.append(last or 0.0)
+        return (
+            f"work resumed: the {what} the killed workers held were all free "
+            f"{last:.1f} s after the kill (the reaper forgot the dead workers at {when})"
+        )
 
     async def _fault(self, name: str) -> None:
         start = self._now()
@@ -481,8 +540,8 @@ class Soak:
         self.report.faults.append((name, start, self._now()))
 
     async def _schedule(self) -> None:
-        step = self.seconds / (len(FAULTS) + 1)
-        for i, name in enumerate(FAULTS, start=1):
+        step = self.seconds / (len(self.faults) + 1)
+        for i, name in enumerate(self.faults, start=1):
             wait = self.t0 + i * step - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -708,6 +767,7 @@ class Soak:
             "windows": {w: dict(c) for w, c in per.items()},
             "faults": self.report.faults,
             "notes": self.report.notes,
+            "resumed_after_kill_s": self.report.resumed_s,
             "out_of_order": len(self.report.out_of_order),
             "out_of_order_kept_completed": out_of_order_ok,
             "wrong_status": wrong_status[:10],
@@ -720,6 +780,17 @@ class Soak:
             "s3_refused_500": self.s3proxy.refused,
             "exited": self._alive(),
         }
+
+
+async def _held(client: Redis) -> dict[str, tuple[list[bytes], list[str]]]:
+    """What each live worker holds now: its job locks' keys, its watches' entries."""
+    held = {}
+    for raw in await client.zrange(WORKERS_KEY, 0, -1):
+        worker = raw.decode()
+        locks = await client.smembers(held_jobs_key(worker))
+        watches = await client.smembers(held_watches_key(worker))
+        held[worker] = (sorted(locks), sorted(w.decode() for w in watches))
+    return held
 
 
 def passed(result: dict[str, Any]) -> bool:
@@ -741,6 +812,8 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  fault {name:14} {start:6.0f} s .. {end:6.0f} s")
     for note in result["notes"]:
         print(f"  note: {note}")
+    for i, took in enumerate(result.get("resumed_after_kill_s", []), start=1):
+        print(f"  worker kill {i}: the killed workers' work was free again after {took:.1f} s")
     cols = [
         "expected",
         "sql found",

@@ -1,0 +1,287 @@
+"""Worker liveness: each worker process's heartbeat, and the hand-back of what a worker that
+died (or stops) still holds.
+
+Every lease a worker takes names it: a job's in-progress lock holds a token
+``<worker id>:<ms>`` (:mod:`receiver._arq`), a taken watch has ``owner`` set to the worker
+id (:mod:`receiver.watches`). Its own long expiry stays as a backstop; what frees a dead
+worker's work early is this module. Keys::
+
+    nopoll:workers                  zset: worker id → its last heartbeat (ms, Redis's clock)
+    nopoll:worker:<id>:jobs         set: in-progress lock keys its claims took
+    nopoll:worker:<id>:watches      set: "<provider> <due member>" of the watches it took
+
+A task of its own in each worker process (:meth:`Liveness.run`, independent of job work)
+beats every :data:`BEAT_S`: it stamps the process's entry and drops from its sets what it no
+longer holds. The same task is the reaper: a worker whose last beat is older than
+:data:`DEAD_AFTER_S` is dead, and one Lua call (:data:`_RELEASE`) releases exactly what it
+still holds: each in-progress lock whose token is still the dead worker's is deleted (the
+job is due, so the next claim runs it), each watch whose owner is still the dead worker
+and that is ``polling`` or ``landing`` comes due now; then the worker is forgotten. So
+its work is taken over within ``DEAD_AFTER_S + BEAT_S`` (22 s) of its last heartbeat.
+
+A worker reaps only once its own beats have gone through for ``DEAD_AFTER_S`` in a row:
+after a Redis outage every process's last beat is old, and each live one has that long to
+beat again before anyone may take it for dead. A live worker whose work is slow keeps it:
+its heartbeat does not wait for jobs. One that was taken for dead anyway (cut off from
+Redis for longer than the bound) finds its leases gone and writes nothing over the new
+owner's work: a watch's reschedule and landing check the owner, a batch run stops when
+its lease renewal fails (and on its own before the bound, :mod:`receiver.batches`).
+
+On SIGTERM a worker hands back at once what it has not started (its watches: due now,
+owner cleared; claimed jobs it has not started) and, once its running jobs ended or were
+cancelled, everything else; then it leaves the set (:meth:`Liveness.stop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from receiver.watch_scripts import WATCH_OF
+
+__all__ = [
+    "BEAT_S",
+    "DEAD_AFTER_S",
+    "WORKERS_KEY",
+    "Liveness",
+    "held_jobs_key",
+    "held_watches_key",
+    "new_worker_id",
+]
+
+log = logging.getLogger("nopoll.worker")
+
+WORKERS_KEY = "nopoll:workers"
+BEAT_S = 2.0
+"""How often a worker process beats (and looks for dead workers)."""
+DEAD_AFTER_S = 20.0
+"""A worker whose last beat is this old is dead: what it holds is handed to others."""
+
+
+def new_worker_id() -> str:
+    """A worker process's id: the start of its leases' tokens (no ``:`` in it)."""
+    return uuid.uuid4().hex[:12]
+
+
+def held_jobs_key(worker_id: str) -> str:
+    return f"nopoll:worker:{worker_id}:jobs"
+
+
+def held_watches_key(worker_id: str) -> str:
+    return f"nopoll:worker:{worker_id}:watches"
+
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: 1 workers zset, 2 held jobs, 3 held watches. ARGV: 1 worker id
+# Stamp the beat; forget the locks no longer this worker's (finished, retried) and the
+# watches it no longer polls. Returns {now ms, 1 if the entry was new}.
+_BEAT = (
+    WATCH_OF
+    + _NOW
+    + """
+local added = redis.call('ZADD', KEYS[1], now, ARGV[1])
+local mine = ARGV[1] .. ':'
+for _, lock in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local token = redis.call('GET', lock)
+  if not token or string.sub(token, 1, #mine) ~= mine then redis.call('SREM', KEYS[2], lock) end
+end
+for _, entry in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local key = watch_of(entry)
+  local state = redis.call('HGET', key, 'state')
+  if redis.call('HGET', key, 'owner') ~= ARGV[1] or (state ~= 'polling' and state ~= 'landing') then
+    redis.call('SREM', KEYS[3], entry)
+  end
+end
+return {now, added}
+"""
+)
+
+# KEYS: 1 workers zset, 2 held jobs, 3 held watches. ARGV: 1 worker id, 2 its beat must be
+# older than this (ms; '' for a worker releasing its own), 3 'all' or 'watches'
+# Release what the worker still holds: its locks (only those still carrying its token)
+# and its watches (only those it still owns, polling or landing: due now, owner cleared).
+# 'all' also forgets the worker. Returns {locks released, watches released}, or false
+# when the worker beat meanwhile.
+_RELEASE = (
+    WATCH_OF
+    + _NOW
+    + """
+if ARGV[2] ~= '' then
+  local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  if beat and tonumber(beat) >= tonumber(ARGV[2]) then return false end
+end
+local jobs, watches = 0, 0
+if ARGV[3] == 'all' then
+  local mine = ARGV[1] .. ':'
+  for _, lock in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    local token = redis.call('GET', lock)
+    if token and string.sub(token, 1, #mine) == mine then
+      redis.call('DEL', lock)
+      jobs = jobs + 1
+    end
+  end
+  redis.call('DEL', KEYS[2])
+end
+for _, entry in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local key, due, member = watch_of(entry)
+  local state = redis.call('HGET', key, 'state')
+  if redis.call('HGET', key, 'owner') == ARGV[1] and (state == 'polling' or state == 'landing') then
+    redis.call('HSET', key, 'state', 'pending', 'next_at', now)
+    redis.call('HDEL', key, 'owner')
+    redis.call('ZADD', due, now, member)
+    watches = watches + 1
+  end
+end
+redis.call('DEL', KEYS[3])
+if ARGV[3] == 'all' then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return {jobs, watches}
+"""
+)
+
+
+class Liveness:
+    """One worker process's heartbeat and reaper (see the module docs)."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        worker_id: str | None = None,
+        beat_s: float = BEAT_S,
+        dead_after_s: float = DEAD_AFTER_S,
+    ) -> None:
+        self.redis_url = redis_url
+        self.worker_id = worker_id or new_worker_id()
+        self.beat_s = beat_s
+        self.dead_after_s = dead_after_s
+        self._redis: Redis | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._registered = False
+        self._beating_since: float | None = None
+        """When this process's beats last started to go through (reaping waits for it)."""
+        self._last_beat: float | None = None
+
+    def _keys(self, worker_id: str) -> list[str]:
+        return [WORKERS_KEY, held_jobs_key(worker_id), held_watches_key(worker_id)]
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            self._redis = Redis.from_url(
+                self.redis_url, socket_connect_timeout=5, socket_timeout=10
+            )
+        return self._redis
+
+    async def start(self) -> None:
+        """Beat once now (so this process is known before it claims anything), then keep
+        beating in a task of its own."""
+        with contextlib.suppress(RedisError, OSError):
+            await self.beat()
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="worker liveness")
+
+    async def beat(self) -> int:
+        """Stamp this process's heartbeat; Redis's time now (ms)."""
+        now, added = await self.redis.eval(_BEAT, 3, *self._keys(self.worker_id), self.worker_id)  # type: ignore[misc]
+        if added and self._registered:
+            log.warning(
+                "worker %s was taken for dead (no heartbeat for %g s): what it held went to "
+                "other workers",
+                self.worker_id,
+                self.dead_after_s,
+            )
+        self._registered = True
+        return int(now)
+
+    async def run(self) -> None:
+        """Beat and reap every ``beat_s`` until cancelled; Redis errors only pause it. A
+        gap in this process's own beats longer than a few beats (an outage, not one slow
+        call) restarts the wait before it may reap."""
+        while True:
+            try:
+                now_ms = await self.beat()
+                now = time.monotonic()
+                gap = now - self._last_beat if self._last_beat is not None else None
+                if self._beating_since is None or (gap is not None and gap > 4 * self.beat_s):
+                    self._beating_since = now
+                self._last_beat = now
+                if now - self._beating_since >= self.dead_after_s:
+                    await self.reap(now_ms)
+            except (RedisError, OSError) as exc:
+                log.debug("worker heartbeat waits for Redis: %s", type(exc).__name__)
+            await asyncio.sleep(self.beat_s)
+
+    async def reap(self, now_ms: int) -> list[tuple[str, int, int]]:
+        """Release what every dead worker holds: ``(worker id, locks, watches)`` each."""
+        stale_before = now_ms - int(self.dead_after_s * 1000)
+        dead = await self.redis.zrangebyscore(
+            WORKERS_KEY, "-inf", f"({stale_before}", withscores=True
+        )
+        reaped = []
+        for raw_id, beat_ms in dead:
+            worker_id = raw_id.decode()
+            if worker_id == self.worker_id:
+                continue
+            released = await self._release(worker_id, str(stale_before), "all")
+            if released is None:
+                continue  # it beat meanwhile
+            jobs, watches = released
+            log.warning(
+                "worker %s sent no heartbeat for %.0f s: %d job(s) and %d watch(es) it held "
+                "are taken over",
+                worker_id,
+                (now_ms - beat_ms) / 1000,
+                jobs,
+                watches,
+            )
+            reaped.append((worker_id, jobs, watches))
+        return reaped
+
+    async def _release(
+        self, worker_id: str, stale_before: str, what: str
+    ) -> tuple[int, int] | None:
+        reply: Any = await self.redis.eval(  # type: ignore[misc]
+            _RELEASE, 3, *self._keys(worker_id), worker_id, stale_before, what
+        )
+        return (int(reply[0]), int(reply[1])) if reply else None
+
+    async def hand_back_watches(self) -> int:
+        """A stopping process's watches come due now for the other workers (its pollers
+        stopped first); how many."""
+        released = await self._release(self.worker_id, "", "watches")
+        return released[1] if released else 0
+
+    async def stop(self) -> None:
+        """Stop beating, hand back everything still held (nothing of this process runs any
+        more) and leave the set of workers."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            released = await self._release(self.worker_id, "", "all")
+            if released and any(released):
+                log.info("handed back %d job(s) and %d watch(es) on the way out", *released)
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not hand back this worker's work (%s): others take it over within %g s",
+                type(exc).__name__,
+                self.dead_after_s + self.beat_s,
+            )
+        finally:
+            if self._redis is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._redis.aclose()
+                self._redis = None

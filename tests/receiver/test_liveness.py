@@ -1,0 +1,70 @@
+"""Worker liveness against real Redis: a dead worker's leases are released exactly (only
+what it still holds), a live one's never, and a watch handed on stays its new taker's."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from receiver._arq import IN_PROGRESS_KEY
+from receiver.liveness import WORKERS_KEY, Liveness, held_jobs_key
+from receiver.watches import WatchStore
+
+
+async def test_a_dead_workers_leases_are_released_and_a_live_workers_kept(redis_url):
+    client = Redis.from_url(redis_url)
+    dead, live = Liveness(redis_url), Liveness(redis_url)
+    store = WatchStore(client)
+    try:
+        for w in (dead, live):
+            await w.beat()
+        # the dead worker holds a job lock, one lock already taken over, and a watch
+        for job, token in (("j1", f"{dead.worker_id}:1"), ("j2", f"{live.worker_id}:2")):
+            await client.set(IN_PROGRESS_KEY + job, token, px=600_000)
+            await client.sadd(held_jobs_key(dead.worker_id), IN_PROGRESS_KEY + job)
+        await store.register_all("p", "response", ["w1", "w2"], first_poll_in_s=0)
+        [w1] = await store.take_due("p", limit=1, lease_s=300, owner=dead.worker_id)
+        [w2] = await store.take_due("p", limit=1, lease_s=300, owner=live.worker_id)
+        now_ms = await live.beat()
+        await client.zadd(WORKERS_KEY, {dead.worker_id: now_ms - 25_000})  # silent 25 s
+
+        assert await live.reap(now_ms) == [(dead.worker_id, 1, 1)]
+        assert await client.get(IN_PROGRESS_KEY + "j1") is None
+        assert await client.get(IN_PROGRESS_KEY + "j2") == f"{live.worker_id}:2".encode()
+        assert await client.zscore(WORKERS_KEY, dead.worker_id) is None
+        assert await client.zscore(WORKERS_KEY, live.worker_id) is not None
+        # the dead worker's watch is due now for anyone; the live one's is still leased
+        [again] = await store.take_due("p", limit=5, lease_s=300, owner=live.worker_id)
+        assert again.id == w1.id and again.owner == live.worker_id
+        # the old taker can neither reschedule nor land the watch handed on
+        await store.reschedule(w1, in_s=60, status="in_progress")
+        assert not await store.claim_landing(w1, "completed", lease_s=30)
+        assert (await store.get("p", "response", w1.id)).owner == live.worker_id
+        assert await store.claim_landing(again, "completed", lease_s=30)
+        assert w2.owner == live.worker_id
+    finally:
+        await client.aclose()
+        for w in (dead, live):
+            await w.stop()
+
+
+async def test_a_worker_within_the_bound_is_not_reaped_and_stop_hands_back(redis_url):
+    client = Redis.from_url(redis_url)
+    a, b = Liveness(redis_url), Liveness(redis_url)
+    store = WatchStore(client)
+    try:
+        await a.beat()
+        now_ms = await b.beat()
+        await store.register("p", "response", "w1", first_poll_in_s=0)
+        [w1] = await store.take_due("p", limit=1, lease_s=300, owner=a.worker_id)
+        # a beat 19 s ago by Redis's clock: alive, nothing is released
+        assert await b.reap(now_ms + 19_000) == []
+        assert (await store.get("p", "response", "w1")).state == "polling"
+        # a stops (SIGTERM): its watch is due at once, owner cleared, and a is gone
+        await a.stop()
+        watch = await store.get("p", "response", "w1")
+        assert (watch.state, watch.owner) == ("pending", None)
+        assert await client.zscore(WORKERS_KEY, a.worker_id) is None
+        assert [w.id for w in await store.take_due("p", limit=1, lease_s=300)] == [w1.id]
+    finally:
+        await client.aclose()
+        await b.stop()
