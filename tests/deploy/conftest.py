@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.deploy.podman import kube_play, nopoll_image  # noqa: F401 - fixtures
 from tests.servers import missing
 
 ROOT = Path(__file__).resolve().parents[2]
