@@ -36,7 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE_SCRIPT = ROOT / "scripts" / "image"
 
 
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def podman(
+    *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         ["podman", *args], capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -154,8 +156,11 @@ class KubePlay:
         for container in spec["containers"]:
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 container.pop(probe, None)  # podman makes them curl checks: the test probes
-            pre_stop = container.pop("lifecycle", {}).get("preStop", {}).get("exec", {}).get(
-                "command", pre_stop
+            pre_stop = (
+                container.pop("lifecycle", {})
+                .get("preStop", {})
+                .get("exec", {})
+                .get("command", pre_stop)
             )
             container.pop("ports", None)  # the host network: the command says the port
             command = container.get("command", [])

@@ -118,7 +118,9 @@ async def test_api_and_worker_containers_turn_a_signed_callback_into_a_row(
                         "webhook_secrets": ["${SIM_SECRET}"],
                     }
                 },
-                "sinks": {"warehouse": {"type": "sql", "url": "${DATABASE_URL}", "table": pg_table}},
+                "sinks": {
+                    "warehouse": {"type": "sql", "url": "${DATABASE_URL}", "table": pg_table}
+                },
             }
         )
     )
