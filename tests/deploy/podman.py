@@ -112,6 +112,21 @@ class KubePlay:
     config_maps: list[dict[str, Any]]
     pods: dict[str, Pod] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)
+    config_map_names: dict[str, str] = field(default_factory=dict)
+
+    def release_config_maps(self, rendered: Any, revision: int) -> list[dict[str, Any]]:
+        """The release's ConfigMaps for one revision, named after it: podman keeps a
+        ConfigMap's files in a volume of that name, which pods of two revisions share."""
+        maps = []
+        for doc in rendered.of_kind("ConfigMap"):
+            if "grafana_dashboard" in doc["metadata"].get("labels", {}):
+                continue
+            doc = copy.deepcopy(doc)
+            doc["metadata"].pop("annotations", None)
+            name = doc["metadata"]["name"]
+            self.config_map_names[name] = doc["metadata"]["name"] = f"{name}-r{revision}"
+            maps.append(doc)
+        return maps
 
     def create_secret(self, secret: dict[str, Any]) -> None:
         """A podman secret named like the Secret, holding the JSON map of its data."""
@@ -151,6 +166,9 @@ class KubePlay:
         pre_stop = None
         renamed = {}
         for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                cm = volume["configMap"]
+                cm["name"] = self.config_map_names.get(cm["name"], cm["name"])
             if "emptyDir" in volume:  # podman: one machine-wide volume per name
                 renamed[volume["name"]] = volume["name"] = f"{name}-{volume['name']}"
         for container in spec["containers"]:
@@ -250,6 +268,8 @@ class KubePlay:
         for name in self.secrets:
             podman("secret", "rm", name, check=False)
         self.secrets.clear()
+        for name in self.config_map_names.values():
+            podman("volume", "rm", "-f", name, check=False)
 
 
 @pytest.fixture
@@ -258,14 +278,8 @@ def kube_play(tmp_path: Path) -> Iterator[Any]:
     made: list[KubePlay] = []
 
     def make(rendered: Any, release: str) -> KubePlay:
-        maps = [
-            d
-            for d in rendered.of_kind("ConfigMap")
-            if "grafana_dashboard" not in d["metadata"].get("labels", {})
-        ]
-        for cm in maps:
-            cm["metadata"].pop("annotations", None)
-        play = KubePlay(tmp_path, release, maps)
+        play = KubePlay(tmp_path, release, [])
+        play.config_maps = play.release_config_maps(rendered, 0)
         made.append(play)
         for secret in rendered.of_kind("Secret"):
             play.create_secret(secret)
