@@ -384,7 +384,7 @@ async def test_upgrade_under_load(
     )
     p50, p99 = during[len(during) // 2], during[int(len(during) * 0.99)]
     print(
-        f"\nroll: {len(steps)} pods replaced in {roll_end - roll_start:.0f} s; "
+        f"\nroll: {sum('->' in x for x in steps)} pods replaced in {roll_end - roll_start:.0f} s; "
         + "; ".join(steps)
         + f"\ncallbacks: {len(load.sent)} sent at {RATE}/s, answers {load.statuses}, "
         f"{load.connection_errors} refused connections retried"
