@@ -77,6 +77,7 @@ class Rendered:
             d
             for d in self.of_kind("ConfigMap")
             if "helm.sh/hook" not in d["metadata"].get("annotations", {})
+            and "nopoll.yaml" in d["data"]
         ]
         return dict(cm["data"])
 
@@ -181,6 +182,7 @@ KUBE_VERSIONS = ("1.25.0", "latest")
 CUSTOM_RESOURCES = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
 }
 
