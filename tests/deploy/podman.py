@@ -113,6 +113,7 @@ class KubePlay:
     pods: dict[str, Pod] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)
     config_map_names: dict[str, str] = field(default_factory=dict)
+    config_map_volumes: set[str] = field(default_factory=set)
 
     def release_config_maps(self, rendered: Any, revision: int) -> list[dict[str, Any]]:
         """The release's ConfigMaps for one revision, named after it: podman keeps a
@@ -125,6 +126,7 @@ class KubePlay:
             doc["metadata"].pop("annotations", None)
             name = doc["metadata"]["name"]
             self.config_map_names[name] = doc["metadata"]["name"] = f"{name}-r{revision}"
+            self.config_map_volumes.add(f"{name}-r{revision}")
             maps.append(doc)
         return maps
 
@@ -268,7 +270,7 @@ class KubePlay:
         for name in self.secrets:
             podman("secret", "rm", name, check=False)
         self.secrets.clear()
-        for name in self.config_map_names.values():
+        for name in sorted(self.config_map_volumes):  # every revision's
             podman("volume", "rm", "-f", name, check=False)
 
 
