@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
@@ -32,6 +33,7 @@ class ManagedSink:
         self._errors = metrics.sink_writes.labels(name, "error")
         self._rows = metrics.sink_rows.labels(name)
         self._seconds = metrics.sink_seconds.labels(name)
+        self._landed = metrics.callback_to_row_seconds.labels(name)
         self._sink: Sink | None = None
         self._lock = asyncio.Lock()
         self.claim_check: Callable[[Envelope], Awaitable[str]] | None = None
@@ -102,6 +104,12 @@ class ManagedSink:
         self._ok.inc()
         self._rows.inc(len(envelopes))
         self._seconds.observe(time.perf_counter() - started)
+        if part is None:
+            now = time.time()
+            for env in envelopes:
+                if env.kind == "response":
+                    received = datetime.fromisoformat(env.received_at).timestamp()
+                    self._landed.observe(max(0.0, now - received))
 
     async def put_claim(self, env: Envelope) -> str:
         """Store ``env``'s body with this (S3) sink; returns the reference to carry instead."""

@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from receiver.fanout import FanOut
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
-from receiver.queue import BATCHES_QUEUE, JOBS_QUEUE
+from receiver.queue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
 from receiver.watches import WatchStore
 
 __all__ = [
@@ -79,11 +79,18 @@ async def queue_depths(redis: Redis) -> dict[str, float]:
         pipe.zcount(JOBS_QUEUE, "-inf", now_ms)
         pipe.zcard(JOBS_QUEUE)
         pipe.zcard(BATCHES_QUEUE)
-        ready, total, batches = await pipe.execute()
+        pipe.zrangebyscore(JOBS_QUEUE, "-inf", now_ms, start=0, num=1, withscores=True)
+        pipe.exists(HEALTH_CHECK_KEY)
+        ready, total, batches, oldest, heartbeat = await pipe.execute()
     return {
         "nopoll_queue_ready_jobs": float(ready),
         "nopoll_queue_deferred_jobs": float(total - ready),
         "nopoll_batch_queue_jobs": float(batches),
+        # how long the oldest job due now has waited for a worker (0: none waits)
+        "nopoll_queue_oldest_ready_age_seconds": max(0.0, (now_ms - oldest[0][1]) / 1000)
+        if oldest
+        else 0.0,
+        "nopoll_worker_heartbeat": float(bool(heartbeat)),
     }
 
 

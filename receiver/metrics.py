@@ -59,6 +59,13 @@ class Metrics:
         self.sink_seconds = _histogram(
             r, "nopoll_sink_write_seconds", "Sink write latency", _SLOW, "sink"
         )
+        self.callback_to_row_seconds = _histogram(
+            r,
+            "nopoll_callback_to_row_seconds",
+            "From a response's callback (received_at) to its row written, by sink",
+            (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+            "sink",
+        )
         self.dead_letters = _counter(
             r, "nopoll_dead_letters", "Dead letters by sink (or 'fetch')", "sink"
         )
@@ -115,6 +122,8 @@ _QUEUE_HELP = {
     "nopoll_queue_ready_jobs": "Jobs due now in the short-job queue (scale workers on it)",
     "nopoll_queue_deferred_jobs": "Jobs waiting for a retry time in the short-job queue",
     "nopoll_batch_queue_jobs": "Batch jobs queued or running",
+    "nopoll_queue_oldest_ready_age_seconds": "Seconds the oldest job due now has waited",
+    "nopoll_worker_heartbeat": "1 while a worker's poll-loop heartbeat is in Redis, else 0",
 }
 
 

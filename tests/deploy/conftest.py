@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.deploy.podman import kube_play, nopoll_image  # noqa: F401 - fixtures
 from tests.servers import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,7 @@ class Rendered:
             d
             for d in self.of_kind("ConfigMap")
             if "helm.sh/hook" not in d["metadata"].get("annotations", {})
+            and "nopoll.yaml" in d["data"]
         ]
         return dict(cm["data"])
 
@@ -180,6 +182,7 @@ KUBE_VERSIONS = ("1.25.0", "latest")
 CUSTOM_RESOURCES = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
 }
 

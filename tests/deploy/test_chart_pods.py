@@ -42,7 +42,8 @@ def test_api_probes_hit_routes_the_app_serves(scenario: Rendered, tmp_path: Path
     get_routes = {r.path for r in app.routes if "GET" in (getattr(r, "methods", None) or ())}
 
     [api] = pod_spec(scenario.component("Deployment", "api"))["containers"]
-    assert api["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    port = scenario.values.get("api", {}).get("port", 8000)  # values.yaml's default
+    assert api["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     assert api["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert api["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert api["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -89,13 +90,14 @@ def test_commands_are_ones_the_cli_accepts(scenario: Rendered) -> None:
     [api_container] = pod_spec(api)["containers"]
     [worker_container] = pod_spec(worker)["containers"]
     port = worker_health_port(scenario.values)
+    api_port = scenario.values.get("api", {}).get("port", 8000)
     assert worker_container["command"] == [
         *("nopoll", "worker", "--config", CONFIG_PATH),
         *("--health-port", str(port), "--health-host", "0.0.0.0"),
     ]
     assert api_container["command"] == [
         *("nopoll", "api", "--config", CONFIG_PATH),
-        *("--host", "0.0.0.0", "--port", "8000"),
+        *("--host", "0.0.0.0", "--port", str(api_port)),
     ]
     parser = _parser()
     for container in containers(api) + containers(worker):
@@ -103,7 +105,7 @@ def test_commands_are_ones_the_cli_accepts(scenario: Rendered) -> None:
         args = parser.parse_args(container["command"][1:])
         assert args.config == CONFIG_PATH
     api_args = parser.parse_args(api_container["command"][1:])
-    assert (api_args.command, api_args.host, api_args.port) == ("api", "0.0.0.0", 8000)
+    assert (api_args.command, api_args.host, api_args.port) == ("api", "0.0.0.0", api_port)
     worker_args = parser.parse_args(worker_container["command"][1:])
     assert (worker_args.command, worker_args.health_port, worker_args.health_host) == (
         "worker",

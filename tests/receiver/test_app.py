@@ -6,6 +6,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import re
 import time
 
 import httpx
@@ -245,6 +246,9 @@ async def test_metrics_show_queue_depth(api, signed_callback):
     assert "nopoll_queue_ready_jobs 3.0" in text
     assert "nopoll_queue_deferred_jobs 0.0" in text
     assert "nopoll_batch_queue_jobs 1.0" in text
+    assert "nopoll_worker_heartbeat 0.0" in text  # no worker runs
+    age = re.search(r"^nopoll_queue_oldest_ready_age_seconds (\S+)$", text, re.M)
+    assert age is not None and float(age.group(1)) >= 0
 
 
 async def test_other_methods_on_the_webhook_route_are_405(api):

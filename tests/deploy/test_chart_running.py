@@ -1,0 +1,398 @@
+"""The Helm chart's pods, running: rendered by Helm's engine, played with podman kube play
+on the machine's Redis and Postgres with the provider simulator, as users deploy it.
+
+Two API and two worker pods pass the config-check init container, answer their probe
+paths, turn signed callbacks into rows, and pass the chart's own ``helm test`` pod (a full
+round trip). Then every pod is replaced one by one under load (test_upgrade_under_load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from receiver.demo.simulator import ProviderSimulator, send_callback
+from tests.deploy.conftest import Rendered
+from tests.deploy.podman import Image, KubePlay, Pod, release_name, wait_http
+from tests.e2e.helpers import pg_rows, wait_for
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.pods, pytest.mark.timeout(1500)]
+
+
+@dataclass
+class Stack:
+    """A release of the chart on podman: its values, its pods and where they listen."""
+
+    render: Any
+    play: KubePlay
+    values: dict[str, Any]
+    sim: ProviderSimulator
+    secret: str
+    consumer_token: str
+    rendered: Rendered
+    revision: int = 0
+    api: list[Pod] = field(default_factory=list)
+    workers: list[Pod] = field(default_factory=list)
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.play.release}-nopoll"
+
+    def deployment(self, role: str) -> dict[str, Any]:
+        return self.rendered.component("Deployment", role)
+
+    def check_config(self) -> str:
+        """The config-check init container, run once as its own pod: its logs."""
+        pod = self.play.play(
+            self.deployment("api"), f"{self.fullname}-check-r{self.revision}", init_only=True
+        )
+        code, logs = self.play.wait_exit(pod)
+        self.play.remove(pod)
+        assert code == 0, logs
+        return logs
+
+    def start_api(self, index: int) -> Pod:
+        name = f"{self.fullname}-api-r{self.revision}-{index}"
+        pod = self.play.play(self.deployment("api"), name, port=free_port())
+        wait_http(f"http://127.0.0.1:{pod.port}/healthz", pod=pod)  # the startup probe
+        wait_http(f"http://127.0.0.1:{pod.port}/readyz", pod=pod)  # ready: takes traffic
+        return pod
+
+    def start_worker(self, index: int) -> Pod:
+        name = f"{self.fullname}-worker-r{self.revision}-{index}"
+        pod = self.play.play(self.deployment("worker"), name, health_port=free_port())
+        wait_http(f"http://127.0.0.1:{pod.port}/healthz", pod=pod)  # the liveness probe
+        return pod
+
+    def upgrade(self, **config: Any) -> None:
+        """A new revision: the chart rendered with changed config (a new checksum)."""
+        old = self.deployment("api")["spec"]["template"]["metadata"]["annotations"]
+        self.values["config"].update(config)
+        self.rendered = self.render(self.values, release=self.play.release)
+        new = self.deployment("api")["spec"]["template"]["metadata"]["annotations"]
+        assert new["checksum/config"] != old["checksum/config"]
+        self.revision += 1
+        self.play.config_maps = self.play.release_config_maps(self.rendered, self.revision)
+
+
+def _values(
+    image: Image, redis_url: str, pg_url: str, table: str, sim: ProviderSimulator, batch_sim: Any
+) -> tuple[dict[str, Any], str, str]:
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    token = secrets.token_urlsafe(24)
+    repository, tag = image.ref.rsplit(":", 1)
+    providers: dict[str, Any] = {
+        "sim": {
+            "dialect": "openai",
+            "base_url": sim.base_url,
+            "api_key": "${SIM_API_KEY}",
+            "webhook_secrets": ["${SIM_WEBHOOK_SECRET}"],
+        }
+    }
+    if batch_sim is not None:
+        providers["bat"] = {
+            "dialect": "valar",
+            "base_url": batch_sim.base_url,
+            "max_concurrency": 4,
+            "api_key": "${SIM_API_KEY}",
+            "webhook_secrets": ["${SIM_WEBHOOK_SECRET}"],
+        }
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "redis": {"url": redis_url},
+        "config": {
+            "log_level": "info",
+            "providers": providers,
+            "sinks": {"warehouse": {"type": "sql", "url": "${DATABASE_URL}", "table": table}},
+            "consumer_tokens": [{"token": "${NOPOLL_CONSUMER_TOKEN}"}],
+            "batch": {"chunk_size": 100},
+        },
+        "secret": {
+            "env": {
+                "SIM_API_KEY": "sk-test-not-a-real-key",
+                "SIM_WEBHOOK_SECRET": secret,
+                "DATABASE_URL": pg_url,
+                "NOPOLL_CONSUMER_TOKEN": token,
+            }
+        },
+        "tests": {"roundTrip": {"responseId": f"resp_helmtest_{uuid.uuid4().hex[:12]}"}},
+    }
+    return values, secret, token
+
+
+@pytest.fixture
+def stack(
+    nopoll_image: Image,
+    render: Any,
+    kube_play: Any,
+    redis_url: str,
+    pg_url: str,
+    pg_table: str,
+    provider_sim: Any,
+) -> Iterator[Any]:
+    """Factory: a release with 2 API and 2 worker pods, config checked first."""
+
+    def make(*, batch_sim: Any = None) -> Stack:
+        sim = provider_sim(auto_respond=True, api_key="sk-test-not-a-real-key")
+        values, secret, token = _values(nopoll_image, redis_url, pg_url, pg_table, sim, batch_sim)
+        release = release_name()
+        rendered = render(values, release=release)
+        play = kube_play(rendered, release)
+        built = Stack(render, play, values, sim, secret, token, rendered)
+        logs = built.check_config()
+        assert "config OK" in logs and "sink warehouse:" in logs, logs
+        built.api = [built.start_api(i) for i in range(2)]
+        built.workers = [built.start_worker(i) for i in range(2)]
+        return built
+
+    yield make
+
+
+async def test_the_chart_runs_two_apis_and_two_workers_and_passes_helm_test(
+    stack: Any, pg_url: str, pg_table: str
+) -> None:
+    s: Stack = await asyncio.to_thread(stack)
+    ids = [f"resp_chart_{i:02d}_{uuid.uuid4().hex[:8]}" for i in range(20)]
+    async with httpx.AsyncClient(timeout=10) as client:
+        for pod in [*s.api, *s.workers]:
+            metrics = await client.get(f"http://127.0.0.1:{pod.port}/metrics")
+            assert metrics.status_code == 200 and "nopoll_" in metrics.text
+        for i, response_id in enumerate(ids):
+            url = f"http://127.0.0.1:{s.api[i % 2].port}/webhooks/sim"
+            answer = await send_callback(client, url, s.secret, response_id)
+            assert answer.status_code == 202, answer.text
+
+    async def all_landed() -> list[dict[str, Any]] | None:
+        rows = await pg_rows(pg_url, pg_table)
+        return rows if len(rows) >= len(ids) else None
+
+    rows = await wait_for(all_landed, timeout=60)
+    assert sorted(r["key"] for r in rows) == sorted(ids)
+
+    # the chart's `helm test` pod, pointed at one API pod (podman runs no Service)
+    [test_pod] = [
+        d for d in s.rendered.of_kind("Pod") if "helm.sh/hook" in d["metadata"]["annotations"]
+    ]
+    pod = await asyncio.to_thread(
+        s.play.play,
+        test_pod,
+        f"{s.fullname}-helm-test",
+        env={"NOPOLL_TEST_URL": f"http://127.0.0.1:{s.api[0].port}"},
+    )
+    code, logs = await asyncio.to_thread(s.play.wait_exit, pod, 120)
+    assert code == 0, logs
+    response_id = s.values["tests"]["roundTrip"]["responseId"]
+    assert f"{response_id} landed" in logs, logs
+    rows = await pg_rows(pg_url, pg_table)
+    assert [r["key"] for r in rows if r["key"] == response_id] == [response_id]
+
+    for pod in [*s.api, *s.workers]:  # stopped as Kubernetes stops them
+        await asyncio.to_thread(s.play.pre_stop, pod)
+        await asyncio.to_thread(s.play.stop, pod)
+
+
+# --- an upgrade under load ------------------------------------------------------------------
+
+RATE = 100  # callbacks a second
+PROVIDER_DELAY_S = 0.2
+BATCH_ROWS = 1200
+BATCH_ROW_DELAY_S = 0.25  # 4 rows at a time (the provider's max_concurrency): 75 s
+
+
+@dataclass
+class Load:
+    """Signed callbacks at RATE/s to the API pods that are ready, retried like a provider
+    retries (503 or no connection: again, on another pod), every answer counted."""
+
+    secret: str
+    endpoints: list[int]
+    sent: dict[str, float] = field(default_factory=dict)
+    acknowledged: set[str] = field(default_factory=set)
+    statuses: dict[int, int] = field(default_factory=dict)
+    connection_errors: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _one(self, client: httpx.AsyncClient, response_id: str, turn: int) -> None:
+        self.sent[response_id] = time.time()
+        for attempt in range(200):
+            port = self.endpoints[(turn + attempt) % len(self.endpoints)]
+            url = f"http://127.0.0.1:{port}/webhooks/sim"
+            try:
+                answer = await send_callback(client, url, self.secret, response_id)
+            except httpx.HTTPError:
+                self.connection_errors += 1
+            else:
+                self.statuses[answer.status_code] = self.statuses.get(answer.status_code, 0) + 1
+                if answer.status_code // 100 == 2:
+                    self.acknowledged.add(response_id)
+                    return
+            await asyncio.sleep(0.2)
+
+    async def run(self) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        async with httpx.AsyncClient(timeout=15, limits=limits) as client:
+            start, turn = time.monotonic(), 0
+            while not self.stop.is_set():
+                task = asyncio.create_task(self._one(client, f"resp_roll_{turn:06d}", turn))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                turn += 1
+                await asyncio.sleep(max(0.0, start + turn / RATE - time.monotonic()))
+            await asyncio.gather(*tasks)
+
+
+_SEEN = """
+CREATE TABLE "{t}_seen" (key text, at timestamptz DEFAULT clock_timestamp());
+CREATE FUNCTION "{t}_seen"() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO "{t}_seen"(key) VALUES (NEW.key); RETURN NEW; END $$;
+CREATE TRIGGER "{t}_seen" AFTER INSERT OR UPDATE ON "{t}" FOR EACH ROW
+EXECUTE FUNCTION "{t}_seen"();
+"""
+
+
+@pytest.fixture
+def row_times(pg_url: str, pg_table: str) -> Iterator[Any]:
+    """Factory: a trigger recording when each row of the results table is written."""
+
+    async def install() -> None:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await wait_for(lambda: conn.fetchval("SELECT to_regclass($1)", pg_table), 60)
+            await conn.execute(_SEEN.format(t=pg_table))
+        finally:
+            await conn.close()
+
+    yield install
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await conn.execute(f'DROP TABLE IF EXISTS "{pg_table}", "{pg_table}_seen" CASCADE')
+            await conn.execute(f'DROP FUNCTION IF EXISTS "{pg_table}_seen"() CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+async def _roll(s: Stack, load: Load, batch: Any) -> list[str]:
+    """Every API then every worker pod replaced, one by one, as a Deployment rolls."""
+    steps: list[str] = []
+    await asyncio.to_thread(s.upgrade, log_level="warning")
+    await asyncio.to_thread(s.check_config)
+    for i, old in enumerate(list(s.api)):
+        new = await asyncio.to_thread(s.start_api, i)  # maxSurge: the new one first
+        load.endpoints.append(new.port)  # ready: the Service sends it traffic
+        load.endpoints.remove(old.port)  # terminating: out of the Service's endpoints
+        started = time.monotonic()
+        await asyncio.to_thread(s.play.pre_stop, old)  # while in-flight requests finish
+        await asyncio.to_thread(
+            s.play.stop, old, grace_s=old.grace_s - (time.monotonic() - started)
+        )
+        s.api[i] = new
+        steps.append(f"api {old.name} -> {new.name} in {time.monotonic() - started:.1f} s")
+    fetched = batch.request_count("/v1/batches/batch_roll/")
+    assert fetched < BATCH_ROWS, "the batch ended before the workers were replaced"
+    steps.append(f"batch at {fetched}/{BATCH_ROWS} rows when the workers roll")
+    for i, old in enumerate(list(s.workers)):
+        new = await asyncio.to_thread(s.start_worker, i)
+        started = time.monotonic()
+        await asyncio.to_thread(s.play.stop, old)
+        s.workers[i] = new
+        steps.append(f"worker {old.name} -> {new.name} in {time.monotonic() - started:.1f} s")
+    return steps
+
+
+@pytest.mark.slow
+async def test_upgrade_under_load(
+    stack: Any, provider_sim: Any, pg_url: str, pg_table: str, row_times: Any
+) -> None:
+    """100 callbacks/s, a provider answering after 200 ms and a batch streaming while every
+    API and worker pod is replaced one by one (a new config checksum, the preStop hook,
+    SIGTERM, the chart's grace period): nothing lost, nothing twice in SQL, no 5xx but 503.
+    """
+    batch_sim = provider_sim(api_key="sk-test-not-a-real-key")
+    batch_sim.add_batch("valar", "batch_roll", BATCH_ROWS, row_delay_s=BATCH_ROW_DELAY_S)
+    s: Stack = await asyncio.to_thread(stack, batch_sim=batch_sim)
+    s.sim.set_delay(PROVIDER_DELAY_S)
+    await row_times()
+    load = Load(s.secret, [p.port for p in s.api])
+    sender = asyncio.create_task(load.run())
+    try:
+        await asyncio.sleep(3)
+        async with httpx.AsyncClient(timeout=10) as client:
+            url = f"http://127.0.0.1:{s.api[0].port}/webhooks/bat"
+            answer = await send_callback(
+                client, url, s.secret, "batch_roll", event_type="batch.completed"
+            )
+        assert answer.status_code // 100 == 2, answer.text
+        await wait_for(lambda: _async(batch_sim.request_count("/v1/batches/batch_roll/") > 0))
+        roll_start = time.time()
+        steps = await _roll(s, load, batch_sim)
+        roll_end = time.time()
+    finally:
+        load.stop.set()
+        await sender
+
+    async def landed() -> bool:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            n = await conn.fetchval(f'SELECT count(*) FROM "{pg_table}" WHERE provider = $1', "sim")
+            b = await conn.fetchval(
+                f'SELECT count(*) FROM "{pg_table}" WHERE provider = $1 AND key LIKE $2',
+                "bat",
+                "batch_roll/%",
+            )
+        finally:
+            await conn.close()
+        return n >= len(load.acknowledged) and b >= BATCH_ROWS
+
+    await wait_for(landed, timeout=240, interval=0.5)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        rows = await conn.fetch(f'SELECT provider, key, received_at FROM "{pg_table}"')
+        seen = {
+            r["key"]: r["first"].timestamp()
+            for r in await conn.fetch(
+                f'SELECT key, min(at) AS first FROM "{pg_table}_seen" GROUP BY key'
+            )
+        }
+    finally:
+        await conn.close()
+
+    keys = [(r["provider"], r["key"]) for r in rows]
+    assert len(keys) == len(set(keys)), "a result is in SQL twice"
+    responses = {k for p, k in keys if p == "sim"}
+    assert responses == load.acknowledged == set(load.sent), "a callback was lost"
+    batch_rows = [k for p, k in keys if p == "bat" and k.startswith("batch_roll/")]
+    assert len(batch_rows) == BATCH_ROWS  # and the batch's own row, ("bat", "batch_roll")
+    assert {code for code in load.statuses if code >= 500} <= {503}, load.statuses
+
+    during = sorted(
+        seen[k] - t for k, t in load.sent.items() if roll_start <= t <= roll_end and k in seen
+    )
+    p50, p99 = during[len(during) // 2], during[int(len(during) * 0.99)]
+    print(
+        f"\nroll: {sum('->' in x for x in steps)} pods replaced in {roll_end - roll_start:.0f} s; "
+        + "; ".join(steps)
+        + f"\ncallbacks: {len(load.sent)} sent at {RATE}/s, answers {load.statuses}, "
+        f"{load.connection_errors} refused connections retried"
+        f"\ncallback -> row during the roll ({len(during)} callbacks): "
+        f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {during[-1] * 1000:.0f} ms"
+    )
+
+
+async def _async(value: bool) -> bool:
+    return value
