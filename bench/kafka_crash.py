@@ -6,8 +6,8 @@ tansu while the broker is SIGKILLed by its PID and started again on the same sto
 A write that fails is sent again until acknowledged, as nopoll's sink retry does. Then
 every key is read back from offset 0 and the acknowledged keys are looked for.
 
-    python bench/kafka_crash.py                       # tansu on moto's S3 server, as the soak
-    python bench/kafka_crash.py --engine s3-serial    # moto answering one request at a time
+    python bench/kafka_crash.py                       # tansu on a serial moto, as the soak
+    python bench/kafka_crash.py --engine s3 --auto-create   # how the soak used to run it
     python bench/kafka_crash.py --engine memory       # control: nothing survives a restart
 
 Prints, for the keys acknowledged before the crash and after it: produced, acknowledged,
@@ -253,7 +253,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--engine", choices=ENGINES, default="s3")
+    parser.add_argument("--engine", choices=ENGINES, default="s3-serial")
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=10, help="messages per write")
     parser.add_argument("--pause", type=float, default=0.02, help="seconds between writes")

@@ -139,10 +139,11 @@ class S3FaultProxy(TcpProxy):
 class DurableTansu(TansuBroker):
     """tansu on a fixed port with its log in S3 (moto), so a restart keeps every message.
 
-    Give it a ``MotoServer(serial=True)``: tansu numbers its records with conditional
-    writes (If-Match) and a moto that answers requests in parallel can let two of them
-    through, so two batches get overlapping offsets and a reader skips one of them
-    (``bench/kafka_crash.py`` shows it)."""
+    tansu numbers records with a counter in S3 updated by conditional writes (If-Match),
+    so give it a ``MotoServer(serial=True)``: a moto answering in parallel can let two of
+    them through, two batches then get overlapping offsets and a reader skips one. Create
+    the topic (:func:`create_topic`) before anyone writes to it, for the same reason
+    (``bench/kafka_crash.py`` shows both)."""
 
     def __init__(self, binary: str, s3_url: str) -> None:
         super().__init__(binary)
