@@ -34,11 +34,33 @@ FAKE_CREDENTIALS = {
 }
 
 
-class MotoServer:
-    """``python -m moto.server`` on 127.0.0.1 and a free port."""
+# moto's server as ``python -m moto.server`` runs it, but answering one request at a
+# time: moto checks a conditional PUT's If-Match / If-None-Match and then writes, in two
+# steps, so two concurrent conditional PUTs of one key can both succeed. S3 makes them
+# atomic, and tansu's S3 storage relies on that for its offsets.
+_SERIAL_MOTO = """
+import os, sys, threading
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication, MotoRequestHandler, create_backend_app)
+host, port = sys.argv[1], int(sys.argv[2])
+os.environ["MOTO_PORT"] = str(port)
+app = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+def serial(environ, start_response):
+    with lock:
+        return list(app(environ, start_response))
+run_simple(host, port, serial, threaded=True, request_handler=MotoRequestHandler)
+"""
 
-    def __init__(self, port: int | None = None) -> None:
+
+class MotoServer:
+    """``python -m moto.server`` on 127.0.0.1 and a free port; ``serial=True`` answers
+    one request at a time, so conditional writes are atomic as in S3."""
+
+    def __init__(self, port: int | None = None, *, serial: bool = False) -> None:
         self.port = port or free_port()
+        self.serial = serial
         self.process: subprocess.Popen[bytes] | None = None
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
             prefix="nopoll-test-moto-", suffix=".log", delete=False
@@ -51,8 +73,12 @@ class MotoServer:
     def start(self, timeout_s: float = 30.0) -> MotoServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(FAKE_CREDENTIALS)
+        if self.serial:
+            command = [sys.executable, "-c", _SERIAL_MOTO, "127.0.0.1", str(self.port)]
+        else:
+            command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            command,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

