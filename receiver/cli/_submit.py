@@ -8,13 +8,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from receiver.cli._common import add_config_option, add_tenant_option, load, provider_for, run_async
+from receiver.cli._common import (
+    add_config_option,
+    add_tenant_option,
+    deployment_redis,
+    load,
+    provider_for,
+    reach,
+    run_async,
+    unreachable,
+)
 from receiver.config import Settings
 
 _SHOWN = 10
 
 
-async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int:
+async def _submit(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
     from receiver._arq import arq_pool
     from receiver.providers.client import ProviderClient
     from receiver.submit import Submitter, file_digest
@@ -30,6 +39,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
     client = ProviderClient(args.provider, provider, http)
     started = time.monotonic()
     try:
+        await reach(redis, where)  # before anything is created at the provider
         if args.batch:
             submitter = Submitter(args.provider, provider, client, redis, tenant=args.tenant)
             return await _batch(args, submitter, path, digest)
@@ -228,14 +238,20 @@ class _Bar:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from receiver.runtime import redis_url_for
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from nopoll.exceptions import NopollError
 
     settings = load(args)
     if not Path(args.file).is_file():
         print(f"nopoll submit: no such file: {args.file}", file=sys.stderr)
         return 2
-    with redis_url_for(settings) as url:
-        return run_async(_submit(args, settings, url))
+    url, where = deployment_redis(args, settings)
+    try:
+        return run_async(_submit(args, settings, url, where))
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 
 
 def register(sub: Any) -> None:

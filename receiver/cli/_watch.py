@@ -7,7 +7,16 @@ import sys
 import time
 from typing import Any
 
-from receiver.cli._common import add_config_option, add_tenant_option, load, provider_for, run_async
+from receiver.cli._common import (
+    add_config_option,
+    add_tenant_option,
+    deployment_redis,
+    load,
+    provider_for,
+    reach,
+    run_async,
+    unreachable,
+)
 from receiver.config import Settings
 
 _SHOWN_INVALID = 20
@@ -25,7 +34,7 @@ def _ids(args: argparse.Namespace) -> list[str]:
     return ids
 
 
-async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
+async def _watch(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
     from receiver._arq import arq_pool
     from receiver.watches import WatchStore, register_many
 
@@ -34,6 +43,7 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
     redis = arq_pool(url)
     store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
     try:
+        await reach(redis, where)
         done = await register_many(
             store,
             args.provider,
@@ -133,11 +143,17 @@ async def _wait(
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    from receiver.runtime import redis_url_for
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from nopoll.exceptions import NopollError
 
     settings = load(args)
-    with redis_url_for(settings) as url:
-        return run_async(_watch(args, settings, url))
+    url, where = deployment_redis(args, settings)
+    try:
+        return run_async(_watch(args, settings, url, where))
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 
 
 def register(sub: Any) -> None:
