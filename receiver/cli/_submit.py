@@ -27,6 +27,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
     from receiver._arq import arq_pool
     from receiver.providers.client import ProviderClient
     from receiver.submit import Submitter, file_digest
+    from receiver.watches import WatchStore
 
     provider = provider_for(settings, args.provider, args.tenant)
     path = Path(args.file)
@@ -41,7 +42,9 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
     try:
         await reach(redis, where)  # before anything is created at the provider
         if args.batch:
-            submitter = Submitter(args.provider, provider, client, redis, tenant=args.tenant)
+            submitter = Submitter(
+                args.provider, provider, client, redis, tenant=args.tenant, poll=args.poll
+            )
             return await _batch(args, submitter, path, digest)
         total = _count_lines(path)
         with _Bar(f"submitting to {args.provider}", total) as bar:
@@ -53,6 +56,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
                 concurrency=args.concurrency,
                 on_progress=bar.update,
                 tenant=args.tenant,
+                poll=args.poll,
             )
             result = await submitter.submit_lines(_lines(path), digest)
             bar.update(result, force=True)
@@ -63,6 +67,10 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
             f"({result.submitted / elapsed if elapsed else 0:.0f}/s, {result.requests} POSTs)"
         )
         code = _report_rejected(args, path, result.rejected)
+        if args.poll and result.ids:  # a run before registered them to wait for callbacks
+            await WatchStore(redis).poll_now(
+                args.provider, "response", result.ids, tenant=args.tenant
+            )
         if args.wait and result.ids:
             code = max(
                 code,
@@ -93,6 +101,12 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
         return _report_rejected(args, path, result.rejected) or 1
     state = "already submitted" if result.already else f"submitted ({result.rows} rows)"
     print(f"batch {result.batch_id} {state}; watching it")
+    if args.poll and result.batch_id:
+        from receiver.watches import WatchStore
+
+        await WatchStore(submitter.redis).poll_now(
+            submitter.name, "batch", [result.batch_id], tenant=submitter.tenant
+        )
     if args.wait and result.batch_id:
         return await _wait_for(
             submitter.redis,
@@ -272,6 +286,12 @@ def register(sub: Any) -> None:
         "--concurrency", type=int, default=200, help="create calls in flight (default 200)"
     )
     p.add_argument("--wait", action="store_true", help="show progress until every result landed")
+    p.add_argument(
+        "--poll",
+        action="store_true",
+        help="poll for the results at once, even for a provider that sends callbacks "
+        "(else polling starts only reconcile_after_s after a create, if no callback came)",
+    )
     p.add_argument(
         "--report", help="where rejected lines are written (default FILE.rejected.jsonl)"
     )
