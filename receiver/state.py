@@ -125,6 +125,8 @@ class Shared:
     """The cyclic GC's thresholds before the state was opened (see :func:`_tune_gc`)."""
     poller: asyncio.Task[None] | None = None
     """The process's watch poller (:mod:`receiver.poller`), started with the state."""
+    publisher: asyncio.Task[None] | None = None
+    """Publishes the accounts this process serves (:mod:`receiver.served`)."""
 
 
 _JOB_GC_THRESHOLD = (20_000, 20, 20)
@@ -166,6 +168,12 @@ async def startup(ctx: dict[str, Any]) -> None:
     ctx["state"] = shared.state
     ctx["fanout"] = shared.state.fanout  # for the heartbeat's sink health
     if first:
+        from receiver.served import publish_while_running
+
+        state = shared.state
+        shared.publisher = asyncio.create_task(
+            publish_while_running(state.redis, state.settings), name="accounts publisher"
+        )
         await shared.state.open()
         _tune_gc(shared)
         if shared.state.settings.providers:
@@ -181,6 +189,11 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     shared.users -= 1
     if shared.users <= 0 and shared.state is not None:
         state, shared.state = shared.state, None
+        if shared.publisher is not None:
+            shared.publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shared.publisher
+            shared.publisher = None
         if shared.poller is not None:
             shared.poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
