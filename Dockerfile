@@ -41,7 +41,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TMPDIR=/tmp \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# Without a config file nopoll's data_dir is ./nopoll-data, so under the /data volume.
+# Without a config file nopoll's data_dir is ./nopoll-data, so under the /data volume; a
+# config file's relative paths are its own folder's: give it data_dir: /data.
 WORKDIR /data
 USER 10001:10001
 EXPOSE 8000

@@ -90,6 +90,7 @@ __all__ = [
 
 DIALECTS = ("openai", "sference", "sail", "valar")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_DATA_DIR = "./nopoll-data"
 
 
 class _Model(BaseModel):
@@ -180,7 +181,8 @@ class Settings(_Model):
     """The whole validated configuration, built once at start-up and passed down."""
 
     redis_url: SecretStr = SecretStr("")
-    data_dir: Path = Path("./nopoll-data")
+    data_dir: Path = Path(_DATA_DIR)
+    """Relative: to the config file's folder (:func:`load_settings`)."""
     max_body_bytes: int = Field(default=262_144, ge=1024, le=64 * 1024 * 1024)
     dedupe_ttl_s: int = Field(default=7 * 86_400, ge=60)
     """How long a webhook-id is remembered; providers retry for up to 72 hours."""
@@ -339,6 +341,18 @@ def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
     return [text for text in texts if text and not left_unset(text, info)]
 
 
+def _rebased(settings: Settings, base: Path) -> Settings:
+    """``settings`` with the relative paths of its sinks made absolute under ``base``."""
+    from sinks.base import SinkConfig
+
+    sinks = {
+        name: sink.rebased(base) if isinstance(sink, SinkConfig) else sink
+        for name, sink in settings.sinks.items()
+    }
+    object.__setattr__(settings, "sinks", sinks)
+    return settings
+
+
 def _default_sinks(data_dir: Path) -> dict[str, Any]:
     return {
         "db": {"type": "sql", "url": f"sqlite+aiosqlite:///{data_dir / 'results.db'}"},
@@ -368,13 +382,18 @@ def load_settings(
         raise ConfigError(f"invalid configuration in {source}:\n{lines}")
     if overrides:
         raw = {**raw, **overrides}
+    # relative paths are the config file's folder's (without a file: the current folder's)
+    base = Path(os.path.abspath(path)).parent if path is not None else Path.cwd()
+    data_dir = raw.get("data_dir", _DATA_DIR)
+    if isinstance(data_dir, str | os.PathLike):
+        raw = {**raw, "data_dir": str(base / data_dir)}
     unset = interpolation.unset
     if not unset:
         try:
-            return Settings.model_validate(raw)
+            return _rebased(Settings.model_validate(raw), base)
         except ValidationError as exc:
             raise ConfigError(format_errors(problems(exc, Settings), source)) from None
-    settings = validate_lenient(raw, set(unset), source, Settings, ProviderConfig)
+    settings = _rebased(validate_lenient(raw, set(unset), source, Settings, ProviderConfig), base)
     settings._unset = {dotted(loc): tuple(n for n, _ in found) for loc, found in unset.items()}
     settings._notes = tuple(
         f"{dotted(loc)}: {name} {problem} (needed to run)"

@@ -64,6 +64,10 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
+    def running(self) -> bool:
+        """Whether a server (started by another nopoll process) answers on the socket."""
+        return self._answers()
+
     def _answers(self) -> bool:
         if not self.socket_path.exists():
             return False

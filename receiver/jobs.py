@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
-from receiver._arq import Retry
+from receiver._arq import RETRY_KEY, Retry
 from receiver.config import RetryConfig, Settings
 from receiver.logs import bind
 from receiver.queue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
@@ -38,6 +39,7 @@ __all__ = [
     "JobRules",
     "dead_letter",
     "guarded",
+    "hand_over",
     "letter_target",
     "retry_or_give_up",
     "rules_for",
@@ -112,6 +114,18 @@ async def dead_letter(
     shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
     log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
     return {"dead_letter": letter.id}
+
+
+async def hand_over(ctx: dict[str, Any], function: str) -> dict[str, Any]:
+    """Leave the job to another worker (it is for a provider this process lacks and
+    another live one has): run it again shortly, this run not counted as a try."""
+    state: WorkerState = ctx["state"]
+    job_id = ctx.get("job_id")
+    if job_id:
+        await state.redis.decr(RETRY_KEY + str(job_id))
+    log.debug("%s left to a worker that has its provider", function)
+    interval = state.settings.worker.health_check_interval_s
+    raise Retry(defer=min(5.0, interval) * random.uniform(0.5, 1.0))
 
 
 async def retry_or_give_up(

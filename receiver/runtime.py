@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from nopoll.exceptions import ConfigError
+from nopoll.exceptions import ConfigError, NopollError
 from receiver._arq import stop_workers, wait_stopped
 from receiver.activity import ActivityRecorder
 from receiver.app import create_app
@@ -264,6 +266,25 @@ def worker_health_app(
     )
 
 
+def _check_listen(host: str, port: int, option: str) -> None:
+    """A NopollError naming the address and what to do when ``host:port`` cannot be
+    listened on (bound as uvicorn binds it, then let go)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise NopollError(
+                    f"cannot listen on {host}:{port}: {host}:{port} is already in use (another "
+                    f"nopoll or another program): stop it, or choose another {option}"
+                ) from None
+            raise NopollError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (check {option} and --host)"
+            ) from None
+
+
 def run(
     settings: Settings,
     *,
@@ -282,5 +303,10 @@ def run(
     except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
         runner = asyncio.run
     roles = _Roles(api, worker, host, port, extra_ctx, health)
+    # a port in use is one clear line, before anything starts (uvicorn would exit mid-run)
+    if api:
+        _check_listen(host, port, "--port")
+    if health is not None and worker:
+        _check_listen(*health, "--health-port")
     with redis_url_for(settings) as url:
         runner(_run(settings, url, roles))

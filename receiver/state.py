@@ -129,6 +129,8 @@ class Shared:
     """The process's watch poller (:mod:`receiver.poller`), started with the state."""
     liveness: Liveness | None = None
     """The process's heartbeat (:mod:`receiver.liveness`), beating while the state is open."""
+    publisher: asyncio.Task[None] | None = None
+    """Publishes the accounts this process serves (:mod:`receiver.served`)."""
 
 
 _JOB_GC_THRESHOLD = (20_000, 20, 20)
@@ -172,6 +174,12 @@ async def startup(ctx: dict[str, Any]) -> None:
     if first:
         if shared.liveness is not None:
             await shared.liveness.start()  # known as alive before its first claim
+        from receiver.served import publish_while_running
+
+        state = shared.state
+        shared.publisher = asyncio.create_task(
+            publish_while_running(state.redis, state.settings), name="accounts publisher"
+        )
         await shared.state.open()
         _tune_gc(shared)
         if shared.state.settings.providers:
@@ -210,6 +218,11 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     shared.users -= 1
     if shared.users <= 0 and shared.state is not None:
         state, shared.state = shared.state, None
+        if shared.publisher is not None:
+            shared.publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shared.publisher
+            shared.publisher = None
         await _stop_poller(shared)
         if shared.liveness is not None:
             await shared.liveness.stop()  # nothing of this process runs any more

@@ -185,6 +185,7 @@ class Submitter:
         backoff: Backoff | None = None,
         on_progress: Callable[[SubmitResult], None] | None = None,
         tenant: str = DEFAULT_TENANT,
+        poll: bool = False,
     ) -> None:
         self.name = name
         self.tenant = tenant
@@ -198,7 +199,9 @@ class Submitter:
         self.max_tries = max(1, max_tries)
         self.backoff = backoff or Backoff(0.5, 30.0, 300.0)
         self.on_progress = on_progress
-        self.expect_callback = bool(config.webhook_secrets)
+        self.expect_callback = bool(config.webhook_secrets) and not poll
+        """Watches first polled ``reconcile_after_s`` after they were registered, if no
+        callback came (a provider with webhook secrets, unless ``poll``)."""
         self._custom_ids: dict[str, int] = {}
         """custom_id → the line that used it first (this run)."""
 

@@ -137,3 +137,14 @@ redis.call('HSET', KEYS[1], 'state', 'callback', 'next_at', ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 'callback'
 """
+
+# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 now ms
+# A pending watch waiting for a callback is polled now instead (``watch --poll``).
+POLL_NOW = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'pending' then return 0 end
+local due = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not due or tonumber(due) <= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'next_at', ARGV[2], 'expect_callback', '0')
+return 1
+"""

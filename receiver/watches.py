@@ -217,6 +217,27 @@ class WatchStore:
                 added += [bool(r) for r in await pipe.execute()]
         return added
 
+    async def poll_now(
+        self, provider: str, kind: Kind, ids: list[str], *, tenant: str = DEFAULT_TENANT
+    ) -> int:
+        """Make the pending watches of ``ids`` that are not due yet (waiting for a
+        callback) due now; how many were."""
+        moved = 0
+        for start in range(0, len(ids), 1000):
+            now = str(_ms())
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for object_id in ids[start : start + 1000]:
+                    pipe.eval(
+                        lua.POLL_NOW,
+                        2,
+                        watch_key(provider, kind, object_id, tenant),
+                        due_key(provider),
+                        due_member(kind, object_id, tenant),
+                        now,
+                    )
+                moved += sum(int(r) for r in await pipe.execute())
+        return moved
+
     async def take_due(
         self, provider: str, *, limit: int, lease_s: float, owner: str | None = None
     ) -> list[Watch]:

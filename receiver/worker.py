@@ -36,10 +36,12 @@ from nopoll.exceptions import (
 from nopoll.status import unfinished_status
 from receiver.batches import LeaseLost
 from receiver.delivery import deliver, queue_retries
-from receiver.jobs import dead_letter, guarded, retry_or_give_up
+from receiver.jobs import dead_letter, guarded, hand_over, retry_or_give_up
 from receiver.providers import Dialect
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE
+from receiver.served import ServedAccounts
 from receiver.state import WorkerState
+from receiver.tenants import scoped
 from receiver.watches import RECHECK_S, WatchStore
 
 __all__ = [
@@ -102,7 +104,8 @@ def _fetch_job(
     """A fetch job: run under :func:`~receiver.jobs.guarded` (its log lines carry the
     provider, the object's id and the event), its kwargs read as a ``job_type``, and its
     provider's dialect found first (with the tenant's key): a provider, or tenant account,
-    no longer configured makes it a dead letter."""
+    no longer configured makes it a dead letter, unless another live worker serves it
+    (:mod:`receiver.served`): then it is left to that one."""
 
     def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
         @guarded(function, "provider", id_field, "event_id")
@@ -112,6 +115,8 @@ def _fetch_job(
             state: WorkerState = ctx["state"]
             dialect = state.dialect(job.provider, job.tenant)
             if dialect is None:
+                if await ServedAccounts(state.redis).served(scoped(job.provider, job.tenant)):
+                    return await hand_over(ctx, function)  # another live worker has it
                 error = f"provider {job.provider!r} is no longer configured"
                 if job.tenant != "default":
                     error += f" for tenant {job.tenant!r}"

@@ -12,6 +12,7 @@ message key, ``http`` the same ``webhook-id``, ``jsonl`` appends a second line).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
 
@@ -31,6 +32,11 @@ class SinkConfig(BaseModel):
     type: str
     timeout_s: float = 30.0
     """A write that takes longer fails (and is retried), so one slow sink stalls nobody."""
+
+    def rebased(self, base: Path) -> Self:
+        """This config with its relative file paths made absolute under ``base`` (the
+        config file's folder); a sink with file paths overrides it."""
+        return self
 
 
 @runtime_checkable

@@ -31,6 +31,9 @@ class JsonlSinkConfig(SinkConfig):
     fsync: bool = False
     """Also fsync after each write (slower; survives power loss, not only a crash)."""
 
+    def rebased(self, base: Path) -> JsonlSinkConfig:
+        return self if self.dir.is_absolute() else self.model_copy(update={"dir": base / self.dir})
+
 
 class JsonlSink(SinkBase):
     """Appends envelopes as JSON lines."""

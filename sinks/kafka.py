@@ -121,6 +121,11 @@ class KafkaSinkConfig(SinkConfig):
             raise ValueError("ssl_cafile needs security_protocol SSL or SASL_SSL")
         return self
 
+    def rebased(self, base: Path) -> Self:
+        if self.ssl_cafile is None or self.ssl_cafile.is_absolute():
+            return self
+        return self.model_copy(update={"ssl_cafile": base / self.ssl_cafile})
+
 
 class KafkaSink(SinkBase):
     """Produces one message per envelope to a Kafka topic (at-least-once)."""

@@ -139,6 +139,16 @@ class SqlSinkConfig(SinkConfig):
     table: str = "nopoll_results"
     pool_size: int = 5
 
+    def rebased(self, base: Path) -> SqlSinkConfig:
+        """A SQLite file given by a relative path (``sqlite:///nopoll-data/results.db``)
+        made absolute under ``base``."""
+        url = self.url.get_secret_value()
+        prefix = "sqlite+aiosqlite:///"
+        path = url.removeprefix(prefix)
+        if path == url or not path or path.startswith(("/", ":memory:", "?")):
+            return self
+        return self.model_copy(update={"url": SecretStr(f"{prefix}{base / path}")})
+
     @field_validator("url", mode="before")
     @classmethod
     def _url(cls, value: object) -> object:

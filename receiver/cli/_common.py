@@ -14,8 +14,10 @@ __all__ = [
     "add_config_option",
     "add_tenant_option",
     "config_path",
+    "deployment_redis",
     "load",
     "provider_for",
+    "reach",
     "run_async",
     "setup_logging",
 ]
@@ -64,6 +66,52 @@ def load(args: argparse.Namespace, *, require_env: bool = True) -> Settings:
     for note in settings.notes:
         print(f"nopoll: note: {note}", file=sys.stderr)
     return settings
+
+
+def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
+    """(URL, where as it may be shown) of the Redis of the running nopoll that a command
+    which only talks to a deployment (``submit``, ``watch``) hands its work to.
+
+    With the embedded Redis that is the server a running nopoll started under
+    ``data_dir``; when none answers there, a NopollError says so and how to start one:
+    a fresh server there would be read by no worker."""
+    from nopoll.exceptions import NopollError
+    from receiver.config import redact_url
+
+    if not settings.embedded_redis:
+        url = settings.redis_url.get_secret_value()
+        return url, redact_url(url)
+    from receiver.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(settings.data_dir)
+    if not server.running():
+        source = config_path(args)
+        start = f"nopoll serve --config {source}" if source else "nopoll serve"
+        raise NopollError(
+            f"no nopoll is running on the embedded Redis under data_dir {settings.data_dir}: "
+            f"start it first ({start}), or set redis_url to the Redis your nopoll uses"
+        )
+    return server.url, f"the embedded Redis at {server.url}"
+
+
+async def reach(redis: Any, where: str) -> None:
+    """A NopollError naming ``where`` unless that Redis answers."""
+    from redis.exceptions import RedisError
+
+    from nopoll.exceptions import NopollError
+
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        raise NopollError(f"cannot reach {where}: {unreachable(exc)}") from None
+
+
+def unreachable(exc: BaseException) -> str:
+    """Why a Redis could not be reached, in one line without its address's secrets."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    if "refused" in str(exc).lower():
+        reason = "connection refused"
+    return f"{reason} (is it running?)"
 
 
 def setup_logging(settings: Settings, level: str | None = None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from typing import Any
 
 from nopoll.exceptions import ConfigError, NopollError
@@ -79,8 +78,8 @@ def _where(args: argparse.Namespace, settings: Settings) -> str:
         )
     raise ConfigError(
         f"{source} has no redis_url, and no embedded Redis ever ran under its data_dir "
-        f"{data_dir}: is data_dir right? A relative data_dir is relative to the folder "
-        f"nopoll runs in (here {os.getcwd()})"
+        f"{data_dir}: is data_dir right? A relative data_dir is relative to the config "
+        "file's folder"
     )
 
 

@@ -8,16 +8,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from receiver.cli._common import add_config_option, add_tenant_option, load, provider_for, run_async
+from receiver.cli._common import (
+    add_config_option,
+    add_tenant_option,
+    deployment_redis,
+    load,
+    provider_for,
+    reach,
+    run_async,
+    unreachable,
+)
 from receiver.config import Settings
 
 _SHOWN = 10
 
 
-async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int:
+async def _submit(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
     from receiver._arq import arq_pool
     from receiver.providers.client import ProviderClient
     from receiver.submit import Submitter, file_digest
+    from receiver.watches import WatchStore
 
     provider = provider_for(settings, args.provider, args.tenant)
     path = Path(args.file)
@@ -30,8 +40,11 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
     client = ProviderClient(args.provider, provider, http)
     started = time.monotonic()
     try:
+        await reach(redis, where)  # before anything is created at the provider
         if args.batch:
-            submitter = Submitter(args.provider, provider, client, redis, tenant=args.tenant)
+            submitter = Submitter(
+                args.provider, provider, client, redis, tenant=args.tenant, poll=args.poll
+            )
             return await _batch(args, submitter, path, digest)
         total = _count_lines(path)
         with _Bar(f"submitting to {args.provider}", total) as bar:
@@ -43,6 +56,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
                 concurrency=args.concurrency,
                 on_progress=bar.update,
                 tenant=args.tenant,
+                poll=args.poll,
             )
             result = await submitter.submit_lines(_lines(path), digest)
             bar.update(result, force=True)
@@ -53,6 +67,10 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
             f"({result.submitted / elapsed if elapsed else 0:.0f}/s, {result.requests} POSTs)"
         )
         code = _report_rejected(args, path, result.rejected)
+        if args.poll and result.ids:  # a run before registered them to wait for callbacks
+            await WatchStore(redis).poll_now(
+                args.provider, "response", result.ids, tenant=args.tenant
+            )
         if args.wait and result.ids:
             code = max(
                 code,
@@ -83,6 +101,12 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
         return _report_rejected(args, path, result.rejected) or 1
     state = "already submitted" if result.already else f"submitted ({result.rows} rows)"
     print(f"batch {result.batch_id} {state}; watching it")
+    if args.poll and result.batch_id:
+        from receiver.watches import WatchStore
+
+        await WatchStore(submitter.redis).poll_now(
+            submitter.name, "batch", [result.batch_id], tenant=submitter.tenant
+        )
     if args.wait and result.batch_id:
         return await _wait_for(
             submitter.redis,
@@ -228,14 +252,20 @@ class _Bar:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from receiver.runtime import redis_url_for
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from nopoll.exceptions import NopollError
 
     settings = load(args)
     if not Path(args.file).is_file():
         print(f"nopoll submit: no such file: {args.file}", file=sys.stderr)
         return 2
-    with redis_url_for(settings) as url:
-        return run_async(_submit(args, settings, url))
+    url, where = deployment_redis(args, settings)
+    try:
+        return run_async(_submit(args, settings, url, where))
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 
 
 def register(sub: Any) -> None:
@@ -256,6 +286,12 @@ def register(sub: Any) -> None:
         "--concurrency", type=int, default=200, help="create calls in flight (default 200)"
     )
     p.add_argument("--wait", action="store_true", help="show progress until every result landed")
+    p.add_argument(
+        "--poll",
+        action="store_true",
+        help="poll for the results at once, even for a provider that sends callbacks "
+        "(else polling starts only reconcile_after_s after a create, if no callback came)",
+    )
     p.add_argument(
         "--report", help="where rejected lines are written (default FILE.rejected.jsonl)"
     )

@@ -7,7 +7,16 @@ import sys
 import time
 from typing import Any
 
-from receiver.cli._common import add_config_option, add_tenant_option, load, provider_for, run_async
+from receiver.cli._common import (
+    add_config_option,
+    add_tenant_option,
+    deployment_redis,
+    load,
+    provider_for,
+    reach,
+    run_async,
+    unreachable,
+)
 from receiver.config import Settings
 
 _SHOWN_INVALID = 20
@@ -25,7 +34,7 @@ def _ids(args: argparse.Namespace) -> list[str]:
     return ids
 
 
-async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
+async def _watch(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
     from receiver._arq import arq_pool
     from receiver.watches import WatchStore, register_many
 
@@ -34,6 +43,7 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
     redis = arq_pool(url)
     store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
     try:
+        await reach(redis, where)
         done = await register_many(
             store,
             args.provider,
@@ -44,6 +54,8 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str) -> int:
             expect_callback=args.expect_callback,
             tenant=args.tenant,
         )
+        if args.poll:  # ids watched already, waiting for a callback: polled now too
+            await store.poll_now(args.provider, args.kind, ids, tenant=args.tenant)
         for object_id, reason in done.invalid[:_SHOWN_INVALID]:
             print(f"skipped {object_id[:80]!r}: {reason}", file=sys.stderr)
         if len(done.invalid) > _SHOWN_INVALID:
@@ -68,19 +80,34 @@ async def _states(
     store: Any, provider: str, kind: str, ids: list[str], tenant: str
 ) -> dict[str, int]:
     """How many of ``tenant``'s watches of ``ids`` are pending, landed or expired, and
-    their ``polls`` in all."""
+    their ``polls`` in all; ``callback_until_ms``: when the first of the pending ones that
+    wait for a callback, never polled yet, is polled (0: none waits)."""
     from receiver.watches import shown_state, watch_key
 
-    counts = {"pending": 0, "landed": 0, "expired": 0, "polls": 0}
+    counts = {"pending": 0, "landed": 0, "expired": 0, "polls": 0, "callback_until_ms": 0}
+    fields = ["state", "polls", "expect_callback", "next_at"]
     for start in range(0, len(ids), 1000):
         async with store.redis.pipeline(transaction=False) as pipe:
             for object_id in ids[start : start + 1000]:
-                pipe.hmget(watch_key(provider, kind, object_id, tenant), ["state", "polls"])
-            for raw_state, raw_polls in await pipe.execute():
+                pipe.hmget(watch_key(provider, kind, object_id, tenant), fields)
+            for raw_state, raw_polls, expect, next_at in await pipe.execute():
                 state = shown_state((raw_state or b"landed").decode())  # gone: ended long ago
                 counts[state] += 1
                 counts["polls"] += int(raw_polls or 0)
+                if raw_state == b"pending" and expect == b"1" and not int(raw_polls or 0):
+                    at, first = int(next_at or 0), counts["callback_until_ms"]
+                    counts["callback_until_ms"] = min(at, first) if first else at
     return counts
+
+
+def _waiting_for(provider: str, tenant: str, counts: dict[str, int]) -> str:
+    """What the watches wait for, while they wait for callbacks rather than polls."""
+    until_ms = counts["callback_until_ms"]
+    if not until_ms or not counts["pending"]:
+        return ""
+    left = max(0, int(until_ms / 1000 - time.time()))
+    where = f"/webhooks/{provider}" if tenant == "default" else f"the endpoint of {tenant}"
+    return f"waiting for callbacks to {where}; polling starts in {left // 60}:{left % 60:02d}"
 
 
 async def _wait(
@@ -92,6 +119,9 @@ async def _wait(
 
     started = time.monotonic()
     counts = await _states(store, provider, kind, ids, tenant)
+    waiting = _waiting_for(provider, tenant, counts)
+    if waiting:  # said once in words, for a log or a terminal without the bar
+        print(f"{waiting} (--poll polls at once)", flush=True)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -99,6 +129,7 @@ async def _wait(
         TextColumn(
             "landed {task.fields[landed]}, expired {task.fields[expired]}, "
             "pending {task.fields[pending]}, {task.fields[rate]:.1f} polls/s"
+            "{task.fields[waiting]}"
         ),
         refresh_per_second=2,
     ) as bar:
@@ -109,6 +140,7 @@ async def _wait(
             expired=counts["expired"],
             pending=counts["pending"],
             rate=0.0,
+            waiting=f"; {waiting}" if waiting else "",
         )
         while counts["pending"] and time.monotonic() - started < limit_s:
             before, at = counts["polls"], time.monotonic()
@@ -121,6 +153,7 @@ async def _wait(
                 expired=counts["expired"],
                 pending=counts["pending"],
                 rate=max(0, counts["polls"] - before) / (time.monotonic() - at),
+                waiting=f"; {w}" if (w := _waiting_for(provider, tenant, counts)) else "",
             )
     elapsed = time.monotonic() - started
     print(
@@ -133,11 +166,17 @@ async def _wait(
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    from receiver.runtime import redis_url_for
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from nopoll.exceptions import NopollError
 
     settings = load(args)
-    with redis_url_for(settings) as url:
-        return run_async(_watch(args, settings, url))
+    url, where = deployment_redis(args, settings)
+    try:
+        return run_async(_watch(args, settings, url, where))
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 
 
 def register(sub: Any) -> None:
@@ -153,10 +192,16 @@ def register(sub: Any) -> None:
     p.add_argument("kind", choices=("response", "batch"))
     p.add_argument("ids", nargs="*", help="ids to watch")
     p.add_argument("--from", dest="from_file", help="a file of ids, one per line ('-': stdin)")
-    p.add_argument(
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
         "--expect-callback",
         action="store_true",
         help="poll only if no callback came within the provider's reconcile_after_s",
+    )
+    when.add_argument(
+        "--poll",
+        action="store_true",
+        help="poll at once, also ids watched already that wait for a callback",
     )
     p.add_argument(
         "--wait", action="store_true", help="show progress until every id landed or expired"
