@@ -13,7 +13,7 @@ import subprocess
 import httpx
 import pytest
 
-from tests.e2e.helpers import NOPOLL, await_ready, wait_for, write_config
+from tests.e2e.helpers import NOPOLL, await_ready, wait_for, wait_ready, write_config
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -138,7 +138,7 @@ async def test_a_fresh_start_on_sqlite_logs_no_table_error(procs, tmp_path, prov
     assert "already exists" not in logs and "not ready yet" not in logs, logs
 
 
-async def test_start_up_says_where_config_and_data_live_and_which_surfaces_are_on(
+def test_start_up_says_where_config_and_data_live_and_which_surfaces_are_on(
     tmp_path, webhook_secret
 ):
     """Run from the config's folder with a relative data_dir and a relative SQLite URL,
@@ -165,7 +165,7 @@ async def test_start_up_says_where_config_and_data_live_and_which_surfaces_are_o
             stdin=subprocess.DEVNULL,
         )
     try:
-        await await_ready(port)
+        wait_ready(port)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

@@ -12,7 +12,7 @@ import asyncpg
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_INNER = '''
+_INNER = """
 import os
 
 import asyncpg
@@ -26,7 +26,7 @@ async def test_makes_a_table(pg_url, pg_table):
         await conn.close()
     with open(os.environ["TABLE_NAME_FILE"], "w") as f:
         f.write(pg_table)
-'''
+"""
 
 
 def test_pg_table_is_dropped_after_the_test(tmp_path: Path, pg_url: str) -> None:
@@ -34,8 +34,11 @@ def test_pg_table_is_dropped_after_the_test(tmp_path: Path, pg_url: str) -> None
     name_file = tmp_path / "table-name"
     env = {**os.environ, "TABLE_NAME_FILE": str(name_file), "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider"]
-        + ["-o", "asyncio_mode=auto", "--rootdir", str(tmp_path), str(tmp_path)],
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p"),
+            *("no:cacheprovider", "-o", "asyncio_mode=auto", "--rootdir", str(tmp_path)),
+            str(tmp_path),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
