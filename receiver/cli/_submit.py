@@ -234,6 +234,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if not Path(args.file).is_file():
         print(f"nopoll submit: no such file: {args.file}", file=sys.stderr)
         return 2
+    if not _count_lines(Path(args.file)):
+        print(
+            f"nopoll submit: {args.file} holds no request (no line that is not blank): "
+            "nothing to submit",
+            file=sys.stderr,
+        )
+        return 2
     with redis_url_for(settings) as url:
         return run_async(_submit(args, settings, url))
 

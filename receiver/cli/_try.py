@@ -20,8 +20,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from nopoll.exceptions import ConfigError
-from receiver.cli._common import add_config_option, load
-from receiver.config import DIALECTS
+from receiver.cli._common import add_config_option, config_path
+from receiver.config import DIALECTS, load_settings
 from receiver.providers import safe_id
 
 if TYPE_CHECKING:
@@ -225,6 +225,23 @@ def _signing_provider(settings: Settings, name: str, source: str) -> ProviderCon
     return provider
 
 
+def _load_for(args: argparse.Namespace, name: str) -> Settings:
+    """The config as send-test needs it: only ``providers.<name>`` must be complete; an
+    unset variable elsewhere (another provider's key, a sink's URL) is not its business."""
+    settings = load_settings(config_path(args), require_env=False)
+    needed = [
+        f"{key}: environment variable {var} "
+        f"{'is not set' if os.environ.get(var) is None else 'is set but empty'} "
+        f"(send-test signs with providers.{name})"
+        for key, names in settings.unset_env.items()
+        if key == f"providers.{name}" or key.startswith(f"providers.{name}.")
+        for var in names
+    ]
+    if needed:
+        raise ConfigError("\n".join(needed))
+    return settings
+
+
 def _post_callback(
     url: str, target: str, body: bytes, headers: dict[str, str]
 ) -> httpx.Response | None:
@@ -251,7 +268,7 @@ def _cmd_send_test(args: argparse.Namespace) -> int:
 
     from receiver.demo.simulator import sign_callback
 
-    settings = load(args)
+    settings = _load_for(args, args.provider)
     source = args.config or os.environ.get("NOPOLL_CONFIG") or "the built-in defaults"
     provider = _signing_provider(settings, args.provider, source)
     kind = "batch" if args.batch_id else "response"

@@ -244,3 +244,15 @@ async def test_with_callbacks_each_result_costs_one_create_and_one_fetch(
     assert sim.request_count("/v1/responses/") == 100  # one fetch each, not one poll
     assert "provider requests per result: 2.00 (100 creates, 0 polls, 100 callback" in done.stdout
     assert "landed by status: 100 completed" in done.stdout
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_empty_file_is_refused_with_a_word(procs, tmp_path, provider_sim, redis_url, batch):
+    sim = provider_sim(create_dialect="openai")
+    config = _config(tmp_path, sim, redis_url, "sqlite://", "t")
+    source = tmp_path / "empty.jsonl"
+    source.write_text("\n  \n")
+    done = _submit(procs, config, source, *(["--batch"] if batch else []), "--wait")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{source} holds no request" in done.stderr
+    assert sim.request_count("/v1/") == 0

@@ -329,3 +329,39 @@ def test_simulate_refuses_a_bad_batch_spec(tmp_path):
     )
     assert result.returncode == 2
     assert "expected ID:ROWS" in result.stderr
+
+
+def test_send_test_needs_only_its_own_providers_variables(stack):
+    """Another provider's unset key (or a sink's unset URL) is no reason to refuse: send-test
+    uses only the provider it signs for."""
+    config = stack.cwd / "two-providers.yaml"
+    other = (
+        "  other:\n    dialect: openai\n    base_url: http://127.0.0.1:9/v1\n"
+        "    api_key: ${OTHER_API_KEY_NOT_SET}\n"
+        "    webhook_secrets: ['${OTHER_SECRET_NOT_SET}']\n"
+    )
+    config.write_text(
+        stack.sim.config_block.replace("sinks:\n", other + "sinks:\n")
+        + "  audit: {type: http, url: '${AUDIT_URL_NOT_SET}', secret: '${AUDIT_SECRET_NOT_SET}'}\n"
+    )
+    result = subprocess.run(
+        [NOPOLL, "send-test", "--config", str(config), "sim", "--url", stack.url],
+        cwd=stack.cwd,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "202 queued" in result.stdout
+    # and for the provider it signs for, an unset variable still refuses (exit 2)
+    refused = subprocess.run(
+        [NOPOLL, "send-test", "--config", str(config), "other", "--url", stack.url],
+        cwd=stack.cwd,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "environment variable OTHER_SECRET_NOT_SET is not set" in refused.stderr
