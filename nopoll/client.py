@@ -26,6 +26,7 @@ it again goes on from the oldest entry still kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import AsyncIterator
@@ -201,15 +202,19 @@ class ResultStream:
         failures = 0
         while True:
             try:
-                async for event, data in self._connection():
-                    failures = 0
-                    if event == "reset":
-                        gap = StreamReset(orjson.loads(data))
-                        self.last_event_id = gap.resume_after
-                        raise gap
-                    if event == "error":
-                        break  # the server lost Redis: reconnect
-                    yield Envelope.from_dict(orjson.loads(data))
+                # closed here, in order, when the caller stops iterating (a ``break``): left
+                # to the garbage collector, each nested generator would be closed on its
+                # own, one while another still runs
+                async with contextlib.aclosing(self._connection()) as events:
+                    async for event, data in events:
+                        failures = 0
+                        if event == "reset":
+                            gap = StreamReset(orjson.loads(data))
+                            self.last_event_id = gap.resume_after
+                            raise gap
+                        if event == "error":
+                            break  # the server lost Redis: reconnect
+                        yield Envelope.from_dict(orjson.loads(data))
             except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
                 if failures >= self._max_retries:
                     raise ResultsError(f"stream lost: {type(exc).__name__}") from exc
