@@ -32,7 +32,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
     try:
         if args.batch:
             submitter = Submitter(args.provider, provider, client, redis, tenant=args.tenant)
-            return await _batch(args, submitter, path, digest)
+            return await _batch(args, submitter, path, digest, settings)
         total = _count_lines(path)
         with _Bar(f"submitting to {args.provider}", total) as bar:
             submitter = Submitter(
@@ -72,7 +72,9 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str) -> int
         await redis.aclose()
 
 
-async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: str) -> int:
+async def _batch(
+    args: argparse.Namespace, submitter: Any, path: Path, digest: str, settings: Settings
+) -> int:
     from receiver.submit_batch import submit_batch
 
     result = await submit_batch(submitter, _lines(path), digest, path.name)
@@ -84,7 +86,9 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
     state = "already submitted" if result.already else f"submitted ({result.rows} rows)"
     print(f"batch {result.batch_id} {state}; watching it")
     if args.wait and result.batch_id:
-        return await _wait_for(
+        from receiver.cli._watch import _wait_rows
+
+        code = await _wait_for(
             submitter.redis,
             None,
             submitter.name,
@@ -93,6 +97,16 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
             result.requests,
             submitter.tenant,
         )
+        if code == 0:  # the batch is done at the provider: now its rows stream in
+            code = await _wait_rows(
+                submitter.redis,
+                settings,
+                submitter.name,
+                [result.batch_id],
+                submitter.tenant,
+                86_400 + 120,
+            )
+        return code
     return 0
 
 
