@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
@@ -226,7 +226,7 @@ class ResultStream:
                 raise ResultsError(f"stream lost {failures} times in a row")
             await asyncio.sleep(random.uniform(0.5, 1.0) * min(15.0, 2.0 ** (failures - 1)))
 
-    async def _connection(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def _connection(self) -> AsyncGenerator[tuple[str, bytes]]:
         """(event type, data) of one connection's events; moves ``last_event_id``."""
         headers = {"accept": "text/event-stream"}
         if self.last_event_id:
