@@ -36,7 +36,9 @@ _REPLAY_LUA = (
     PUT_JOB_LUA
     + """
 put_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-if redis.call('HDEL', KEYS[4], ARGV[5]) == 1 then
+-- a letter kept before the count existed is not in it: never below zero
+if redis.call('HDEL', KEYS[4], ARGV[5]) == 1
+   and tonumber(redis.call('HGET', KEYS[6], ARGV[6]) or '0') > 0 then
   redis.call('HINCRBY', KEYS[6], ARGV[6], -1)
 end
 redis.call('ZREM', KEYS[5], ARGV[5])
