@@ -26,9 +26,10 @@ it again goes on from the oldest entry still kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
@@ -201,15 +202,19 @@ class ResultStream:
         failures = 0
         while True:
             try:
-                async for event, data in self._connection():
-                    failures = 0
-                    if event == "reset":
-                        gap = StreamReset(orjson.loads(data))
-                        self.last_event_id = gap.resume_after
-                        raise gap
-                    if event == "error":
-                        break  # the server lost Redis: reconnect
-                    yield Envelope.from_dict(orjson.loads(data))
+                # closed here, in order, when the caller stops iterating (a ``break``): left
+                # to the garbage collector, each nested generator would be closed on its
+                # own, one while another still runs
+                async with contextlib.aclosing(self._connection()) as events:
+                    async for event, data in events:
+                        failures = 0
+                        if event == "reset":
+                            gap = StreamReset(orjson.loads(data))
+                            self.last_event_id = gap.resume_after
+                            raise gap
+                        if event == "error":
+                            break  # the server lost Redis: reconnect
+                        yield Envelope.from_dict(orjson.loads(data))
             except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
                 if failures >= self._max_retries:
                     raise ResultsError(f"stream lost: {type(exc).__name__}") from exc
@@ -221,7 +226,7 @@ class ResultStream:
                 raise ResultsError(f"stream lost {failures} times in a row")
             await asyncio.sleep(random.uniform(0.5, 1.0) * min(15.0, 2.0 ** (failures - 1)))
 
-    async def _connection(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def _connection(self) -> AsyncGenerator[tuple[str, bytes]]:
         """(event type, data) of one connection's events; moves ``last_event_id``."""
         headers = {"accept": "text/event-stream"}
         if self.last_event_id:

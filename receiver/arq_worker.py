@@ -21,7 +21,7 @@ from receiver._arq import (
     job_serializer,
 )
 from receiver.config import Settings
-from receiver.deadletter import DeadLetters
+from receiver.deadletter import REPLAY_PREFIX, DeadLetters
 from receiver.health import publish_sink_health
 from receiver.jobs import letter_target, rules_for
 from receiver.liveness import Liveness, held_jobs_key
@@ -64,7 +64,7 @@ class NopollWorker(SeamWorker):
             kwargs=kwargs,
         )
         metrics: Metrics | None = self.ctx.get("metrics")
-        if metrics is not None:
+        if metrics is not None and not job.job_id.startswith(REPLAY_PREFIX):
             metrics.dead_letters.labels(sink or "fetch").inc()
         log.error("dead letter %s: arq gave up on job %s", letter.id, job.job_id)
 

@@ -89,6 +89,9 @@ __all__ = [
 ]
 
 DIALECTS = ("openai", "sference", "sail", "valar")
+WEBHOOK_DIALECTS = ("openai", "sference")
+"""The dialects whose providers send signed callbacks (Sail and Valar send none: nopoll
+polls their results, see docs/watches.md)."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DATA_DIR = "./nopoll-data"
 

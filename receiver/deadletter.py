@@ -21,17 +21,26 @@ from redis.asyncio import Redis
 
 from receiver.queue import PUT_JOB_LUA, QueuedJob
 
-__all__ = ["DeadLetter", "DeadLetters"]
+__all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters"]
 
 log = logging.getLogger("nopoll.dlq")
 
 _DATA = "nopoll:dlq"
 _INDEX = "nopoll:dlq:index"
+_BY_SINK = "nopoll:dlq:sinks"
+"""hash: sink -> how many of its letters are kept (what ``nopoll_dead_letters_kept`` shows
+without reading the letters; letters kept before it existed are not in it)."""
+REPLAY_PREFIX = "replay:"
+"""The job id prefix of a replayed letter's job: its failing again is not a new letter."""
 _REPLAY_LUA = (
     PUT_JOB_LUA
     + """
 put_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-redis.call('HDEL', KEYS[4], ARGV[5])
+-- a letter kept before the count existed is not in it: never below zero
+if redis.call('HDEL', KEYS[4], ARGV[5]) == 1
+   and tonumber(redis.call('HGET', KEYS[6], ARGV[6]) or '0') > 0 then
+  redis.call('HINCRBY', KEYS[6], ARGV[6], -1)
+end
 redis.call('ZREM', KEYS[5], ARGV[5])
 return 1
 """
@@ -93,6 +102,7 @@ class DeadLetters:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(_DATA, letter.id, orjson.dumps(asdict(letter)).decode())
             pipe.zadd(_INDEX, {letter.id: letter.created_at})
+            pipe.hincrby(_BY_SINK, sink, 1)
             await pipe.execute()
         return letter
 
@@ -149,7 +159,7 @@ class DeadLetters:
         whose payload expired) is kept and listed, never queued where nothing would run it."""
         done = 0
         for letter in letters:
-            job = QueuedJob(letter.function, f"replay:{letter.id}", letter.kwargs)
+            job = QueuedJob(letter.function, f"{REPLAY_PREFIX}{letter.id}", letter.kwargs)
             try:
                 job.queue  # noqa: B018 - a function nothing runs must not be queued
             except ValueError:
@@ -157,12 +167,14 @@ class DeadLetters:
                 continue
             await self._redis.eval(  # type: ignore[misc]
                 _REPLAY_LUA,
-                5,
+                6,
                 *job.keys(),
                 _DATA,
                 _INDEX,
+                _BY_SINK,
                 *job.args(_REPLAY_EXPIRY_MS),
                 letter.id,
+                letter.sink,
             )
             done += 1
         return done
@@ -170,3 +182,8 @@ class DeadLetters:
     async def count(self) -> int:
         """How many dead letters are kept."""
         return int(await self._redis.zcard(_INDEX))
+
+    async def kept_by_sink(self) -> dict[str, int]:
+        """How many letters each sink has kept (one small hash read: cheap at scrape time)."""
+        raw = await self._redis.hgetall(_BY_SINK)  # type: ignore[misc]
+        return {k.decode(): int(v) for k, v in raw.items() if int(v) > 0}

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from receiver.deadletter import DeadLetters
 from receiver.fanout import FanOut
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
@@ -124,14 +125,17 @@ def readiness_page(redis: Redis, worker_heartbeat_key: str | None) -> Callable[.
 def metrics_page(redis: Redis, metrics: Metrics, providers: list[str]) -> Callable[..., Any]:
     """``GET /metrics``: Prometheus text, with the queue depths and watches read now."""
     watches = WatchStore(redis)
+    letters = DeadLetters(redis)
 
     async def metrics_endpoint(request: Request) -> Response:
         try:
             metrics.set_queue_depths(await queue_depths(redis))
             metrics.set_watch_counts({p: await watches.counts(p) for p in providers})
+            metrics.set_dead_letters_kept(await letters.kept_by_sink())
         except (RedisError, OSError):
             metrics.set_queue_depths(None)
             metrics.set_watch_counts(None)
+            metrics.set_dead_letters_kept(None)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return metrics_endpoint

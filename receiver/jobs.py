@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from receiver._arq import RETRY_KEY, Retry
 from receiver.config import RetryConfig, Settings
+from receiver.deadletter import REPLAY_PREFIX
 from receiver.logs import bind
 from receiver.queue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
 
@@ -109,7 +110,8 @@ async def dead_letter(
     except (RedisError, OSError) as exc:
         log.warning("cannot keep a dead letter now (%s); running the job again later", exc)
         raise Retry(defer=rules_for(state.settings, function).retry.delay(job_try)) from None
-    state.metrics.dead_letters.labels(sink).inc()
+    if not str(ctx.get("job_id") or "").startswith(REPLAY_PREFIX):  # counted when first kept
+        state.metrics.dead_letters.labels(sink).inc()
     state.metrics.jobs.labels(function, "dead_letter").inc()
     shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
     log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)

@@ -67,7 +67,11 @@ class Metrics:
             "sink",
         )
         self.dead_letters = _counter(
-            r, "nopoll_dead_letters", "Dead letters by sink (or 'fetch')", "sink"
+            r,
+            "nopoll_dead_letters",
+            "Work that became a dead letter, by sink (or 'fetch', 'watch'); a replayed "
+            "letter failing again is not counted again",
+            "sink",
         )
         self.batch_rows = _counter(
             r, "nopoll_batch_rows", "Batch rows fetched and handed to the sinks", "provider"
@@ -93,6 +97,8 @@ class Metrics:
         r.register(self._queues)
         self._watches = _WatchCollector()
         r.register(self._watches)
+        self._kept = _KeptCollector()
+        r.register(self._kept)
         self.results = _counter(
             r, "nopoll_results", "Results (envelopes) fetched and routed", "provider", "kind"
         )
@@ -107,6 +113,10 @@ class Metrics:
     def set_watch_counts(self, counts: dict[str, dict[str, int]] | None) -> None:
         """Watches by provider and state, read by the /metrics handler (None: unknown)."""
         self._watches.counts = counts or {}
+
+    def set_dead_letters_kept(self, counts: dict[str, int] | None) -> None:
+        """Dead letters kept now, by sink, read by the /metrics handler (None: unknown)."""
+        self._kept.counts = counts
 
     def observe_provider_request(self, provider: str, status: int | None, seconds: float) -> None:
         """Hook for :class:`~receiver.providers.ProviderClient`."""
@@ -153,4 +163,24 @@ class _WatchCollector(Collector):
         for provider, by_state in self.counts.items():
             for state, count in by_state.items():
                 family.add_metric([provider, state], count)
+        yield family
+
+
+class _KeptCollector(Collector):
+    """Exports the dead letters kept now, by sink, read just before rendering (nothing
+    when Redis could not be read: no gauge rather than a wrong zero)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.counts is None:
+            return
+        family = GaugeMetricFamily(
+            "nopoll_dead_letters_kept",
+            "Dead letters kept now (listed by nopoll dlq list), by sink",
+            labels=["sink"],
+        )
+        for sink, count in sorted(self.counts.items()):
+            family.add_metric([sink], count)
         yield family

@@ -84,6 +84,7 @@ class _Roles:
     port: int
     extra_ctx: dict[str, Any] | None
     health: tuple[str, int] | None
+    config: str | None = None
 
 
 def _api_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles) -> _Server:
@@ -140,7 +141,7 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
         loop.add_signal_handler(sig, stopping.set)
     redis = redis_client(redis_url)
     api = (roles.host, roles.port) if roles.api else None
-    for line in describe(settings, redis_url, api=api, worker=roles.worker):
+    for line in describe(settings, redis_url, api=api, worker=roles.worker, config=roles.config):
         log.info("%s", line)
 
     workers: list[NopollWorker] = []
@@ -294,15 +295,17 @@ def run(
     port: int = 8000,
     extra_ctx: dict[str, Any] | None = None,
     health: tuple[str, int] | None = None,
+    config: str | None = None,
 ) -> None:
-    """Run the API and/or the worker until SIGTERM/SIGINT."""
+    """Run the API and/or the worker until SIGTERM/SIGINT; ``config`` is the config file's
+    path, for the start-up summary."""
     try:
         import uvloop
 
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
         runner = asyncio.run
-    roles = _Roles(api, worker, host, port, extra_ctx, health)
+    roles = _Roles(api, worker, host, port, extra_ctx, health, config)
     # a port in use is one clear line, before anything starts (uvicorn would exit mid-run)
     if api:
         _check_listen(host, port, "--port")

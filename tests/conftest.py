@@ -95,9 +95,36 @@ def pg_url(_postgres_ok: str | None) -> str:
 
 
 @pytest.fixture
-def pg_table() -> str:
-    """A fresh table name, so tests never see each other's rows."""
-    return f"t_{uuid.uuid4().hex[:16]}"
+def pg_table(_postgres_ok: str | None) -> Iterator[str]:
+    """A fresh table name, so tests never see each other's rows; the table (and its
+    ``nopoll_schema`` row) is dropped after the test, so the test database stays clean."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield name
+    if _postgres_ok is None:
+        _drop_pg_table(name)
+
+
+def _drop_pg_table(name: str) -> None:
+    import asyncio
+    import threading
+
+    import asyncpg
+
+    url = os.environ.get("NOPOLL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            await conn.execute(f'DROP TABLE IF EXISTS "{name}", "{name}__nopoll_rekey" CASCADE')
+            if await conn.fetchval("SELECT to_regclass('nopoll_schema')") is not None:
+                await conn.execute("DELETE FROM nopoll_schema WHERE table_name = $1", name)
+        finally:
+            await conn.close()
+
+    # in a thread of its own: an async test's event loop may still be set on this one
+    worker = threading.Thread(target=asyncio.run, args=(drop(),))
+    worker.start()
+    worker.join(30)
 
 
 @pytest.fixture

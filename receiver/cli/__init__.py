@@ -2,8 +2,8 @@
 
 One module per command group (``_serve``: serve, api, worker; ``_dlq``; ``_config``;
 ``_batch``: fetch-batch; ``_demo``; ``_try``: simulate, send-test; ``_watch``; ``_submit``;
-``_endpoint``), each adding its commands through ``register(sub)``. Config problems print
-one clear message and exit with status 2.
+``_endpoint``; ``_results``: results get, tail), each adding its commands through
+``register(sub)``. Config problems print one clear message and exit with status 2.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from receiver.cli import (
     _demo,
     _dlq,
     _endpoint,
+    _results,
     _serve,
     _submit,
     _try,
@@ -27,7 +28,7 @@ from receiver.cli import (
 
 __all__ = ["main"]
 
-_COMMANDS = (_serve, _dlq, _config, _batch, _demo, _try, _watch, _submit, _endpoint)
+_COMMANDS = (_serve, _dlq, _config, _batch, _demo, _try, _watch, _submit, _endpoint, _results)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from receiver.cli._common import add_config_option, config_path, load
 from receiver.config import Settings, redact_url
 
 
-async def _dlq(args: argparse.Namespace, url: str, where: str) -> int:
+async def _dlq(args: argparse.Namespace, url: str, where: str, sinks: list[str]) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -28,6 +28,12 @@ async def _dlq(args: argparse.Namespace, url: str, where: str) -> int:
     try:
         letters = DeadLetters(pool)
         found = await letters.find(sink=args.sink, key=getattr(args, "key", None))
+        if not found and args.sink is not None and args.sink not in sinks:
+            # a sink removed from the config may still have letters: those are shown
+            raise ConfigError(
+                f"no such sink {args.sink!r}: dead letters belong to one of "
+                f"{', '.join(sinks)} ('fetch': failed fetches, 'watch': expired watches)"
+            )
         if args.dlq_command == "list":
             if not found:
                 print(f"no dead letters in {where}")
@@ -89,7 +95,7 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
     settings = load(args, require_env=args.dlq_command != "list")
     where = _where(args, settings)
     with redis_url_for(settings) as url:
-        return asyncio.run(_dlq(args, url, where))
+        return asyncio.run(_dlq(args, url, where, [*settings.sinks, "fetch", "watch"]))
 
 
 def register(sub: Any) -> None:

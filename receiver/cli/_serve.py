@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from receiver.cli._common import add_config_option, load, setup_logging
+from receiver.cli._common import add_config_option, config_path, load, setup_logging
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -23,6 +23,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         health=(args.health_host, health_port) if health_port else None,
         host=getattr(args, "host", "127.0.0.1"),
         port=getattr(args, "port", 8000),
+        config=config_path(args),
     )
     return 0
 

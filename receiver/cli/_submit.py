@@ -45,7 +45,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
             submitter = Submitter(
                 args.provider, provider, client, redis, tenant=args.tenant, poll=args.poll
             )
-            return await _batch(args, submitter, path, digest)
+            return await _batch(args, submitter, path, digest, settings)
         total = _count_lines(path)
         with _Bar(f"submitting to {args.provider}", total) as bar:
             submitter = Submitter(
@@ -90,7 +90,9 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
         await redis.aclose()
 
 
-async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: str) -> int:
+async def _batch(
+    args: argparse.Namespace, submitter: Any, path: Path, digest: str, settings: Settings
+) -> int:
     from receiver.submit_batch import submit_batch
 
     result = await submit_batch(submitter, _lines(path), digest, path.name)
@@ -108,7 +110,9 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
             submitter.name, "batch", [result.batch_id], tenant=submitter.tenant
         )
     if args.wait and result.batch_id:
-        return await _wait_for(
+        from receiver.cli._watch import _wait_rows
+
+        code = await _wait_for(
             submitter.redis,
             None,
             submitter.name,
@@ -117,6 +121,16 @@ async def _batch(args: argparse.Namespace, submitter: Any, path: Path, digest: s
             result.requests,
             submitter.tenant,
         )
+        if code == 0:  # the batch is done at the provider: now its rows stream in
+            code = await _wait_rows(
+                submitter.redis,
+                settings,
+                submitter.name,
+                [result.batch_id],
+                submitter.tenant,
+                86_400 + 120,
+            )
+        return code
     return 0
 
 
@@ -260,6 +274,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     settings = load(args)
     if not Path(args.file).is_file():
         print(f"nopoll submit: no such file: {args.file}", file=sys.stderr)
+        return 2
+    if not _count_lines(Path(args.file)):
+        print(
+            f"nopoll submit: {args.file} holds no request (no line that is not blank): "
+            "nothing to submit",
+            file=sys.stderr,
+        )
         return 2
     url, where = deployment_redis(args, settings)
     try:

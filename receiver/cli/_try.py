@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -20,8 +21,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from nopoll.exceptions import ConfigError
-from receiver.cli._common import add_config_option, load
-from receiver.config import DIALECTS
+from receiver.cli._common import add_config_option, config_path
+from receiver.config import DIALECTS, WEBHOOK_DIALECTS, load_settings
 from receiver.providers import safe_id
 
 if TYPE_CHECKING:
@@ -46,39 +47,75 @@ def _batch_spec(value: str) -> tuple[str, int]:
     return batch_id, int(rows)
 
 
-def _instructions(
-    base_url: str, dialect: str, api_key: str, secret: str, batches: list[tuple[str, int]]
-) -> str:
+def _name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", value):
+        raise argparse.ArgumentTypeError(
+            f"expected a provider name of letters, digits and _ (e.g. sim2), got {value!r}"
+        )
+    return value
+
+
+def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret: str | None) -> str:
+    """What to paste: ``secret`` is None for a dialect whose provider sends no webhooks
+    (its results are polled: no secret, no send-test, a submit to try instead)."""
+    name, dialect, batches = args.name, args.dialect, args.batch
+    var = name.upper()
     served = "; ".join(f"batch {b} ({n} rows)" for b, n in batches)
     lines = [
         f"provider simulator ({dialect} dialect) at {base_url}",
         "every resp_... id answers a generated completed response"
         + (f"; {served}" if served else ""),
+    ]
+    if secret is None:
+        lines.append(
+            f"{dialect} sends no webhooks: nopoll polls its results, so there is no webhook "
+            "secret and nothing for send-test to sign"
+        )
+    lines += [
         "",
-        "1. In the shell where you run nopoll (serve and send-test):",
+        "1. In the shell where you run nopoll:",
         "",
-        f"export SIM_API_KEY={shlex.quote(api_key)}",
-        f"export SIM_WEBHOOK_SECRET={shlex.quote(secret)}",
+        f"export {var}_API_KEY={shlex.quote(api_key)}",
+    ]
+    if secret is not None:
+        lines.append(f"export {var}_WEBHOOK_SECRET={shlex.quote(secret)}")
+    lines += [
         "",
-        "2. Save as nopoll.yaml (or add the sim provider to your own config):",
+        f"2. Save as nopoll.yaml (or add the {name} provider to your own config):",
         "",
         "providers:",
-        f"  {_SIM_NAME}:",
+        f"  {name}:",
         f"    dialect: {dialect}",
         f"    base_url: {base_url}",
-        "    api_key: ${SIM_API_KEY}",
-        '    webhook_secrets: ["${SIM_WEBHOOK_SECRET}"]',
+        f"    api_key: ${{{var}_API_KEY}}",
+    ]
+    if secret is not None:
+        lines.append(f'    webhook_secrets: ["${{{var}_WEBHOOK_SECRET}}"]')
+    lines += [
         "sinks:",
         '  db: {type: sql, url: "sqlite:///nopoll-data/results.db"}',
         "",
-        "3. Start nopoll, then send it a signed callback from another shell (same exports):",
-        "",
-        "nopoll serve --config nopoll.yaml",
-        f"nopoll send-test --config nopoll.yaml {_SIM_NAME}",
     ]
-    lines += [
-        f"nopoll send-test --config nopoll.yaml {_SIM_NAME} --batch-id {b}" for b, _ in batches
-    ]
+    if secret is not None:
+        lines += [
+            "3. Start nopoll, then send it a signed callback from another shell (same exports):",
+            "",
+            "nopoll serve --config nopoll.yaml",
+            f"nopoll send-test --config nopoll.yaml {name}",
+        ]
+        lines += [
+            f"nopoll send-test --config nopoll.yaml {name} --batch-id {b}" for b, _ in batches
+        ]
+    else:
+        lines += [
+            "3. Start nopoll, then submit a request from another shell (same export); nopoll "
+            "polls it until it is done:",
+            "",
+            "nopoll serve --config nopoll.yaml",
+            """echo '{"model": "m-1", "input": "hello"}' > requests.jsonl""",
+            f"nopoll submit --config nopoll.yaml {name} requests.jsonl --wait",
+        ]
+        lines += [f"nopoll watch --config nopoll.yaml {name} batch {b} --wait" for b, _ in batches]
     lines += [
         "",
         "4. Look at the rows:",
@@ -86,7 +123,12 @@ def _instructions(
         "sqlite3 nopoll-data/results.db "
         "'SELECT kind, key, status, output_text FROM nopoll_results'",
         "",
-        "Ctrl-C stops the simulator (the secret and key above are new on every start).",
+        "A second simulator next to this one needs a name and port of its own, e.g. "
+        f"nopoll simulate --name other --port {_DEFAULT_SIM_PORT + 1} (its variables are "
+        "then OTHER_...).",
+        "Ctrl-C stops the simulator (the key above is new on every start)."
+        if secret is None
+        else "Ctrl-C stops the simulator (the secret and key above are new on every start).",
     ]
     return "\n".join(lines)
 
@@ -95,7 +137,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from receiver.demo.simulator import ProviderSimulator
 
     api_key = "sk-sim-" + secrets.token_hex(20)
-    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    secret: str | None = None
+    if args.dialect in WEBHOOK_DIALECTS:
+        secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     try:
         sim = ProviderSimulator(
             api_key=api_key,
@@ -119,7 +163,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     }
     try:
         with sim:
-            print(_instructions(sim.base_url, args.dialect, api_key, secret, args.batch))
+            print(_instructions(args, sim.base_url, api_key, secret))
             print(flush=True)
             while not stop.wait(0.5):
                 pass
@@ -225,6 +269,23 @@ def _signing_provider(settings: Settings, name: str, source: str) -> ProviderCon
     return provider
 
 
+def _load_for(args: argparse.Namespace, name: str) -> Settings:
+    """The config as send-test needs it: only ``providers.<name>`` must be complete; an
+    unset variable elsewhere (another provider's key, a sink's URL) is not its business."""
+    settings = load_settings(config_path(args), require_env=False)
+    needed = [
+        f"{key}: environment variable {var} "
+        f"{'is not set' if os.environ.get(var) is None else 'is set but empty'} "
+        f"(send-test signs with providers.{name})"
+        for key, names in settings.unset_env.items()
+        if key == f"providers.{name}" or key.startswith(f"providers.{name}.")
+        for var in names
+    ]
+    if needed:
+        raise ConfigError("\n".join(needed))
+    return settings
+
+
 def _post_callback(
     url: str, target: str, body: bytes, headers: dict[str, str]
 ) -> httpx.Response | None:
@@ -251,7 +312,7 @@ def _cmd_send_test(args: argparse.Namespace) -> int:
 
     from receiver.demo.simulator import sign_callback
 
-    settings = load(args)
+    settings = _load_for(args, args.provider)
     source = args.config or os.environ.get("NOPOLL_CONFIG") or "the built-in defaults"
     provider = _signing_provider(settings, args.provider, source)
     kind = "batch" if args.batch_id else "response"
@@ -313,8 +374,9 @@ def register(sub: Any) -> None:
 
 def _register_simulate(sub: Any) -> None:
     about = (
-        "Run the provider simulator until Ctrl-C, and print its base URL, a new webhook "
-        "secret and API key, and the provider block for your config."
+        "Run the provider simulator until Ctrl-C, and print its base URL, a new API key "
+        "(and webhook secret, for a dialect whose provider sends webhooks), and the provider "
+        "block for your config."
     )
     summary = "run a provider simulator to try nopoll with your own config"
     p = sub.add_parser("simulate", help=summary, description=about)
@@ -324,6 +386,13 @@ def _register_simulate(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
         "--dialect", choices=DIALECTS, default="openai", help="provider API to speak (openai)"
+    )
+    p.add_argument(
+        "--name",
+        type=_name,
+        default=_SIM_NAME,
+        help=f"the provider's name in the printed config, and of its variables "
+        f"(NAME_API_KEY); default {_SIM_NAME}: give a second simulator another one",
     )
     p.add_argument(
         "--batch",

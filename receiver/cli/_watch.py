@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+import orjson
+
 from receiver.cli._common import (
     add_config_option,
     add_tenant_option,
@@ -71,7 +73,10 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str, where: 
             return 0
         valid = [i for i in dict.fromkeys(ids) if i not in {x for x, _ in done.invalid}]
         limit_s = provider.watch.expire_after_s + provider.watch.max_interval_s + 60
-        return await _wait(store, args.provider, args.kind, valid, limit_s, args.tenant)
+        code = await _wait(store, args.provider, args.kind, valid, limit_s, args.tenant)
+        if args.kind == "batch" and code == 0:
+            code = await _wait_rows(redis, settings, args.provider, valid, args.tenant, limit_s)
+        return code
     finally:
         await redis.aclose()
 
@@ -122,47 +127,116 @@ async def _wait(
     waiting = _waiting_for(provider, tenant, counts)
     if waiting:  # said once in words, for a log or a terminal without the bar
         print(f"{waiting} (--poll polls at once)", flush=True)
+    polls_before = counts["polls"]  # a rerun's earlier polls are not this wait's rate
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn(
             "landed {task.fields[landed]}, expired {task.fields[expired]}, "
-            "pending {task.fields[pending]}, {task.fields[rate]:.1f} polls/s"
-            "{task.fields[waiting]}"
+            "pending {task.fields[pending]}, {task.fields[polls]} polls "
+            "({task.fields[rate]:.1f}/s){task.fields[waiting]}"
         ),
         refresh_per_second=2,
     ) as bar:
         task = bar.add_task(
             f"{provider} {'batches' if kind == 'batch' else 'responses'}",
             total=len(ids),
+            completed=counts["landed"] + counts["expired"],  # a rerun: what already ended
             landed=counts["landed"],
             expired=counts["expired"],
             pending=counts["pending"],
+            polls=counts["polls"],
             rate=0.0,
             waiting=f"; {waiting}" if waiting else "",
         )
         while counts["pending"] and time.monotonic() - started < limit_s:
-            before, at = counts["polls"], time.monotonic()
             await asyncio.sleep(1.0)
             counts = await _states(store, provider, kind, ids, tenant)
+            # polls come in bursts (every watch due at once, then a longer interval): the
+            # rate is over the whole wait, not the last second, which is mostly 0
             bar.update(
                 task,
                 completed=counts["landed"] + counts["expired"],
                 landed=counts["landed"],
                 expired=counts["expired"],
                 pending=counts["pending"],
-                rate=max(0, counts["polls"] - before) / (time.monotonic() - at),
+                polls=counts["polls"],
+                rate=max(0, counts["polls"] - polls_before) / (time.monotonic() - started),
                 waiting=f"; {w}" if (w := _waiting_for(provider, tenant, counts)) else "",
             )
     elapsed = time.monotonic() - started
+    rate = max(0, counts["polls"] - polls_before) / elapsed if elapsed else 0.0
     print(
         f"{counts['landed']} landed, {counts['expired']} expired, {counts['pending']} still "
-        f"pending after {elapsed:.0f} s ({counts['polls']} polls)"
+        f"pending after {elapsed:.0f} s ({counts['polls']} polls, {rate:.1f}/s while waiting)"
     )
     if counts["expired"]:
         print("expired watches are dead letters: nopoll dlq list --sink watch")
     return 0 if counts["landed"] == len(ids) else 1
+
+
+async def _wait_rows(
+    redis: Any, settings: Settings, provider: str, ids: list[str], tenant: str, limit_s: float
+) -> int:
+    """After batch watches landed: wait until each batch's rows and summary are in the
+    sinks (a landed batch is only queued for fetching), showing rows fetched of the total."""
+    import asyncio
+
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from receiver._arq import JOB_KEY
+    from receiver.batch_state import batch_state_key, summary_job
+    from receiver.queue import batch_job_id
+    from receiver.tenants import scoped
+
+    name = scoped(provider, tenant)
+    keys = {i: batch_state_key(name, i) for i in ids}
+    started, unseen_since = time.monotonic(), time.monotonic()
+    fetched, total, done = 0, 0, set[str]()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("rows {task.fields[fetched]}/{task.fields[rows]}, batches {task.fields[done]}"),
+        refresh_per_second=2,
+    ) as bar:
+        task = bar.add_task(f"{provider} batch rows", total=None, fetched=0, rows=0, done="")
+        while time.monotonic() - started < limit_s:
+            fetched, total, waiting, gone = 0, 0, False, []
+            for object_id, key in keys.items():
+                raw = {k.decode(): v for k, v in (await redis.hgetall(key)).items()}
+                fetched += sum(
+                    sum(orjson.loads(v).values()) for k, v in raw.items() if k[:2] == "k:"
+                )
+                total += int(raw.get("rows") or 0)
+                summaries = [summary_job(sink, key, {}).job_id for sink in settings.sinks]
+                queued = await redis.exists(
+                    JOB_KEY + batch_job_id(name, object_id), *(JOB_KEY + j for j in summaries)
+                )
+                if raw.get("done") and not queued:
+                    done.add(object_id)
+                elif raw or queued:
+                    waiting = True
+                else:
+                    gone.append(object_id)
+            bar.update(
+                task, fetched=fetched, rows=total, done=f"{len(done)}/{len(ids)} in the sinks"
+            )
+            if len(done) == len(ids):
+                break
+            if waiting:
+                unseen_since = time.monotonic()
+            elif time.monotonic() - unseen_since > 15:
+                print(
+                    f"batch(es) {', '.join(gone)}: no progress in Redis and no fetch queued "
+                    "(fetched long ago, or the fetch is a dead letter: nopoll dlq list)"
+                )
+                return 1
+            await asyncio.sleep(1.0)
+    print(
+        f"{fetched} batch row(s) of {total} fetched; {len(done)}/{len(ids)} batch(es) in the sinks"
+    )
+    return 0 if len(done) == len(ids) else 1
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 
 import httpx
 import pytest
 
-from tests.e2e.helpers import NOPOLL, await_ready, wait_for, write_config
+from tests.e2e.helpers import NOPOLL, await_ready, wait_for, wait_ready, write_config
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -52,7 +54,7 @@ async def test_logs_tell_a_new_user_what_runs_what_was_refused_and_what_landed(
     assert any(m.startswith("nopoll ") and "API on http://127.0.0.1" in m for m in messages)
     assert any(m.startswith("redis: redis://127.0.0.1") for m in messages)
     assert any("provider sim (openai): callbacks at POST /webhooks/sim" in m for m in messages)
-    assert any(m.startswith("sink db: sql -> sqlite") for m in messages)
+    assert any(m.startswith("sink db: sql -> SQLite file /") for m in messages)
     # forty forged callbacks: one line with the reason, not forty
     rejected = [m for m in messages if "answered 401" in m]
     assert len(rejected) == 1 and "no matching signature" in rejected[0], rejected
@@ -134,3 +136,48 @@ async def test_a_fresh_start_on_sqlite_logs_no_table_error(procs, tmp_path, prov
     await asyncio.sleep(1.0)
     logs = procs.logs()
     assert "already exists" not in logs and "not ready yet" not in logs, logs
+
+
+def test_start_up_says_where_config_and_data_live_and_which_surfaces_are_on(
+    tmp_path, webhook_secret
+):
+    """Run from the config's folder with a relative data_dir and a relative SQLite URL,
+    as the README's "Try it with your own config" does: every path is shown absolute
+    (``sqlite+aiosqlite:///nopoll-data/...`` reads as ``/nopoll-data``), and the log
+    says which HTTP surfaces are on, which are off and why."""
+    (tmp_path / "nopoll.yaml").write_text(
+        "log_format: text\n"
+        "data_dir: ./nopoll-data\n"
+        "admin_tokens: ['${ADMIN_TOKEN}']\n"
+        "sinks:\n"
+        "  db: {type: sql, url: 'sqlite:///nopoll-data/results.db'}\n"
+    )
+    env = {**os.environ, "ADMIN_TOKEN": "admin-token-0123456789-abcdefghij"}
+    log = tmp_path / "serve.log"
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(NOPOLL), "serve", "--config", "nopoll.yaml", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        wait_ready(port)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    text = log.read_text()
+    data = tmp_path / "nopoll-data"
+    assert f"config: {tmp_path / 'nopoll.yaml'}; data_dir: {data}\n" in text, text
+    assert f"sink db: sql -> SQLite file {data / 'results.db'}\n" in text, text
+    assert "sqlite+aiosqlite:///nopoll-data" not in text
+    base = f"http://127.0.0.1:{port}"
+    assert (
+        f"http: POST /webhooks/{{provider}}, /healthz, /readyz, /metrics, admin API "
+        f"{base}/admin/v1 and status page {base}/ui (1 admin token(s)); "
+        "off: /v1 (no consumer_tokens)\n"
+    ) in text, text
+    assert "admin-token-0123456789" not in text

@@ -4,6 +4,7 @@ failing first tries, rejections, the four batch dialects), a real worker, real P
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -244,3 +245,44 @@ async def test_with_callbacks_each_result_costs_one_create_and_one_fetch(
     assert sim.request_count("/v1/responses/") == 100  # one fetch each, not one poll
     assert "provider requests per result: 2.00 (100 creates, 0 polls, 100 callback" in done.stdout
     assert "landed by status: 100 completed" in done.stdout
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_empty_file_is_refused_with_a_word(procs, tmp_path, provider_sim, redis_url, batch):
+    sim = provider_sim(create_dialect="openai")
+    config = _config(tmp_path, sim, redis_url, "sqlite://", "t")
+    source = tmp_path / "empty.jsonl"
+    source.write_text("\n  \n")
+    done = _submit(procs, config, source, *(["--batch"] if batch else []), "--wait")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{source} holds no request" in done.stderr
+    assert sim.request_count("/v1/") == 0
+
+
+async def test_batch_wait_returns_once_every_row_is_in_the_sink_and_a_rerun_counts_them(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """``--batch --wait`` waited for the batch object only ("1/1") and returned while the
+    rows still streamed; it now waits for the rows and the summary, showing them. A rerun
+    shows what already ended (it showed ``0/1 landed 1``)."""
+    sim = provider_sim(create_dialect="openai", complete_after_s=0.5)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    config.write_text(config.read_text() + "batch: {chunk_size: 50}\n")
+    procs.start("worker", "--config", str(config))
+    source = tmp_path / "batch.jsonl"
+    with source.open("wb") as f:
+        for i in range(1500):
+            body = {"model": "m-1", "input": f"q {i}"}
+            line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/responses", "body": body}
+            f.write(orjson.dumps(line) + b"\n")
+    procs.env = {**procs.env, "COLUMNS": "200"}
+    done = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = await pg_rows(pg_url, pg_table)  # right away: no waiting after the command
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 1500
+    assert [r["kind"] for r in rows].count("batch") == 1
+    assert "1500 batch row(s) of 1500 fetched; 1/1 batch(es) in the sinks" in done.stdout
+    assert re.search(r"\d+ polls \(\d+\.\d/s\)", done.stdout), done.stdout
+    again = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1/1 landed 1" in again.stdout, again.stdout

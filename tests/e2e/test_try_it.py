@@ -329,3 +329,93 @@ def test_simulate_refuses_a_bad_batch_spec(tmp_path):
     )
     assert result.returncode == 2
     assert "expected ID:ROWS" in result.stderr
+
+
+def test_send_test_needs_only_its_own_providers_variables(stack):
+    """Another provider's unset key (or a sink's unset URL) is no reason to refuse: send-test
+    uses only the provider it signs for."""
+    config = stack.cwd / "two-providers.yaml"
+    other = (
+        "  other:\n    dialect: openai\n    base_url: http://127.0.0.1:9/v1\n"
+        "    api_key: ${OTHER_API_KEY_NOT_SET}\n"
+        "    webhook_secrets: ['${OTHER_SECRET_NOT_SET}']\n"
+    )
+    config.write_text(
+        stack.sim.config_block.replace("sinks:\n", other + "sinks:\n")
+        + "  audit: {type: http, url: '${AUDIT_URL_NOT_SET}', secret: '${AUDIT_SECRET_NOT_SET}'}\n"
+    )
+    result = subprocess.run(
+        [NOPOLL, "send-test", "--config", str(config), "sim", "--url", stack.url],
+        cwd=stack.cwd,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "202 queued" in result.stdout
+    # and for the provider it signs for, an unset variable still refuses (exit 2)
+    refused = subprocess.run(
+        [NOPOLL, "send-test", "--config", str(config), "other", "--url", stack.url],
+        cwd=stack.cwd,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "environment variable OTHER_SECRET_NOT_SET is not set" in refused.stderr
+
+
+def test_simulate_sail_prints_no_secret_and_its_printed_commands_land_a_row(tmp_path):
+    """Sail sends no webhooks: no secret, no send-test; what it prints instead (a submit
+    that nopoll polls) lands a row when pasted as it is. ``--name`` keeps its variables
+    apart from another simulator's."""
+    started = Started(tmp_path, _clean_env())
+    try:
+        proc, out = started.start(
+            "simulate", "simulate", "--port", "0", "--dialect", "sail", "--name", "sail1"
+        )
+        text = _wait_for_output(out, proc, "Ctrl-C stops the simulator")
+        assert "WEBHOOK_SECRET" not in text and "webhook_secrets" not in text, text
+        assert "nopoll send-test" not in text and "whsec_" not in text
+        assert "sail sends no webhooks" in text
+        exports = dict(re.findall(r"^export ([A-Z0-9_]+)=(\S+)$", text, re.MULTILINE))
+        assert set(exports) == {"SAIL1_API_KEY"}, text
+        block = re.search(r"^providers:\n(?:  .*\n)+sinks:\n(?:  .*\n)+", text, re.MULTILINE)
+        assert block, text
+        config = yaml.safe_load(block.group(0))
+        assert config["providers"]["sail1"]["dialect"] == "sail"
+        assert "webhook_secrets" not in config["providers"]["sail1"]
+        (tmp_path / "nopoll.yaml").write_text(block.group(0))
+        started.env = {**started.env, **exports}
+        port = free_port()
+        _, serve_out = started.start(
+            "serve", "serve", "--config", "nopoll.yaml", "--port", str(port)
+        )
+        try:
+            wait_ready(port)
+        except AssertionError:
+            raise AssertionError(serve_out.read_text(errors="replace")) from None
+        step = text.split("3. Start nopoll", 1)[1].split("4. Look at the rows", 1)[0]
+        commands = [
+            line
+            for line in step.splitlines()
+            if line.startswith(("echo ", "nopoll ")) and "serve" not in line
+        ]
+        assert any(c.startswith("nopoll submit") for c in commands), step
+        env = {**started.env, "PATH": f"{Path(NOPOLL).parent}:{os.environ['PATH']}"}
+        done = subprocess.run(
+            ["bash", "-ec", "\n".join(commands)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "1 landed" in done.stdout, done.stdout
+        rows = _wait_rows(tmp_path / "nopoll-data" / "results.db", 1, "kind = 'response'")
+        assert rows[0][2] == "completed"
+    finally:
+        started.stop()

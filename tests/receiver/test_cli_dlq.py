@@ -71,7 +71,7 @@ NOPOLL = str(Path(sys.executable).parent / "nopoll")
 
 def bare_env(**extra: str) -> dict[str, str]:
     """Only what any shell has: no NOPOLL_* variable, no provider secret."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")  # the code under test
     return {**{k: os.environ[k] for k in keep if k in os.environ}, **extra}
 
 
@@ -145,3 +145,25 @@ def test_list_with_an_embedded_config_and_no_data_refuses(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert str(tmp_path / "elsewhere") in result.stderr
     assert list(tmp_path.iterdir()) == [cfg]
+
+
+def test_list_of_a_sink_that_does_not_exist_says_so_and_names_the_sinks(tmp_path, redis_url):
+    asyncio.run(add_letters(redis_url))
+    cfg = config(tmp_path, redis_url)  # the built-in sinks: db and files
+    result = nopoll(
+        "dlq", "list", "--config", cfg, "--sink", "nosuch", cwd=tmp_path, env=bare_env()
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "no dead letters" not in result.stdout
+    assert "no such sink 'nosuch': dead letters belong to one of db, files, fetch, watch" in (
+        result.stderr
+    )
+    # a sink no longer in the config keeps its letters, and they are listed
+    kept = nopoll(
+        "dlq", "list", "--config", cfg, "--sink", "warehouse", cwd=tmp_path, env=bare_env()
+    )
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "resp_a" in kept.stdout
+    # a configured sink without letters has none, and says so
+    empty = nopoll("dlq", "list", "--config", cfg, "--sink", "db", cwd=tmp_path, env=bare_env())
+    assert empty.returncode == 0 and "no dead letters" in empty.stdout
