@@ -130,7 +130,11 @@ class BatchRunner:
         while True:
             try:
                 left_s = give_up_s - (time.monotonic() - last_ok)
-                if not await asyncio.wait_for(lease.renew(ttl_ms), max(0.1, left_s)):
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+                # cancel that ends this holder when it races the renew's answer
+                async with asyncio.timeout(max(0.1, left_s)):
+                    renewed = await lease.renew(ttl_ms)
+                if not renewed:
                     lease.lost = True
                     log.warning("batch lease taken over by another run")
                     return
@@ -238,7 +242,8 @@ class BatchRunner:
                     raise asyncio.CancelledError from exc
                 # Keep what was fetched already: the writers commit the queued chunks first.
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._drain(writers, tasks), 60)
+                    async with asyncio.timeout(60):
+                        await self._drain(writers, tasks)
                 raise
             await self._drain(writers, tasks)
         finally:
@@ -369,7 +374,8 @@ async def _put(queue: asyncio.Queue[Any], item: Any, tasks: list[asyncio.Task[No
             if task.done() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         try:
-            await asyncio.wait_for(queue.put(item), 1.0)
+            async with asyncio.timeout(1.0):
+                await queue.put(item)
             return
         except TimeoutError:
             continue

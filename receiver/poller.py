@@ -103,8 +103,11 @@ class WatchPoller:
                 except (RedisError, OSError) as exc:
                     log.debug("watch poller waits for Redis: %s", type(exc).__name__)
                     wait_s = _IDLE_S
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+                # cancel that stops this loop when it races the event
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), wait_s)
+                    async with asyncio.timeout(wait_s):
+                        await self._freed.wait()
                     await asyncio.sleep(0.01)  # gather the polls ending together
         finally:
             for task in list(self._tasks):
