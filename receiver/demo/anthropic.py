@@ -24,6 +24,7 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -270,6 +271,8 @@ class AnthropicBatches:
         self.create_fail_status = 529
         self.created: list[str] = []
         """Ids of the batches ``POST /v1/messages/batches`` created, oldest first."""
+        self.received: deque[tuple[str | None, Any]] = deque(maxlen=1000)
+        """(Idempotency-Key, body) of the latest create requests, oldest first."""
         self._answers: dict[str, bytes] = {}
 
     def add(self, batch_id: str, n_rows: int, **options: Any) -> AnthropicBatch:
@@ -335,6 +338,8 @@ class AnthropicBatches:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return anthropic_error(400, "the body is not JSON")
+        with self._lock:
+            self.received.append((key, body))
         requests = body.get("requests") if isinstance(body, dict) else None
         if not isinstance(requests, list) or not requests:
             return anthropic_error(400, "requests: must be a non-empty list")
