@@ -11,6 +11,9 @@ Prints, each measured in this run:
                                                                 target: < 300 MB, <= +10 %
   3. rows/s of Valar-style per-row fetching (request_status walk, one GET per row, 20 ms per
      request at the simulator, concurrency 32).                 target: >= 1,000 rows/s
+  4. rows/s and peak RSS of an Anthropic Message Batch (``--anthropic-rows``, 20,000 by
+     default: poll the batch object, stream its results_url JSONL) into the same sql sink,
+     beside the same figures for an sference batch of as many rows.
 
 Talks to 127.0.0.1 only: the simulator (a separate process), Postgres (database ``test``,
 tables ``bench_batch_*`` dropped first) and Redis database 13 (flushed first).
@@ -186,6 +189,7 @@ def main() -> int:
     parser.add_argument("--small-rows", type=int, default=10_000)
     parser.add_argument("--valar-rows", type=int, default=20_000)
     parser.add_argument("--valar-delay", type=float, default=0.02)
+    parser.add_argument("--anthropic-rows", type=int, default=20_000)
     args = parser.parse_args()
     _patch_wait()
     redis.Redis.from_url(REDIS).flushdb()
@@ -198,6 +202,8 @@ def main() -> int:
             f"sference:bench_big:{args.rows}:{body},failed_every=50",
             f"sference:bench_small:{args.small_rows}:{body},failed_every=50",
             f"valar:bench_valar:{args.valar_rows}:row_delay_s={args.valar_delay},failed_every=50",
+            f"anthropic:msgbatch_bench:{args.anthropic_rows}:{body},errored_every=50",
+            f"sference:bench_side:{args.anthropic_rows}:{body},failed_every=50",
         ],
     )
     try:
@@ -240,6 +246,22 @@ def main() -> int:
                 f"valar per-row fetch: {rate:,.0f} rows/s for {n:,} rows at concurrency 32, "
                 f"{args.valar_delay * 1000:.0f} ms per request   (target >= 1,000 rows/s)"
             )
+            anthropic_config = tmp / "nopoll-anthropic.yaml"
+            anthropic_config.write_text(
+                pg_config.read_text()
+                .replace("dialect: sference", "dialect: anthropic")
+                .replace(base, f"http://127.0.0.1:{port}")  # the API host, as in the SDK
+                .split("    webhook_secrets:")[0]
+                + "    max_concurrency: 32\n"
+                + pg_config.read_text().split("max_concurrency: 32\n", 1)[1]
+            )
+            n, rate, rss, _ = run_fetch_batch(anthropic_config, "msgbatch_bench")
+            assert n == args.anthropic_rows, n
+            _, side_rate, side_rss, _ = run_fetch_batch(pg_config, "bench_side")
+            print(f"{args.anthropic_rows:,}-row batch → sql, beside each other:")
+            print(f"  anthropic (results_url JSONL) {rate:>8,.0f} rows/s  peak RSS {rss:.0f} MB")
+            side = f"{side_rate:>8,.0f} rows/s  peak RSS {side_rss:.0f} MB"
+            print(f"  sference  (results.jsonl)     {side}")
     finally:
         sim.send_signal(signal.SIGTERM)
         try:

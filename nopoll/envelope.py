@@ -26,6 +26,7 @@ __all__ = [
     "chat_output_text",
     "envelope_from_response",
     "envelope_from_row",
+    "message_output_text",
     "now_rfc3339",
     "response_output_text",
     "row_key",
@@ -149,6 +150,19 @@ def chat_output_text(completion: dict[str, Any]) -> str | None:
     return content if isinstance(content, str) else None
 
 
+def message_output_text(message: dict[str, Any]) -> str | None:
+    """The text of an Anthropic Messages object: its ``text`` content blocks, concatenated
+    (other blocks, such as ``tool_use`` or ``thinking``, carry no output text)."""
+    parts = [
+        block["text"]
+        for block in message.get("content") or ()
+        if isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+    ]
+    return "".join(parts) if parts else None
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -215,7 +229,8 @@ class BatchRow:
 
 
 def _body_fields(body: dict[str, Any] | None) -> dict[str, Any]:
-    """Text, tokens, model and incomplete reason of a Responses object or chat completion."""
+    """Text, tokens, model and incomplete reason of a Responses object, a chat completion or
+    an Anthropic Messages object."""
     if not body:
         return {
             "output_text": None,
@@ -236,6 +251,17 @@ def _body_fields(body: dict[str, Any] | None) -> dict[str, Any]:
             "model": model if isinstance(model, str) else None,
             "incomplete_reason": None,
             "status": None,
+        }
+    if body.get("type") == "message" and "content" in body:  # an Anthropic Messages object
+        cut = body.get("stop_reason") == "max_tokens"
+        return {
+            "output_text": message_output_text(body),
+            "input_tokens": _int_or_none(usage.get("input_tokens")),
+            "output_tokens": _int_or_none(usage.get("output_tokens")),
+            "model": model if isinstance(model, str) else None,
+            # nopoll's word for output cut at the token limit, so the same usable rule holds
+            "incomplete_reason": "max_output_tokens" if cut else None,
+            "status": "incomplete" if cut else None,
         }
     details = body.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None

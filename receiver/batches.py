@@ -324,7 +324,7 @@ class BatchRunner:
     def _check_finished(self, fetch: BatchFetch, ctx: _Context, *, partial: bool) -> None:
         """A batch that is not terminal yet is retried later, never summarized. While the
         object is still streaming (Sail's inline results) an absent status is no verdict."""
-        if partial and "status" not in fetch.batch:
+        if partial and "status" not in fetch.batch and "processing_status" not in fetch.batch:
             return
         status = unfinished_status(fetch.batch, "batch")
         if status is not None:
@@ -361,9 +361,14 @@ def _stopping() -> bool:
 
 
 def _row_count(batch: dict[str, Any] | None) -> int | None:
-    """``request_counts.total`` of a batch object, when it gives one."""
+    """``request_counts.total`` of a batch object, when it gives one; with no ``total``,
+    the sum of its counts (Anthropic's ``processing``, ``succeeded``, ... add up to it)."""
     counts = (batch or {}).get("request_counts")
     total = counts.get("total") if isinstance(counts, dict) else None
+    if isinstance(counts, dict) and "total" not in counts and counts:
+        values = list(counts.values())
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            total = sum(values)
     return total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else None
 
 

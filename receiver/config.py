@@ -88,7 +88,7 @@ __all__ = [
     "redact_url",
 ]
 
-DIALECTS = ("openai", "sference", "sail", "valar")
+DIALECTS = ("openai", "sference", "sail", "valar", "anthropic")
 WEBHOOK_DIALECTS = ("openai", "sference")
 """The dialects whose providers send signed callbacks (Sail and Valar send none: nopoll
 polls their results, see docs/watches.md)."""
@@ -117,9 +117,12 @@ class ProviderConfig(_Model):
     ``/webhooks/<name>`` answers 404 for it.
     """
 
-    dialect: Literal["openai", "sference", "sail", "valar"]
+    dialect: Literal["openai", "sference", "sail", "valar", "anthropic"]
     base_url: str
     api_key: SecretStr | None = None
+    api_version: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    """``anthropic``: the ``anthropic-version`` header (default the official SDK's); a
+    version before 2026-10-21 authenticates with ``x-api-key`` instead of a Bearer token."""
     webhook_secrets: list[_WebhookSecret] = Field(default_factory=list)
     tolerance_s: int = Field(default=300, ge=1, le=86_400)
     max_concurrency: int = Field(default=32, ge=1, le=1024)
@@ -143,6 +146,17 @@ class ProviderConfig(_Model):
                 "that sends no callbacks"
             )
         return kept
+
+    @model_validator(mode="after")
+    def _callbacks(self) -> ProviderConfig:
+        if self.webhook_secrets and self.dialect == "anthropic":
+            raise ValueError(
+                f"webhook_secrets: the {self.dialect} dialect sends no callbacks (its "
+                "results are polled); leave webhook_secrets out"
+            )
+        if self.api_version is not None and self.dialect != "anthropic":
+            raise ValueError("api_version: only the anthropic dialect has one")
+        return self
 
     def secret_keys(self) -> list[bytes]:
         """The HMAC keys of every accepted webhook secret (several while rotating)."""

@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, TransientProviderError
-from nopoll.status import unfinished_status
+from nopoll.status import object_status, unfinished_status
 from receiver.logs import bind
 from receiver.queue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
 from receiver.ratelimit import RateLimiter
@@ -220,7 +220,7 @@ class WatchPoller:
 
     async def _land(self, watch: Watch, obj: dict[str, Any]) -> None:
         """Deliver a terminal object once: unless a callback's job got there first."""
-        status = str(obj.get("status"))
+        status = str(object_status(obj))
         if not await self.store.claim_landing(watch, status, lease_s=self.lease_s):
             return
         started = time.monotonic()

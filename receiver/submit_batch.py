@@ -51,6 +51,8 @@ class BatchResult:
     """A run before had created this batch: nothing sent."""
     rejected: list[Rejected] = field(default_factory=list)
     requests: int = 0
+    batch_ids: list[str] = field(default_factory=list)
+    """Every batch of the file, when it was split into several (``anthropic``)."""
     problems: int = 0
     """Bad lines, and other reasons nothing was created (``rejected`` lists at most 1,000)."""
 
@@ -145,6 +147,10 @@ async def submit_batch(
 ) -> BatchResult:
     """Create one batch from ``lines`` (once per ``digest``: the content's hash), named
     ``name`` (a file name) in its label, and watch it."""
+    if submitter.config.dialect == "anthropic":  # several batches, each under the limits
+        from receiver.submit_anthropic import submit_message_batches
+
+        return await submit_message_batches(submitter, lines, digest)
     result = BatchResult()
     record = record_key(submitter.scope, digest)
     known = await submitter.redis.hget(record, "batch")  # type: ignore[misc]

@@ -30,6 +30,13 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
     from receiver.watches import WatchStore
 
     provider = provider_for(settings, args.provider, args.tenant)
+    if provider.dialect == "anthropic" and not args.batch:
+        print(
+            f"nopoll: {args.provider} speaks Anthropic's Message Batches, which has no single "
+            "background requests: submit the file with --batch",
+            file=sys.stderr,
+        )
+        return 2
     path = Path(args.file)
     digest = file_digest(path)
     redis = arq_pool(url)
@@ -95,21 +102,31 @@ async def _batch(
 ) -> int:
     from receiver.submit_batch import submit_batch
 
-    result = await submit_batch(submitter, _lines(path), digest, path.name)
+    result = await submit_batch(submitter, _FileLines(path), digest, path.name)
+    ids = result.batch_ids or ([result.batch_id] if result.batch_id else [])
+    if result.rejected and ids:  # a file split in several batches: a later create failed
+        print(
+            f"{len(ids)} batch(es) created ({', '.join(ids)}), then a create failed; "
+            "run the same command again to create the rest"
+        )
+        return _report_rejected(args, path, result.rejected) or 1
     if result.rejected:
         shown = len(result.rejected)
         more = f" (the first {shown} listed)" if result.problems > shown else ""
         print(f"nothing submitted: {result.problems} problem(s) in {path.name}{more}")
         return _report_rejected(args, path, result.rejected) or 1
     state = "already submitted" if result.already else f"submitted ({result.rows} rows)"
-    print(f"batch {result.batch_id} {state}; watching it")
-    if args.poll and result.batch_id:
+    if len(ids) > 1:
+        print(f"{len(ids)} batches {state}: {', '.join(ids)}; watching them")
+    else:
+        print(f"batch {result.batch_id} {state}; watching it")
+    if args.poll and ids:
         from receiver.watches import WatchStore
 
         await WatchStore(submitter.redis).poll_now(
-            submitter.name, "batch", [result.batch_id], tenant=submitter.tenant
+            submitter.name, "batch", ids, tenant=submitter.tenant
         )
-    if args.wait and result.batch_id:
+    if args.wait and ids:
         from receiver.cli._watch import _wait_rows
 
         code = await _wait_for(
@@ -117,7 +134,7 @@ async def _batch(
             None,
             submitter.name,
             "batch",
-            [result.batch_id],
+            ids,
             result.requests,
             submitter.tenant,
         )
@@ -126,7 +143,7 @@ async def _batch(
                 submitter.redis,
                 settings,
                 submitter.name,
-                [result.batch_id],
+                ids,
                 submitter.tenant,
                 86_400 + 120,
             )
@@ -212,6 +229,16 @@ def _count_lines(path: Path) -> int:
     from receiver.submit import read_lines
 
     return sum(1 for _ in read_lines(path))
+
+
+class _FileLines:
+    """The file's lines, read anew on every pass (a batch file is checked, then sent)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __iter__(self) -> Any:
+        return _lines(self.path)
 
 
 def _lines(path: Path) -> Any:

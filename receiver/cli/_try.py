@@ -63,7 +63,11 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
     served = "; ".join(f"batch {b} ({n} rows)" for b, n in batches)
     lines = [
         f"provider simulator ({dialect} dialect) at {base_url}",
-        "every resp_... id answers a generated completed response"
+        (
+            "every Message Batch submitted to it ends at once"
+            if dialect == "anthropic"
+            else "every resp_... id answers a generated completed response"
+        )
         + (f"; {served}" if served else ""),
     ]
     if secret is None:
@@ -107,13 +111,22 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
             f"nopoll send-test --config nopoll.yaml {name} --batch-id {b}" for b, _ in batches
         ]
     else:
+        if batches_only := dialect == "anthropic":  # Message Batches: no single responses
+            line = (
+                '{"custom_id": "row-1", "params": {"model": "m-1", "max_tokens": 64, '
+                '"messages": [{"role": "user", "content": "hello"}]}}'
+            )
+        else:
+            line = '{"model": "m-1", "input": "hello"}'
         lines += [
             "3. Start nopoll, then submit a request from another shell (same export); nopoll "
             "polls it until it is done:",
             "",
             "nopoll serve --config nopoll.yaml",
-            """echo '{"model": "m-1", "input": "hello"}' > requests.jsonl""",
-            f"nopoll submit --config nopoll.yaml {name} requests.jsonl --wait",
+            f"echo '{line}' > requests.jsonl",
+            f"nopoll submit --config nopoll.yaml {name} requests.jsonl"
+            + (" --batch" if batches_only else "")
+            + " --wait",
         ]
         lines += [f"nopoll watch --config nopoll.yaml {name} batch {b} --wait" for b, _ in batches]
     lines += [
@@ -163,7 +176,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     }
     try:
         with sim:
-            print(_instructions(args, sim.base_url, api_key, secret))
+            base_url = sim.host_url if args.dialect == "anthropic" else sim.base_url
+            print(_instructions(args, base_url, api_key, secret))
             print(flush=True)
             while not stop.wait(0.5):
                 pass

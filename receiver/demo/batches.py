@@ -60,6 +60,9 @@ class SimBatch:
     row_oversize: dict[str, Oversize] = field(default_factory=dict)
     """custom_id → how its per-row GET (Sail fallback, Valar) is too large."""
     served: dict[str, int] = field(default_factory=dict)
+    input_file_id: str | None = None
+    """openai: the uploaded input file (else ``file-in-{batch_id}``)."""
+    endpoint: str = "/v1/responses"
     _by_custom_id: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)
     _indexed: int = field(default=-1, init=False, repr=False)
 
@@ -144,7 +147,12 @@ class SimBatch:
             "request_counts": self.counts(),
             "metadata": {"label": "sim"},
         }
-        if self.dialect == "openai":
+        if self.dialect == "openai":  # the fields OpenAI's Batch object always has
+            base["endpoint"] = self.endpoint
+            base["input_file_id"] = self.input_file_id or f"file-in-{self.batch_id}"
+            base["completion_window"] = "24h"
+            counts = base["request_counts"]  # total, completed, failed: no cancelled
+            base["request_counts"] = {k: counts[k] for k in ("total", "completed", "failed")}
             base["output_file_id"] = f"file-out-{self.batch_id}"
             has_errors = any(self.row_status(i) != "completed" for i in range(self.n_rows))
             base["error_file_id"] = f"file-err-{self.batch_id}" if has_errors else None

@@ -304,6 +304,9 @@ class Creations:
             options = {"pending_status": "in_progress", **self.settings.batch_options}
             options["pending_until"] = time.time() + self.settings.complete_after_s
             options["custom_ids"] = custom_ids
+            if not inline:
+                options["input_file_id"] = body["input_file_id"]
+                options["endpoint"] = body["endpoint"]
             bid = f"batch_{uuid.uuid4().hex}"
             return self._add_batch(dialect, bid, len(custom_ids), **options).pending_object()
 

@@ -8,6 +8,8 @@ send it gzip-encoded or too large (padded, endless, a gzip bomb: see
 Standard Webhooks-signed callbacks (signed by the ``standardwebhooks`` package, not by
 nopoll's own code). ``POST /v1/responses``, ``/v1/files`` and ``/v1/batches`` create
 responses and batches as ``nopoll submit`` does (see :mod:`receiver.demo.creates`).
+Anthropic's Message Batches are served under ``/v1/messages/batches`` (see
+:mod:`receiver.demo.anthropic`; that dialect's ``base_url`` is :attr:`ProviderSimulator.host_url`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from receiver.demo.answers import Oversize, answer, json_answer
+from receiver.demo.anthropic import AnthropicBatches
 from receiver.demo.batches import SimBatch
-from receiver.demo.creates import CreateSettings, Creations
+from receiver.demo.creates import CreateSettings, Creations, created_output_text
 from receiver.demo.responses import (
     generated_response,
     make_response,
@@ -240,6 +243,13 @@ class ProviderSimulator:
         """The create side: its settings, what it created and received."""
         keys = [api_key] if isinstance(api_key, str) else api_key  # several: several accounts
         self._api_keys = None if keys is None else frozenset(keys)
+        self.anthropic = AnthropicBatches(
+            self._count,
+            self._api_keys,
+            complete_after_s=lambda: self.creates.settings.complete_after_s,
+            created_text=created_output_text,
+        )
+        """Anthropic's Message Batches (the ``anthropic`` dialect's routes)."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -254,7 +264,9 @@ class ProviderSimulator:
         self.port: int = self._sock.getsockname()[1]
         # A wildcard address is reachable here as the loopback address.
         shown = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-        self.base_url = f"http://{f'[{shown}]' if ':' in shown else shown}:{self.port}/v1"
+        self.host_url = f"http://{f'[{shown}]' if ':' in shown else shown}:{self.port}"
+        """The server's root: the ``anthropic`` dialect's ``base_url``."""
+        self.base_url = f"{self.host_url}/v1"
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -272,12 +284,20 @@ class ProviderSimulator:
         return sim
 
     def add_batch(self, dialect: str, batch_id: str, n_rows: int, **kwargs: Any) -> Any:
-        """Register a finished batch in ``dialect``'s shape (see :class:`SimBatch`)."""
+        """Register a finished batch in ``dialect``'s shape (see :class:`SimBatch`; for
+        ``anthropic``, :class:`~receiver.demo.anthropic.AnthropicBatch`)."""
+        if dialect == "anthropic":
+            return self.anthropic.add(batch_id, n_rows, **kwargs)
 
         batch = SimBatch(dialect=dialect, batch_id=batch_id, n_rows=n_rows, **kwargs)
         with self.state.lock:
             self.state.batches[batch_id] = batch
         return batch
+
+    def _count(self, request: Request) -> None:
+        with self.state.lock:
+            self.state.requests[request.url.path] += 1
+            self.state.times.append((time.time(), request.url.path))
 
     def request_times(self, path_prefix: str = "") -> list[float]:
         """Arrival times of the latest requests whose path starts with ``path_prefix``."""
@@ -312,6 +332,7 @@ class ProviderSimulator:
                 Route("/v1/batches/{bid}", routes.get_batch),
                 Route("/v1/batches/{bid}/{part}", routes.get_batch_part),
                 Route("/v1/files/{fid}/content", routes.get_file),
+                *self.anthropic.routes(),
             ]
         )
 

@@ -27,6 +27,7 @@ DIALECTS: dict[str, str] = {
     "sference": "receiver.providers.sference:SferenceDialect",
     "sail": "receiver.providers.sail:SailDialect",
     "valar": "receiver.providers.valar:ValarDialect",
+    "anthropic": "receiver.providers.anthropic:AnthropicDialect",
 }
 
 

@@ -23,7 +23,7 @@ import itertools
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -38,7 +38,8 @@ from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
 __all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
 
-_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504, 529}
+"""529: Anthropic's ``overloaded_error``."""
 _IN_JOB_FIRST_S = 0.25
 _IN_JOB_MAX_S = 4.0
 """In-job waits stay short: a longer outage is the job's retries' to ride out."""
@@ -154,6 +155,30 @@ def _transports(http: HttpConfig) -> list[httpx.AsyncBaseTransport]:
     return [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(lanes)]
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an absolute http(s) URL; None for anything else."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return None
+    if parsed.scheme not in _DEFAULT_PORTS or not parsed.host or parsed.userinfo:
+        return None
+    return parsed.scheme, parsed.host, parsed.port or _DEFAULT_PORTS[parsed.scheme]
+
+
+def _origin_of(url: str) -> str:
+    """scheme://host:port of ``url`` (never its path or query, which may hold a token)."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "<not a URL>"
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}/..."
+
+
 class ProviderClient:
     """A pooled httpx client bound to one provider's ``base_url``."""
 
@@ -181,6 +206,7 @@ class ProviderClient:
             headers["authorization"] = f"Bearer {config.api_key.get_secret_value()}"
         self._headers = httpx.Headers(headers)
         self._base = config.base_url + "/"
+        self._origin = _origin(config.base_url)
         timeout = httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s)
         self._extensions = {"timeout": timeout.as_dict()}
         # Requests go straight to an httpx transport: nopoll never follows redirects, sends
@@ -189,10 +215,35 @@ class ProviderClient:
         self._transports = [transport] if transport is not None else _transports(http)
         self._next = itertools.cycle(self._transports)
 
+    def authenticate(self, headers: Mapping[str, str]) -> None:
+        """Send ``headers`` instead of ``Authorization: Bearer`` (a dialect whose API
+        authenticates its own way, e.g. ``x-api-key`` and ``anthropic-version``)."""
+        merged = self._headers.copy()
+        merged.pop("authorization", None)
+        merged.update(headers)
+        self._headers = merged
+
+    def on_origin(self, url: str) -> bool:
+        """Whether ``url`` has the scheme, host and port of ``base_url``."""
+        return _origin(url) == self._origin
+
+    def _url(self, path: str) -> str:
+        """``{base_url}/{path}``; or ``path`` itself when it is an absolute URL that a
+        provider's object gave (a results URL), and only on ``base_url``'s origin."""
+        if "://" not in path:
+            return self._base + path
+        if not self.on_origin(path):
+            raise ProviderError(
+                "refused a URL that is not on base_url's scheme, host and port",
+                provider=self.name,
+                path=_origin_of(path),
+            )
+        return path
+
     async def _send(self, path: str) -> httpx.Response:
         """GET ``{base_url}/{path}``; the caller reads or streams the body and closes it."""
         request = httpx.Request(
-            "GET", self._base + path, headers=self._headers, extensions=self._extensions
+            "GET", self._url(path), headers=self._headers, extensions=self._extensions
         )
         response = await next(self._next).handle_async_request(request)
         response.request = request

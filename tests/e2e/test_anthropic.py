@@ -1,0 +1,333 @@
+"""The ``anthropic`` dialect end to end: Message Batches watched by a real worker against
+the provider simulator, through real Redis into real Postgres; ``nopoll submit --batch``
+with both line forms."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from receiver.config import WatchConfig
+from receiver.watches import WatchStore
+from tests.e2e.helpers import NOPOLL, jsonl_rows, pg_rows, wait_for, write_config
+from tests.e2e.losses import letters
+from tests.servers import running_worker
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-test-not-a-real-key"
+FAST = {"first_poll_s": 0.2, "max_interval_s": 0.4, "rate_limit_rps": 50}
+
+
+@pytest.fixture
+async def anthropic_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
+    """Factory: (settings, simulator, watch store) for provider ``sim`` in the anthropic
+    dialect, its ``base_url`` the simulator's host, polled quickly."""
+    clients: list[Redis] = []
+
+    def make(**provider):
+        sim = provider_sim(api_key=KEY)
+        settings = make_settings(
+            sim.host_url,
+            redis_url=redis_url,
+            sinks={
+                "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
+                "files": {"type": "jsonl", "dir": str(tmp_path / "out")},
+            },
+            batch={"chunk_size": 100, "lease_s": 2},
+        )
+        config = settings.providers["sim"].model_copy(
+            update={
+                "dialect": "anthropic",
+                "webhook_secrets": [],
+                "watch": WatchConfig(**FAST),
+                **provider,
+            }
+        )
+        settings = settings.model_copy(update={"providers": {"sim": config}})
+        client = Redis.from_url(redis_url)
+        clients.append(client)
+        return settings, sim, WatchStore(client)
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+async def _rows(pg_url, pg_table, n):
+    async def enough():
+        rows = await pg_rows(pg_url, pg_table)
+        return rows if len(rows) >= n else None
+
+    return await wait_for(enough, timeout=60, interval=0.2)
+
+
+async def test_a_batch_in_progress_then_canceling_then_ended_lands_every_row_once(
+    anthropic_stack, redis_url, pg_url, pg_table, tmp_path
+):
+    settings, sim, store = anthropic_stack()
+    batch = sim.add_batch(
+        "anthropic",
+        "msgbatch_watch1",
+        250,
+        in_progress_polls=2,
+        cancel_after_polls=2,
+        canceling_polls=2,
+        canceled_every=5,
+        errored_every=7,
+        expired_every=11,
+        max_tokens_every=13,
+        results_fail_times=1,
+        results_fail_status=429,
+        retry_after=0.3,
+    )
+    await store.register("sim", "batch", "msgbatch_watch1", first_poll_in_s=0.2)
+    async with running_worker(settings, redis_url):
+        rows = await _rows(pg_url, pg_table, 251)
+        await asyncio.sleep(1.0)  # nothing more arrives
+        rows = await pg_rows(pg_url, pg_table)
+    assert batch.canceling_served == 2  # it was seen canceling, then ended
+    results = "/v1/messages/batches/msgbatch_watch1/results"
+    assert sim.request_count(results) == 2  # 429 first, then the stream
+    by_key = {r["key"]: r for r in rows if r["kind"] == "batch_row"}
+    assert len(by_key) == 250 == len([r for r in rows if r["kind"] == "batch_row"])
+    assert set(by_key) == {f"msgbatch_watch1/row-{i:06d}" for i in range(250)}
+    files = [r for r in jsonl_rows(tmp_path / "out") if r["kind"] == "batch_row"]
+    assert sorted(r["key"] for r in files) == sorted(by_key)  # once in the files sink too
+    for i in range(250):
+        row = by_key[f"msgbatch_watch1/row-{i:06d}"]
+        kind = batch.result_type(i)
+        expected = {
+            "succeeded": "completed",
+            "errored": "failed",
+            "canceled": "cancelled",
+            "expired": "expired",
+        }[kind]
+        if kind == "succeeded" and i % 13 == 12:
+            expected = "incomplete"
+        assert row["status"] == expected, (i, kind, row["status"])
+        if kind == "succeeded":
+            assert row["output_text"] == f"answer {i}" and row["usable"] is True
+            assert (row["input_tokens"], row["output_tokens"]) == (12, 4)
+            assert (
+                row["model"] == "claude-sim-1" and row["response_id"] == f"msg_msgbatch_watch1_{i}"
+            )
+        if kind == "errored":
+            error = row["error"] if isinstance(row["error"], dict) else orjson.loads(row["error"])
+            assert error == {"code": "invalid_request_error", "message": f"row {i}: bad params"}
+    [summary] = [r for r in rows if r["kind"] == "batch"]
+    metadata = summary["metadata"]
+    metadata = metadata if isinstance(metadata, dict) else orjson.loads(metadata)
+    assert metadata["request_counts"] == batch.counts(True)
+    assert sum(metadata["rows_by_status"].values()) == 250
+    watch = await store.get("sim", "batch", "msgbatch_watch1")
+    assert watch is not None and watch.state == "landed"
+
+
+async def test_overloaded_polls_and_results_and_the_x_api_key_form_still_land(
+    anthropic_stack, redis_url, pg_url, pg_table
+):
+    settings, sim, store = anthropic_stack(api_version="2023-06-01")
+    sim.add_batch(
+        "anthropic",
+        "msgbatch_storm",
+        40,
+        fail_times=3,
+        fail_status=529,
+        results_fail_times=3,
+        results_fail_status=529,
+        retry_after=0.2,
+    )
+    await store.register("sim", "batch", "msgbatch_storm", first_poll_in_s=0.2)
+    async with running_worker(settings, redis_url):
+        rows = await _rows(pg_url, pg_table, 41)
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 40
+    # 529 overloaded is retried like a 429, on the batch object and on the results
+    assert sim.request_count("/v1/messages/batches/msgbatch_storm/results") == 4
+    # the simulator refuses a Bearer token with 2023-06-01: the key went as x-api-key
+    assert sim.request_count("/v1/messages/batches/msgbatch_storm") >= 4
+
+
+@pytest.mark.parametrize("case", ["foreign_host", "archived"])
+async def test_results_nopoll_must_not_or_cannot_fetch_become_a_dead_letter_saying_why(
+    anthropic_stack, provider_sim, redis_url, case
+):
+    settings, sim, store = anthropic_stack()
+    other = provider_sim()  # another host:port that would gladly take the API key
+    options = {"results_origin": other.host_url} if case == "foreign_host" else {"archived": True}
+    sim.add_batch("anthropic", "msgbatch_bad", 5, **options)
+    await store.register("sim", "batch", "msgbatch_bad", first_poll_in_s=0.2)
+    async with running_worker(settings, redis_url):
+        found = await wait_for(lambda: letters(redis_url, key="msgbatch_bad"), timeout=30)
+    assert other.request_count() == 0  # the key never went to the other host
+    reason = "results_url is not on base_url" if case == "foreign_host" else "archived"
+    assert reason in found[0].error, found[0].error
+    assert sim.request_count("/v1/messages/batches/msgbatch_bad/results") == 0
+
+
+# --- nopoll submit --batch -------------------------------------------------------------
+def _config(tmp_path, sim, redis_url, pg_url, pg_table):
+    config = write_config(
+        tmp_path,
+        sim.host_url,
+        redis_url=redis_url,
+        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+    )
+    text = config.read_text().replace("    dialect: openai\n", "    dialect: anthropic\n")
+    text = text.replace(
+        "    webhook_secrets: ['${SIM_SECRET}']\n",
+        f"    api_key: {KEY}\n"
+        "    watch: {first_poll_s: 0.2, max_interval_s: 0.5, rate_limit_rps: 200}\n",
+    )
+    config.write_text(text)
+    return config
+
+
+def _submit(procs, config, *args, timeout=180):
+    return subprocess.run(
+        [str(NOPOLL), "submit", "--config", str(config), "sim", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=procs.env,
+    )
+
+
+def _chat_line(i: int) -> dict:
+    body = {
+        "model": "claude-m",
+        "max_tokens": 64,
+        "temperature": 0.2,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": f"question {i}"}]},
+        ],
+    }
+    return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def _native_line(i: int) -> dict:
+    params = {
+        "model": "claude-m",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": f"question {i}"}],
+    }
+    return {"custom_id": f"n{i}", "params": params}
+
+
+@pytest.mark.parametrize("form", ["openai_chat", "native"])
+async def test_submit_batch_creates_a_message_batch_from_either_form_then_lands(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, form
+):
+    sim = provider_sim(api_key=KEY, complete_after_s=0.5)
+    sim.anthropic.create_fail_times = 1  # 529 overloaded first: retried with the same key
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    procs.start("worker", "--config", str(config))
+    source = tmp_path / "batch.jsonl"
+    make = _chat_line if form == "openai_chat" else _native_line
+    source.write_bytes(b"".join(orjson.dumps(make(i)) + b"\n" for i in range(30)))
+    done = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [(key, body)] = list(sim.anthropic.received)
+    assert key and set(body) == {"requests"} and len(body["requests"]) == 30
+    if form == "openai_chat":
+        assert body["requests"][0] == {
+            "custom_id": "c0",
+            "params": {
+                "model": "claude-m",
+                "max_tokens": 64,
+                "system": "Be brief.",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "question 0"}]}],
+                "temperature": 0.2,
+            },
+        }
+    else:
+        assert body["requests"][0] == _native_line(0)
+    rows = await wait_for(lambda: _rows_now(pg_url, pg_table, 31), timeout=60, interval=0.2)
+    batch_rows = [r for r in rows if r["kind"] == "batch_row"]
+    assert len(batch_rows) == 30 and all(r["status"] == "completed" for r in batch_rows)
+    prefix = "c" if form == "openai_chat" else "n"
+    assert {r["custom_id"] for r in batch_rows} == {f"{prefix}{i}" for i in range(30)}
+    again = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    assert again.returncode == 0 and "already submitted" in again.stdout
+    assert len(sim.anthropic.created) == 1
+
+
+async def _rows_now(pg_url, pg_table, n):
+    rows = await pg_rows(pg_url, pg_table)
+    return rows if len(rows) >= n else None
+
+
+async def test_a_file_anthropic_cannot_express_is_refused_before_anything_is_sent(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    sim = provider_sim(api_key=KEY)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    good = _chat_line(0)
+    tools = _chat_line(1)
+    tools["body"]["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    no_max = _chat_line(2)
+    del no_max["body"]["max_tokens"]
+    bad_id = {**_native_line(3), "custom_id": "has space"}
+    image = _chat_line(4)
+    image["body"]["messages"][1]["content"] = [{"type": "image_url", "image_url": {"url": "x"}}]
+    twice = _native_line(5) | {"custom_id": "c0"}
+    lines = [good, tools, no_max, bad_id, image, twice]
+    source = tmp_path / "bad.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    done = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    assert done.returncode == 1, done.stdout + done.stderr
+    for expected in (
+        "line 2: body.tools: has no Messages equivalent",
+        "line 3: body.max_tokens: required by Anthropic",
+        "line 4: custom_id: 1 to 64 characters",
+        "line 5: body.messages[1].content: a image_url part has no Messages equivalent",
+        "line 6: custom_id: c0 is also on line 1",
+    ):
+        assert expected in done.stderr, done.stderr
+    assert sim.request_count("/v1/") == 0  # checked before anything was sent
+    plain = await asyncio.to_thread(_submit, procs, config, source)
+    assert plain.returncode == 2 and "--batch" in plain.stderr
+
+
+async def test_a_file_over_the_limits_becomes_several_batches_each_created_once_and_watched(
+    make_settings, provider_sim, redis_url, tmp_path
+):
+    from receiver.providers.client import ProviderClient
+    from receiver.submit import Submitter
+    from receiver.submit_anthropic import submit_message_batches
+
+    sim = provider_sim(api_key=KEY)
+    settings = make_settings(sim.host_url, redis_url=redis_url)
+    config = settings.providers["sim"].model_copy(
+        update={"dialect": "anthropic", "webhook_secrets": []}
+    )
+    lines = [(n, orjson.dumps(_native_line(n))) for n in range(1, 11)]
+    one = len(lines[0][1])
+    redis = Redis.from_url(redis_url)
+    client = ProviderClient("sim", config, settings.http)
+    try:
+        submitter = Submitter("sim", config, client, redis)
+        # at most 4 requests, and at most 3 by bytes: parts of 3, 3, 3, 1
+        first = await submit_message_batches(
+            submitter, lines, "d" * 64, max_requests=4, max_bytes=3 * one + 20
+        )
+        again = await submit_message_batches(
+            submitter, lines, "d" * 64, max_requests=4, max_bytes=3 * one + 20
+        )
+        watched = [await WatchStore(redis).get("sim", "batch", b) for b in first.batch_ids]
+    finally:
+        await client.aclose()
+        await redis.aclose()
+    assert not first.rejected and first.rows == 10
+    assert [len(body["requests"]) for _, body in sim.anthropic.received] == [3, 3, 3, 1]
+    assert first.batch_ids == sim.anthropic.created and len(set(first.batch_ids)) == 4
+    assert again.already and again.batch_ids == first.batch_ids
+    assert len(sim.anthropic.created) == 4  # the rerun created nothing
+    assert all(w is not None for w in watched)
+    keys = [key for key, _ in sim.anthropic.received]
+    assert len(set(keys)) == 4  # one Idempotency-Key per part
