@@ -234,7 +234,7 @@ async def landed(pg_url: str) -> set[str]:
 async def dead_letter_keys() -> tuple[set[str], list[str]]:
     from redis.asyncio import Redis
 
-    from receiver.deadletter import DeadLetters
+    from receiver.queue.deadletter import DeadLetters
 
     redis = Redis.from_url(REDIS_URL)
     try:

@@ -10,11 +10,11 @@ import pytest
 from redis.asyncio import Redis
 
 from receiver.activity import ActivityRecorder
-from receiver.batch_state import BatchState
-from receiver.deadletter import DeadLetters
+from receiver.batches.progress import BatchState
 from receiver.metrics import Metrics
-from receiver.queue import JOBS_QUEUE
-from receiver.watches import WatchStore
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import JOBS_QUEUE
+from receiver.watches.store import WatchStore
 from tests.dead_letters import keep_letter
 
 

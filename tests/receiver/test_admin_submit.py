@@ -8,7 +8,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from receiver.watches import WatchStore
+from receiver.watches.store import WatchStore
 from tests.servers import running_api
 
 TOKEN = "admin-token-0123456789abcdef"

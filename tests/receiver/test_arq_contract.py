@@ -12,7 +12,7 @@ import redis as redis_sync
 from arq.connections import ArqRedis
 from arq.worker import Worker
 
-from receiver._arq import (
+from receiver.queue._arq import (
     IN_PROGRESS_KEY,
     SUPPORTED,
     SeamWorker,
@@ -21,7 +21,7 @@ from receiver._arq import (
     job_deserializer,
     job_serializer,
 )
-from receiver.queue import (
+from receiver.queue.enqueue import (
     JOBS_QUEUE,
     CallbackJob,
     EnqueueOutcome,
@@ -97,9 +97,9 @@ def test_an_unsupported_arq_is_refused_at_import(monkeypatch: pytest.MonkeyPatch
     import arq
 
     monkeypatch.setattr(arq, "VERSION", "0.29.0")
-    monkeypatch.delitem(sys.modules, "receiver._arq")
+    monkeypatch.delitem(sys.modules, "receiver.queue._arq")
     with pytest.raises(ImportError, match=r"arq >=0\.26,<0\.29; 0\.29\.0 is installed"):
-        import receiver._arq  # noqa: F401
+        import receiver.queue._arq  # noqa: F401
     assert SUPPORTED["arq"] == ((0, 26), (0, 29))
 
 

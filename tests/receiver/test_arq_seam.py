@@ -1,4 +1,4 @@
-"""The arq seam's own way of running jobs (receiver._arq, receiver._arq_run) against a
+"""The arq seam's own way of running jobs (receiver.queue._arq, receiver.queue._arq_run) against a
 real Redis: one Lua call claims and reads jobs, jobs ending together share one finish,
 and arq's rules (tries, expired payloads, unknown functions, leases) still hold."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import redis as redis_sync
 
-from receiver._arq import (
+from receiver.queue._arq import (
     IN_PROGRESS_KEY,
     JOB_KEY,
     RETRY_KEY,

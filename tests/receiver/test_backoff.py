@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nopoll.exceptions import TransientProviderError
-from receiver._arq import Retry
 from receiver.backoff import Backoff
-from receiver.batch_writer import DONE, SinkWriter
-from receiver.config import HttpConfig, ProviderConfig, RetryConfig
-from receiver.jobs import retry_or_give_up
+from receiver.batches.writer import DONE, SinkWriter
+from receiver.config.settings import HttpConfig, ProviderConfig, RetryConfig
 from receiver.metrics import Metrics
 from receiver.providers import ProviderClient, ResponsesDialect
-from receiver.queue import FETCH_RESPONSE
+from receiver.queue._arq import Retry
+from receiver.queue.enqueue import FETCH_RESPONSE
 from receiver.redis_link import RedisLink
+from receiver.worker.retry import retry_or_give_up
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from arq.connections import ArqRedis
 
-from receiver._arq import (
+from receiver.queue._arq import (
     IN_PROGRESS_KEY,
     Lease,
     SeamWorker,

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from receiver._arq import arq_pool
 from receiver.cli import main
-from receiver.deadletter import DeadLetters
-from receiver.queue import JOBS_QUEUE
+from receiver.queue._arq import arq_pool
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import JOBS_QUEUE
 from tests.dead_letters import keep_letter
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from nopoll.exceptions import ConfigError
 from receiver.cli import main
-from receiver.config import load_settings
+from receiver.config.settings import load_settings
 
 HEAD = """
 redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/1}

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from receiver._arq import JOB_KEY, job_deserializer
-from receiver.deadletter import DeadLetters
-from receiver.queue import (
+from receiver.queue._arq import JOB_KEY, job_deserializer
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import (
     BATCHES_QUEUE,
     DELIVER,
     FETCH_BATCH,

@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from receiver.app import create_app
 from receiver.metrics import Metrics
-from receiver.queue import (
+from receiver.queue.enqueue import (
     JOBS_QUEUE,
     CallbackJob,
     EnqueueOutcome,
@@ -23,7 +23,7 @@ from receiver.queue import (
     QueueBusy,
     redis_client,
 )
-from receiver.wire import RoundTrips
+from receiver.webhooks.wire import RoundTrips
 from tests.servers import ValkeyProcess
 
 WEEK_S = 7 * 86_400

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from nopoll.envelope import envelope_from_row
 from nopoll.exceptions import ConfigError
-from receiver.config import Settings, load_settings
+from receiver.config.settings import Settings, load_settings
 from receiver.providers import openai, sail, sference
 from tests.fuzzing import dialect_lines, json_values, webhook_requests
 from tests.receiver.rawhttp import read_response

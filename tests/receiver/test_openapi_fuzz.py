@@ -16,7 +16,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from receiver.config import load_settings
+from receiver.config.settings import load_settings
 from receiver.demo.simulator import ProviderSimulator
 from tests.receiver.test_fuzz import _ApiThread
 

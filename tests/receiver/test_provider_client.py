@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from nopoll.exceptions import ProviderError, TransientProviderError
-from receiver.config import HttpConfig, ProviderConfig
+from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers import ProviderClient, ResponsesDialect, safe_id
 
 SECRET = "whsec_aGVsbG8gd29ybGQ="

@@ -23,7 +23,7 @@ import pytest
 
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError, TransientProviderError
-from receiver.config import HttpConfig, ProviderConfig
+from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.demo.answers import Oversize
 from receiver.providers import BatchFetch, ProviderClient, ResponsesDialect, dialect_for
 

@@ -10,8 +10,8 @@ from redis import asyncio as redis_asyncio
 from nopoll.envelope import Envelope, now_rfc3339
 from nopoll.exceptions import ConfigError, SinkError
 from receiver.metrics import Metrics
-from receiver.results_stream import parse_id
-from receiver.state import build_state
+from receiver.results.stream import parse_id
+from receiver.worker.state import build_state
 from sinks.results import (
     CHANNEL,
     LAST_ID,

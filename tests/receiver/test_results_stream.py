@@ -11,9 +11,9 @@ import orjson
 import pytest
 from redis import asyncio as redis_asyncio
 
-import receiver.results_stream as results_stream
+import receiver.results.stream as results_stream
 from nopoll.client import Results, ResultsError, StreamReset
-from receiver.results_stream import parse_id
+from receiver.results.stream import parse_id
 from sinks.results import STREAM
 from tests.receiver.test_results import TOKEN, TOKEN_A, bearer, with_tokens
 from tests.receiver.test_results_publish import envelope, sink_for
@@ -297,7 +297,7 @@ async def test_a_client_that_stops_reading_is_disconnected(
 ):
     import socket
 
-    import receiver.results as results_api
+    import receiver.results.routes as results_api
 
     monkeypatch.setattr(results_api, "_SEND_TIMEOUT_S", 1.0)  # the server is in-process
     async with running_api(results_settings(), redis_url) as (base, _):

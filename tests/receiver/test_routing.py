@@ -6,11 +6,11 @@ import pytest
 
 from nopoll.envelope import envelope_from_response
 from nopoll.exceptions import ConfigError
-from receiver.config import RouteConfig, load_settings
+from receiver.config.settings import RouteConfig, load_settings
 from receiver.demo.simulator import make_response
-from receiver.fanout import FanOut, ManagedSink
+from receiver.fanout.fanout import FanOut, ManagedSink
+from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
-from receiver.routing import Router
 from sinks.jsonl import JsonlSinkConfig
 
 

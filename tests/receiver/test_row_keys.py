@@ -7,7 +7,7 @@ import sqlite3
 
 from nopoll.envelope import envelope_from_row
 from receiver.cli import main
-from receiver.config import HttpConfig, ProviderConfig
+from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers import BatchFetch, ProviderClient, dialect_for
 
 # Row 3 has no custom_id (its key is its line index); rows 5 and 4 have custom_ids that

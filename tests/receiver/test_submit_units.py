@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from receiver.submit import create_body, idempotency_key, provider_reason
-from receiver.submit_batch import ROW_LIMIT, build_batch
+from receiver.submit.batch import ROW_LIMIT, build_batch
+from receiver.submit.creates import create_body, idempotency_key, provider_reason
 
 
 def test_a_line_becomes_a_background_create_with_custom_id_in_metadata():

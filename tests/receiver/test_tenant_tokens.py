@@ -17,13 +17,13 @@ from itsdangerous import URLSafeSerializer
 
 from nopoll.envelope import envelope_from_response
 from nopoll.exceptions import ConfigError
-from receiver._arq import job_deserializer
 from receiver.cli import main
-from receiver.config import RouteConfig, load_settings
+from receiver.config.settings import RouteConfig, load_settings
 from receiver.demo.simulator import make_response
-from receiver.queue import JOBS_QUEUE
-from receiver.routing import Router
-from receiver.tenants import (
+from receiver.fanout.routing import Router
+from receiver.queue._arq import job_deserializer
+from receiver.queue.enqueue import JOBS_QUEUE
+from receiver.webhooks.tenants import (
     TOKEN_SALT,
     endpoint_path,
     endpoint_token,

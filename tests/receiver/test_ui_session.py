@@ -16,8 +16,8 @@ import pytest
 from itsdangerous import BadSignature, TimestampSigner, URLSafeTimedSerializer
 from redis.asyncio import Redis
 
-from receiver.config import Settings
-from receiver.deadletter import DeadLetters
+from receiver.config.settings import Settings
+from receiver.queue.deadletter import DeadLetters
 from tests.dead_letters import keep_letter
 from tests.servers import ValkeyProcess, running_api
 

@@ -14,7 +14,7 @@ from standardwebhooks.webhooks import Webhook
 
 from nopoll.exceptions import VerificationError
 from nopoll.wire import decode_webhook_secret
-from receiver.verify import Verifier
+from receiver.webhooks.verify import Verifier
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 OTHER = "whsec_" + base64.b64encode(b"o" * 32).decode()

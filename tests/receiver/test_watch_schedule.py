@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from receiver.config import Settings, WatchConfig
-from receiver.poller import GROWTH, JITTER, lease_s, next_interval_s
+from receiver.config.settings import Settings, WatchConfig
+from receiver.worker.poller import GROWTH, JITTER, lease_s, next_interval_s
 
 
 @pytest.mark.parametrize("polls", [1, 2, 3, 4, 5, 10, 50])

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from receiver.watches import WatchStore, due_key
+from receiver.watches.store import WatchStore, due_key
 
 
 @pytest.fixture

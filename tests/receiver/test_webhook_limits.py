@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 from redis.asyncio import Redis
 
-from receiver.queue import JOBS_QUEUE
-from receiver.tenants import endpoint_path, endpoint_token
+from receiver.queue.enqueue import JOBS_QUEUE
+from receiver.webhooks.tenants import endpoint_path, endpoint_token
 from tests.servers import running_api
 
 

@@ -1,5 +1,5 @@
 """The worker's fetch jobs read exactly the kwargs the API queues, and a response polled
-elsewhere lands the way a fetched one does (receiver.worker)."""
+elsewhere lands the way a fetched one does (receiver.worker.fetch)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 from receiver.app import _job
 from receiver.demo.simulator import make_response
 from receiver.metrics import Metrics
-from receiver.queue import FETCH_BATCH, FETCH_RESPONSE
-from receiver.state import build_state
-from receiver.worker import FetchBatch, FetchResponse, land_response
+from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
+from receiver.worker.fetch import FetchBatch, FetchResponse, land_response
+from receiver.worker.state import build_state
 
 
 def test_the_jobs_read_the_kwargs_the_api_queues() -> None:

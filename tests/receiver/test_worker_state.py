@@ -1,5 +1,5 @@
 """The worker process's state: built once, shared by its workers, and the GC settings
-that come with it (receiver.state)."""
+that come with it (receiver.worker.state)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 from typing import Any
 
 from receiver.metrics import Metrics
-from receiver.state import Shared, shutdown, startup
+from receiver.worker.state import Shared, shutdown, startup
 
 
 async def test_the_gc_is_set_for_jobs_while_the_state_is_open_then_restored(
