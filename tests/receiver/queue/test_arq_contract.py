@@ -106,6 +106,6 @@ def test_an_unsupported_arq_is_refused_at_import(monkeypatch: pytest.MonkeyPatch
 def test_the_pins_in_pyproject_match_the_seam() -> None:
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    text = (Path(__file__).parents[3] / "pyproject.toml").read_text()
     assert '"arq>=0.26,<0.29"' in text and '"redis>=5.0,<6"' in text
     assert redis_sync  # the installed redis-py fits the seam (it imported)

@@ -13,7 +13,7 @@ from redis import asyncio as redis_asyncio
 
 from nopoll.client import Results, ResultsError
 from sinks.results import CHANNEL
-from tests.receiver.test_results_publish import envelope
+from tests.receiver.fanout.test_results_publish import envelope
 from tests.servers import TcpProxy, running_api
 
 TOKEN = "consumer-token-all-0123456789"
