@@ -29,11 +29,13 @@ __all__ = [
 ]
 
 
-class _Model(BaseModel):
+class ConfigModel(BaseModel):
+    """The base of every config model: unknown keys are errors, a loaded config is frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class WatchConfig(_Model):
+class WatchConfig(ConfigModel):
     """How nopoll polls this provider's watched ids (results without callbacks)."""
 
     first_poll_s: float = Field(default=1.0, gt=0, le=3600)
@@ -54,7 +56,7 @@ class WatchConfig(_Model):
         return self
 
 
-class RetryConfig(_Model):
+class RetryConfig(ConfigModel):
     """A job's retries: ``max_tries`` tries, waiting with :class:`~receiver.backoff.Backoff`
     (full jitter up to ``base_delay_s * 2**(try-1)``, capped at ``max_delay_s``)."""
 
@@ -73,7 +75,7 @@ class RetryConfig(_Model):
         return self.backoff().delay(job_try, retry_after_s)
 
 
-class HttpConfig(_Model):
+class HttpConfig(ConfigModel):
     """The pooled httpx client used for provider requests."""
 
     connect_timeout_s: float = Field(default=5.0, gt=0)
@@ -95,7 +97,7 @@ class HttpConfig(_Model):
     """The longest line of a streamed JSONL result file (one batch row)."""
 
 
-class BatchConfig(_Model):
+class BatchConfig(ConfigModel):
     """How batch results are streamed into the sinks."""
 
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
@@ -110,7 +112,7 @@ class BatchConfig(_Model):
     """Chunks that may wait for one sink before the stream waits for it."""
 
 
-class ApiConfig(_Model):
+class ApiConfig(ConfigModel):
     """The HTTP server in front of the webhook route."""
 
     limit_concurrency: int = Field(default=1000, ge=1)
@@ -146,7 +148,7 @@ class ApiConfig(_Model):
         return networks
 
 
-class UiConfig(_Model):
+class UiConfig(ConfigModel):
     """The status page, ``/ui``."""
 
     session_secret: SecretStr | None = None
@@ -163,7 +165,7 @@ class UiConfig(_Model):
         return value
 
 
-class WorkerConfig(_Model):
+class WorkerConfig(ConfigModel):
     """arq worker settings that matter for latency, locking and shutdown."""
 
     poll_delay_s: float = Field(default=0.02, gt=0, le=5)

@@ -23,7 +23,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -36,10 +35,10 @@ from pydantic import (
 
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
-from receiver.config.checks import check_replay_window, settle_held_requests, settle_timeouts
 from receiver.config.sections import (
     ApiConfig,
     BatchConfig,
+    ConfigModel,
     HttpConfig,
     RetryConfig,
     UiConfig,
@@ -96,10 +95,6 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DATA_DIR = "./nopoll-data"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _check_webhook_secret(secret: SecretStr) -> SecretStr:
     if secret.get_secret_value():  # empty: a rotation slot, dropped by ProviderConfig
         decode_webhook_secret(secret.get_secret_value())
@@ -110,7 +105,7 @@ _WebhookSecret = Annotated[SecretStr, AfterValidator(_check_webhook_secret)]
 """One entry of ``webhook_secrets``, checked on its own so an error names its index."""
 
 
-class ProviderConfig(_Model):
+class ProviderConfig(ConfigModel):
     """One inference provider: where to fetch results and how its callbacks are signed.
 
     ``webhook_secrets`` empty (the default): this provider sends no callbacks, and
@@ -149,7 +144,7 @@ class ProviderConfig(_Model):
         return [decode_webhook_secret(s.get_secret_value()) for s in self.webhook_secrets]
 
 
-class RouteMatch(_Model):
+class RouteMatch(ConfigModel):
     """What a result must have for a route to take it; every given field must match."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -173,14 +168,14 @@ class RouteMatch(_Model):
         return self
 
 
-class RouteConfig(_Model):
+class RouteConfig(ConfigModel):
     """Send results that match to the named sinks."""
 
     match: RouteMatch = Field(default_factory=RouteMatch)
     sinks: list[str] = Field(min_length=1)
 
 
-class Settings(_Model):
+class Settings(ConfigModel):
     """The whole validated configuration, built once at start-up and passed down."""
 
     redis_url: SecretStr = SecretStr("")
@@ -314,11 +309,88 @@ class Settings(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        """Windows and timeouts checked against each other (:mod:`receiver.config.checks`)."""
-        check_replay_window(self)
-        settle_timeouts(self)
-        settle_held_requests(self)
+        """Settings that compare with each other, checked once every section is valid on
+        its own: windows and timeouts."""
+        self._check_replay_window()
+        self._settle_timeouts()
+        self._settle_held_requests()
         return self
+
+    def _check_replay_window(self) -> None:
+        """A webhook-id must be remembered for the whole window its callback is accepted in
+        (``tolerance_s`` either side of its timestamp), or a copy could be replayed."""
+        for name, p in self.providers.items():
+            if self.dedupe_ttl_s < 2 * p.tolerance_s:
+                raise ValueError(
+                    f"dedupe_ttl_s ({self.dedupe_ttl_s} s) must be at least twice providers."
+                    f"{name}.tolerance_s ({p.tolerance_s} s), the window a callback is accepted in"
+                )
+
+    def _settle_timeouts(self) -> None:
+        """Timeouts that contradict each other would let a job die silently: a write or a
+        request that may take as long as the whole job could never be retried. Unset timeouts
+        follow a short job timeout down (set on ``settings`` in place), so shortening one is
+        enough."""
+        job_s = self.worker.response_job_timeout_s
+        derived = {
+            name: sink.model_copy(update={"timeout_s": min(sink.timeout_s, job_s / 2)})
+            for name, sink in self.sinks.items()
+            if "timeout_s" not in sink.model_fields_set
+        }
+        if derived:
+            object.__setattr__(self, "sinks", {**self.sinks, **derived})
+        http_update = {
+            name: min(getattr(self.http, name), job_s * share)
+            for name, share in (("connect_timeout_s", 0.25), ("read_timeout_s", 0.5))
+            if name not in self.http.model_fields_set
+        }
+        if http_update:
+            object.__setattr__(self, "http", self.http.model_copy(update=http_update))
+        for name, sink in self.sinks.items():
+            if sink.timeout_s >= job_s:
+                raise ValueError(
+                    f"sinks.{name}.timeout_s ({sink.timeout_s:g} s) must be below "
+                    f"worker.response_job_timeout_s ({job_s:g} s)"
+                )
+        request_s = self.http.connect_timeout_s + self.http.read_timeout_s
+        if request_s >= job_s:
+            raise ValueError(
+                f"http.connect_timeout_s + http.read_timeout_s ({request_s:g} s) must be below "
+                f"worker.response_job_timeout_s ({job_s:g} s)"
+            )
+        if self.batch.lease_s >= self.batch.job_timeout_s:
+            raise ValueError(
+                f"batch.lease_s ({self.batch.lease_s:g} s) must be below "
+                f"batch.job_timeout_s ({self.batch.job_timeout_s:g} s)"
+            )
+
+    def _settle_held_requests(self) -> None:
+        """The results API's held requests (streams, ``?wait``) may never take the connections
+        kept for ``/webhooks``. uvicorn answers 503 to the connection that reaches
+        ``api.limit_concurrency`` (every open connection counts), so consumers may hold at
+        most ``limit_concurrency - 1 - reserved_for_webhooks``. Unset, the reserve is a
+        quarter of the limit and ``results.max_held`` all that is left (set on ``settings``
+        in place); set, they are checked."""
+        api, results = self.api, self.results
+        limit = api.limit_concurrency
+        if "reserved_for_webhooks" not in api.model_fields_set:
+            api = api.model_copy(update={"reserved_for_webhooks": max(1, limit // 4)})
+            object.__setattr__(self, "api", api)
+        elif api.reserved_for_webhooks >= limit:
+            raise ValueError(
+                f"api.reserved_for_webhooks ({api.reserved_for_webhooks}) must be below "
+                f"api.limit_concurrency ({limit})"
+            )
+        room = max(0, limit - 1 - api.reserved_for_webhooks)
+        if "max_held" not in results.model_fields_set:
+            object.__setattr__(self, "results", results.model_copy(update={"max_held": room}))
+        elif results.max_held > room:
+            raise ValueError(
+                f"results.max_held ({results.max_held}) leaves no room for "
+                f"api.reserved_for_webhooks ({api.reserved_for_webhooks}): at most "
+                f"api.limit_concurrency - 1 - api.reserved_for_webhooks ({room}) held requests; "
+                "beyond api.limit_concurrency even callbacks are answered 503"
+            )
 
     @property
     def embedded_redis(self) -> bool:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from nopoll.wire import decode_webhook_secret
+from receiver.config.sections import ConfigModel
 from receiver.config.source import left_unset
 
 __all__ = [
@@ -37,16 +38,12 @@ def token_problem(token: str, what: str) -> str | None:
     return None
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _kept(value: list[SecretStr]) -> list[SecretStr]:
     """Entries left empty by ``${VAR:-}`` are dropped (a rotation slot not in use)."""
     return [v for v in value if v.get_secret_value()]
 
 
-class TenantProviderConfig(_Model):
+class TenantProviderConfig(ConfigModel):
     """A tenant's own account at one provider: its own key (required: with the provider's
     key it could fetch the default tenant's results) and, optionally, its own webhook
     secrets (the provider's ``dialect``, ``base_url`` and settings stay)."""
@@ -66,13 +63,13 @@ class TenantProviderConfig(_Model):
         return kept
 
 
-class TenantConfig(_Model):
+class TenantConfig(ConfigModel):
     """One tenant: ``providers`` maps provider names (from ``providers:``) to its account."""
 
     providers: dict[str, TenantProviderConfig] = Field(default_factory=dict)
 
 
-class ConsumerToken(_Model):
+class ConsumerToken(ConfigModel):
     """A bearer token of the results API; ``tenant`` set: it sees that tenant's results only."""
 
     token: SecretStr
@@ -88,7 +85,7 @@ class ConsumerToken(_Model):
         return value
 
 
-class ResultsConfig(_Model):
+class ResultsConfig(ConfigModel):
     """The results API (``/v1/results``): how long landed envelopes stay readable."""
 
     stream_max_entries: int = Field(default=1_000_000, ge=100, le=100_000_000)
