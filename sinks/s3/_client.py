@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -17,9 +17,7 @@ from botocore.exceptions import ClientError, NoCredentialsError
 
 from nopoll.exceptions import SinkError
 from nopoll.wire import url_secrets
-
-if TYPE_CHECKING:
-    from sinks.s3.sink import S3SinkConfig
+from sinks.s3.config import S3SinkConfig
 
 __all__ = ["S3Calls"]
 
