@@ -44,8 +44,7 @@ from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue._arq import stop_workers, wait_stopped
 from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems
-from receiver.worker.process import NopollWorker, build_workers
-from receiver.worker.state import Shared, hand_back
+from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
 __all__ = ["api_server_config", "redis_url_for", "run"]
 

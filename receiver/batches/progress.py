@@ -41,7 +41,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from receiver.queue.enqueue import DELIVER, PUT_JOB_LUA, QueuedJob
+from receiver.queue.enqueue import PUT_JOB_LUA, QueuedJob
+from receiver.queue.jobs import DeliverJob
 
 __all__ = ["BATCH_INDEX_KEY", "BatchProgress", "BatchState", "batch_state_key", "summary_job"]
 
@@ -55,11 +56,7 @@ def batch_state_key(provider: str, batch_id: str) -> str:
 
 def summary_job(sink: str, state_key: str, summary: dict[str, Any]) -> QueuedJob:
     """The ``deliver`` job that writes a batch summary to ``sink`` (one id per sink)."""
-    return QueuedJob(
-        DELIVER,
-        f"deliver:{sink}:{state_key}:summary",
-        {"sink": sink, "envelopes": [summary], "batch_state": None, "part": None},
-    )
+    return DeliverJob(sink, [summary]).summary(state_key)
 
 
 # KEYS: 1 state hash, 2 pending set; 3-5 the hand-off job (job key, result key, queue)

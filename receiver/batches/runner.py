@@ -201,7 +201,18 @@ class BatchRunner:
             skip_before=min(progress.committed.values(), default=-1) + 1,
         )
         outcome.chunks_skipped = fetch.skip_before
-        writers = {s: SinkWriter(self, s, progress.committed[s], ctx.state) for s in sinks}
+        writers = {
+            s: SinkWriter(
+                s,
+                progress.committed[s],
+                ctx.state,
+                settings=self.settings,
+                fanout=self.fanout,
+                dead_letters=self.dead_letters,
+                metrics=self.metrics,
+            )
+            for s in sinks
+        }
         started = time.monotonic()
         await self._stream(dialect, fetch, ctx, writers, outcome, on_progress)
         await self._summarize(fetch, ctx, outcome)

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkRejected, SinkRowsRejected
 from receiver.batches.progress import BatchState
+from receiver.config.settings import Settings
+from receiver.fanout.fanout import FanOut
+from receiver.metrics import Metrics
+from receiver.queue.deadletter import DeadLetters
 from receiver.queue.enqueue import DELIVER
-from receiver.worker.deliver import handoff_job, rejection_text
-
-if TYPE_CHECKING:
-    from receiver.batches.runner import BatchRunner
+from receiver.queue.jobs import DeliverJob, rejection_text
 
 __all__ = ["DONE", "SinkWriter"]
 
@@ -31,14 +32,25 @@ _IN_JOB_MAX_S = 5.0
 class SinkWriter:
     """One sink's share of a batch: its own queue, in order, retried, then handed off."""
 
-    def __init__(self, runner: BatchRunner, name: str, committed: int, state: BatchState) -> None:
-        self.runner = runner
+    def __init__(
+        self,
+        name: str,
+        committed: int,
+        state: BatchState,
+        *,
+        settings: Settings,
+        fanout: FanOut,
+        dead_letters: DeadLetters,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.fanout = fanout
+        self.dead_letters = dead_letters
+        self.metrics = metrics
         self.name = name
         self.committed = committed
         self.state = state
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(
-            maxsize=runner.settings.batch.sink_queue_chunks
-        )
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=settings.batch.sink_queue_chunks)
         self.handed_off = 0
 
     async def run(self) -> None:
@@ -56,8 +68,8 @@ class SinkWriter:
             self.committed = number
 
     async def _write(self, number: int, envelopes: list[Envelope]) -> None:
-        sink = self.runner.fanout.sinks[self.name]
-        settings = self.runner.settings
+        sink = self.fanout.sinks[self.name]
+        settings = self.settings
         attempts = settings.batch.sink_attempts
         backoff = settings.sink_retry.backoff(max_s=_IN_JOB_MAX_S)
         for attempt in range(1, attempts + 1):
@@ -87,12 +99,8 @@ class SinkWriter:
                     exc,
                 )
                 self.handed_off += 1
-                job = handoff_job(
-                    self.name,
-                    envelopes,
-                    defer_s=settings.sink_retry.delay(1),
-                    batch_state=self.state.key,
-                    part=number,
+                job = DeliverJob.of(self.name, envelopes, self.state.key, number, number).handoff(
+                    defer_s=settings.sink_retry.delay(1)
                 )
                 await self.state.commit(self.name, number, handoff=job)
                 return
@@ -102,22 +110,16 @@ class SinkWriter:
     async def _dead_letter(
         self, number: int, envelopes: list[Envelope], part: int | None, error: str
     ) -> None:
-        letter = await self.runner.dead_letters.add(
+        letter = await self.dead_letters.add(
             sink=self.name,
             provider=envelopes[0].provider if envelopes else "",
             keys=[e.key for e in envelopes],
             attempts=1,
             error=error,
             function=DELIVER,
-            kwargs={
-                "sink": self.name,
-                "envelopes": [e.to_dict() for e in envelopes],
-                "batch_state": self.state.key,
-                "part": part,
-                "settle": number,
-            },
+            kwargs=DeliverJob.of(self.name, envelopes, self.state.key, part, number).to_kwargs(),
         )
-        self.runner.metrics.dead_letters.labels(self.name).inc()
+        self.metrics.dead_letters.labels(self.name).inc()
         log.error(
             "dead letter %s: %s refused %d row(s): %s", letter.id, self.name, len(envelopes), error
         )

@@ -12,41 +12,22 @@ parked until the dead letter is replayed successfully.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batches.progress import BatchState
-from receiver.queue.enqueue import DELIVER, QueuedJob, put_job
+from receiver.queue.enqueue import DELIVER, put_job
+from receiver.queue.jobs import DeliverJob, rejection_text
 from receiver.worker.retry import dead_letter, guarded, retry_or_give_up
 
 if TYPE_CHECKING:
     from receiver.worker.state import WorkerState
 
-__all__ = ["batch_state_for", "deliver", "handoff_job", "queue_retries", "rejection_text"]
+__all__ = ["batch_state_for", "deliver", "queue_retries"]
 
 log = logging.getLogger("nopoll.worker")
-
-
-def handoff_job(
-    sink: str,
-    envelopes: Sequence[Envelope] | Sequence[dict[str, Any]],
-    *,
-    defer_s: float,
-    batch_state: str | None = None,
-    part: int | None = None,
-) -> QueuedJob:
-    """A ``deliver`` job for ``envelopes``; a batch chunk's has one id per (sink, chunk)."""
-    job_id = (
-        f"deliver:{sink}:{batch_state}:{part}"
-        if batch_state is not None and part is not None
-        else f"deliver:{sink}:{uuid.uuid4().hex}"
-    )
-    settle = part if batch_state is not None else None
-    kwargs = _kwargs(sink, envelopes, batch_state, part, settle)
-    return QueuedJob(DELIVER, job_id, kwargs, defer_s=defer_s, job_try=2)
 
 
 async def queue_retries(
@@ -62,41 +43,20 @@ async def queue_retries(
         share = list(shares[name])
         if isinstance(error, SinkRowsRejected):
             refused = [e for e in share if e.key in error.rejected]
-            kwargs = _kwargs(name, refused, None, None, None)
+            kwargs = DeliverJob.of(name, refused).to_kwargs()
             await dead_letter(ctx, DELIVER, kwargs, rejection_text(error))
             continue
         if isinstance(error, SinkRejected):
-            await dead_letter(ctx, DELIVER, _kwargs(name, share, None, None, None), str(error))
+            await dead_letter(ctx, DELIVER, DeliverJob.of(name, share).to_kwargs(), str(error))
             continue
         log.warning("sink %s failed, retrying on its own: %s", name, error)
-        job = handoff_job(name, share, defer_s=settings.sink_retry.delay(1))
+        job = DeliverJob.of(name, share).handoff(defer_s=settings.sink_retry.delay(1))
         await put_job(state.redis, job, expiry_ms=settings.job_expiry_s * 1000)
-
-
-def _kwargs(
-    sink: str,
-    envelopes: Sequence[Envelope] | Sequence[dict[str, Any]],
-    batch_state: str | None,
-    part: int | None,
-    settle: int | None,
-) -> dict[str, Any]:
-    return {
-        "sink": sink,
-        "envelopes": [e.to_dict() if isinstance(e, Envelope) else e for e in envelopes],
-        "batch_state": batch_state,
-        "part": part,
-        "settle": settle,
-    }
 
 
 def _keys(envelopes: list[dict[str, Any]]) -> str:
     keys = [str(e.get("key")) for e in envelopes[:3]]
     return ", ".join(keys) + (f" (+{len(envelopes) - 3} more)" if len(envelopes) > 3 else "")
-
-
-def rejection_text(error: SinkRowsRejected) -> str:
-    reasons = sorted(set(error.rejected.values()))
-    return f"sink {error.sink!r} refused {len(error.rejected)} row(s): " + "; ".join(reasons)[:1500]
 
 
 def batch_state_for(state: WorkerState, key: str) -> BatchState:
@@ -125,9 +85,17 @@ async def deliver(
     ``batch_state`` and ``settle`` name the batch and the pending chunk this delivery
     settles when it succeeds.
     """
-    if settle is None and batch_state is not None:
-        settle = part  # a job queued before ``settle`` existed
-    kwargs = _kwargs(sink, envelopes, batch_state, part, settle)
+    job = DeliverJob.from_kwargs(
+        {
+            "sink": sink,
+            "envelopes": envelopes,
+            "batch_state": batch_state,
+            "part": part,
+            "settle": settle,
+        }
+    )
+    settle = job.settle
+    kwargs = job.to_kwargs()
     state: WorkerState = ctx["state"]
     target = state.fanout.sinks.get(sink)
     if target is None:
@@ -142,7 +110,7 @@ async def deliver(
         # The others are written; only the refused rows are kept, and the chunk stays
         # pending (its summary waits) until a replay of them succeeds.
         refused = [e for e in envelopes if str(e.get("key")) in exc.rejected]
-        letter = _kwargs(sink, refused, batch_state, None, settle)
+        letter = DeliverJob(sink, refused, batch_state, None, settle).to_kwargs()
         return await dead_letter(ctx, DELIVER, letter, rejection_text(exc))
     except SinkRejected as exc:
         return await dead_letter(ctx, DELIVER, kwargs, str(exc))

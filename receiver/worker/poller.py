@@ -38,11 +38,12 @@ from receiver.logs import bind
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
 from receiver.watches.store import Watch, WatchStore
 from receiver.webhooks.tenants import scoped
+from receiver.worker.fetch import land_response
 from receiver.worker.ratelimit import RateLimiter
+from receiver.worker.state import WorkerState
 
 if TYPE_CHECKING:
     from receiver.config.settings import ProviderConfig, Settings, WatchConfig
-    from receiver.worker.state import WorkerState
 
 __all__ = ["GROWTH", "JITTER", "WatchPoller", "lease_s", "next_interval_s"]
 
@@ -223,8 +224,6 @@ class WatchPoller:
         started = time.monotonic()
         received_at = now_rfc3339()
         if watch.kind == "response":
-            from receiver.worker.fetch import land_response
-
             await land_response(
                 self.state,
                 watch.provider,

@@ -7,7 +7,7 @@ import gc
 from typing import Any
 
 from receiver.metrics import Metrics
-from receiver.worker.state import Shared, shutdown, startup
+from receiver.worker.process import Shared, shutdown, startup
 
 
 async def test_the_gc_is_set_for_jobs_while_the_state_is_open_then_restored(
