@@ -35,6 +35,7 @@ from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
 from receiver.admin.routes import BODY_CAPS as ADMIN_BODY_CAPS
 from receiver.admin.routes import admin_routes
+from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
 from receiver.fanout.health import metrics_page as _metrics_page
 from receiver.fanout.health import readiness_page as _readiness
@@ -57,13 +58,7 @@ from receiver.redis_link import RedisLink
 from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
 from receiver.webhooks.limits import WebhookLimits, client_address
-from receiver.webhooks.tenants import (
-    DEFAULT_TENANT,
-    TENANT_PREFIX,
-    TenantEndpoint,
-    TenantEndpoints,
-    scoped,
-)
+from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
 from receiver.webhooks.verify import Verifier
 from receiver.webhooks.wire import (
     BoundedBodies,

@@ -45,6 +45,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from receiver.watches.scripts import WATCH_OF
+from receiver.watches.store import held_watches_key
 
 __all__ = [
     "BEAT_S",
@@ -52,7 +53,6 @@ __all__ = [
     "WORKERS_KEY",
     "Liveness",
     "held_jobs_key",
-    "held_watches_key",
     "new_worker_id",
 ]
 
@@ -72,10 +72,6 @@ def new_worker_id() -> str:
 
 def held_jobs_key(worker_id: str) -> str:
     return f"nopoll:worker:{worker_id}:jobs"
-
-
-def held_watches_key(worker_id: str) -> str:
-    return f"nopoll:worker:{worker_id}:watches"
 
 
 _NOW = """

@@ -26,10 +26,10 @@ from receiver.admin.ops import OPS_OPENAPI, ReplayRequest, ops_routes
 from receiver.admin.submit import MAX_BODY as _SUBMIT_MAX_BODY
 from receiver.admin.submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
 from receiver.auth import Refusal, TokenBook
+from receiver.config.accounts import DEFAULT_TENANT, tenant_problem
 from receiver.config.settings import Settings
 from receiver.console import Console
 from receiver.watches.store import WatchStore, register_many
-from receiver.webhooks.tenants import DEFAULT_TENANT, tenant_problem
 
 __all__ = ["BODY_CAPS", "WatchRequest", "admin_routes"]
 

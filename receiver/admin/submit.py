@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receiver.admin._http import first_error, json_answer, json_error, read_capped
+from receiver.config.accounts import tenant_problem, tenant_provider
 from receiver.config.settings import Settings
-from receiver.webhooks.tenants import tenant_problem, tenant_provider
 
 __all__ = ["SUBMIT_OPENAPI", "SubmitRequest", "submit_endpoint"]
 

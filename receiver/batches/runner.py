@@ -40,13 +40,13 @@ from nopoll.exceptions import NopollError, ResultNotReady
 from nopoll.status import unfinished_status
 from receiver.batches.progress import BatchState, batch_state_key
 from receiver.batches.writer import DONE, SinkWriter
+from receiver.config.accounts import scoped
 from receiver.config.settings import Settings
 from receiver.fanout.fanout import FanOut
 from receiver.liveness import DEAD_AFTER_S
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.queue.deadletter import DeadLetters
-from receiver.webhooks.tenants import scoped
 
 __all__ = ["BatchOutcome", "BatchRunner", "Lease", "LeaseLost", "batch_state_key"]
 
@@ -108,7 +108,7 @@ class BatchRunner:
 
     def state(self, provider: str, batch_id: str) -> BatchState:
         """A batch's progress; ``provider`` is scoped by tenant (see
-        :func:`~receiver.webhooks.tenants.scoped`)."""
+        :func:`~receiver.config.accounts.scoped`)."""
         return BatchState.of(
             self.redis,
             provider,

@@ -41,7 +41,7 @@ def provider_for(settings: Settings, provider: str, tenant: str) -> ProviderConf
     """``provider``'s config as ``tenant`` uses it; a ConfigError (exit status 2) names
     an unknown provider or tenant, or a tenant without an account there."""
     from nopoll.exceptions import ConfigError
-    from receiver.webhooks.tenants import tenant_problem, tenant_provider
+    from receiver.config.accounts import tenant_problem, tenant_provider
 
     if provider not in settings.providers:
         known = ", ".join(sorted(settings.providers)) or "none"

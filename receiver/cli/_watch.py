@@ -186,9 +186,9 @@ async def _wait_rows(
     from rich.progress import BarColumn, Progress, TextColumn
 
     from receiver.batches.progress import batch_state_key, summary_job
+    from receiver.config.accounts import scoped
     from receiver.queue._arq import JOB_KEY
     from receiver.queue.enqueue import batch_job_id
-    from receiver.webhooks.tenants import scoped
 
     name = scoped(provider, tenant)
     keys = {i: batch_state_key(name, i) for i in ids}

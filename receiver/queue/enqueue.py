@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
-from receiver.webhooks.wire import RoundTrips
+from receiver.queue.trips import RoundTrips
 
 __all__ = [
     "BATCHES_QUEUE",

@@ -41,10 +41,10 @@ from redis.asyncio import Redis
 from nopoll.exceptions import TransientProviderError
 from nopoll.wire import safe_id
 from receiver.backoff import Backoff
+from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
 from receiver.providers.client import ProviderClient
 from receiver.watches.store import WatchStore
-from receiver.webhooks.tenants import DEFAULT_TENANT, scoped
 
 __all__ = [
     "Rejected",

@@ -2,7 +2,7 @@
 
 A watch is ``(tenant, provider, kind, id)`` with ``kind`` ``response`` or ``batch``: each
 tenant's watch of an id is its own, polled with its own account and landed with its own
-``tenant``. Keys, where ``<scoped>`` is :func:`receiver.webhooks.tenants.scoped` (the provider's own
+``tenant``. Keys, where ``<scoped>`` is :func:`receiver.config.accounts.scoped` (the provider's own
 name for the default tenant, so its keys are what they always were; ``provider@tenant``
 for the others)::
 
@@ -48,9 +48,8 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 
-from receiver.liveness import held_watches_key
+from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.watches import scripts as lua
-from receiver.webhooks.tenants import DEFAULT_TENANT, scoped
 
 __all__ = [
     "RECHECK_S",
@@ -60,6 +59,7 @@ __all__ = [
     "due_key",
     "due_member",
     "ended_key",
+    "held_watches_key",
     "read_member",
     "register_many",
     "shown_state",
@@ -75,6 +75,11 @@ retries ran out: a dead letter) hands the id back to polling."""
 
 def watch_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
     return f"nopoll:watch:{scoped(provider, tenant)}:{kind}:{object_id}"
+
+
+def held_watches_key(worker_id: str) -> str:
+    """The set of watches a worker process took for a poll (see :mod:`receiver.liveness`)."""
+    return f"nopoll:worker:{worker_id}:watches"
 
 
 def due_key(provider: str) -> str:

@@ -7,32 +7,24 @@ is put first and the old ones stay until the endpoints signed by them are replac
 token that does not verify, or names a tenant or provider that is not configured, is
 unknown: the endpoint answers 404 before anything touches Redis.
 
-The tenant's own ``api_key`` (every account has one: the config refuses one without) and
-``webhook_secrets`` (where given) replace the provider's (:func:`tenant_provider`); the
-provider's ``dialect``, ``base_url`` and settings stay.
-
-Everything the default tenant keys by provider in Redis (the webhook-id dedupe, job ids,
-batch progress, watches and callback markers, ``nopoll submit``'s records and
-idempotency keys) is keyed by
-:func:`scoped` for other tenants: ``provider@tenant``, which no provider name can be, so
-two tenants with the same ids never collide, and the default tenant's keys stay as they
-always were. docs/tenants.md has the operator's side.
+Which account a tenant's work uses, and how its Redis keys are scoped, is
+:mod:`receiver.config.accounts`. docs/tenants.md has the operator's side.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from itsdangerous import BadData, URLSafeSerializer
 
+from nopoll.envelope import DEFAULT_TENANT
 from nopoll.exceptions import ConfigError
-from receiver.config.settings import ProviderConfig, Settings
+from receiver.config.accounts import tenant_problem, tenant_providers
+from receiver.config.settings import Settings
 from receiver.webhooks.verify import Verifier
 
 __all__ = [
-    "DEFAULT_TENANT",
     "TENANT_PREFIX",
     "TOKEN_SALT",
     "TenantEndpoint",
@@ -41,68 +33,14 @@ __all__ = [
     "endpoint_path",
     "endpoint_token",
     "read_token",
-    "scoped",
-    "tenant_problem",
-    "tenant_provider",
-    "tenant_providers",
 ]
 
-DEFAULT_TENANT = "default"
-"""The tenant of ``/webhooks/{provider}``: the providers' own keys and secrets."""
 TOKEN_SALT = "nopoll.tenant-endpoint.v1"
 """Separates endpoint tokens from anything else the same keys could sign."""
 TENANT_PREFIX = "/webhooks/t/"
 _TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,512}")
 _KNOWN_TOKENS = 4096
 """Valid tokens remembered by an endpoint (only ever the ones nopoll signed)."""
-
-
-def scoped(provider: str, tenant: str) -> str:
-    """The name a provider's Redis keys and job ids use for ``tenant``: the provider's own
-    for the default tenant, ``provider@tenant`` for the others."""
-    return provider if tenant == DEFAULT_TENANT else f"{provider}@{tenant}"
-
-
-def tenant_provider(settings: Settings, tenant: str, provider: str) -> ProviderConfig | None:
-    """``provider``'s config as ``tenant`` uses it (its own ``api_key`` and
-    ``webhook_secrets`` where given); None when the tenant or provider is unknown, or the
-    tenant has no account at that provider."""
-    config = settings.providers.get(provider)
-    if config is None or tenant == DEFAULT_TENANT:
-        return config
-    team = settings.tenants.get(tenant)
-    account = team.providers.get(provider) if team is not None else None
-    if account is None:
-        return None
-    update: dict[str, Any] = {}
-    if account.api_key is not None:
-        update["api_key"] = account.api_key
-    if account.webhook_secrets:
-        update["webhook_secrets"] = list(account.webhook_secrets)
-    return config.model_copy(update=update)
-
-
-def tenant_providers(settings: Settings) -> dict[tuple[str, str], ProviderConfig]:
-    """Every ``(tenant, provider)`` account of the non-default tenants, resolved."""
-    found = {}
-    for tenant, team in settings.tenants.items():
-        for provider in team.providers:
-            config = tenant_provider(settings, tenant, provider)
-            if config is not None:
-                found[(tenant, provider)] = config
-    return found
-
-
-def tenant_problem(settings: Settings, tenant: str, provider: str) -> str | None:
-    """Why ``tenant`` cannot use ``provider`` (unknown tenant, no account there), or None."""
-    if tenant == DEFAULT_TENANT:
-        return None
-    if tenant not in settings.tenants:
-        known = ", ".join(sorted(settings.tenants)) or "none"
-        return f"unknown tenant {tenant!r} (configured: default, {known})"
-    if provider not in settings.tenants[tenant].providers:
-        return f"tenant {tenant!r} has no account at provider {provider!r}"
-    return None
 
 
 def _serializer(settings: Settings) -> URLSafeSerializer | None:

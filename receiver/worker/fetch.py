@@ -35,10 +35,10 @@ from nopoll.exceptions import (
 )
 from nopoll.status import unfinished_status
 from receiver.batches.runner import LeaseLost
+from receiver.config.accounts import scoped
 from receiver.providers import Dialect
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.watches.store import RECHECK_S, WatchStore
-from receiver.webhooks.tenants import scoped
 from receiver.worker.deliver import deliver, queue_retries
 from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
 from receiver.worker.served import ServedAccounts

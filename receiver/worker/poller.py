@@ -34,10 +34,10 @@ from redis.exceptions import RedisError
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.status import unfinished_status
+from receiver.config.accounts import scoped
 from receiver.logs import bind
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
 from receiver.watches.store import Watch, WatchStore
-from receiver.webhooks.tenants import scoped
 from receiver.worker.fetch import land_response
 from receiver.worker.ratelimit import RateLimiter
 from receiver.worker.state import WorkerState

@@ -2,7 +2,7 @@
 dead-letters work merely because its own config lacks a provider another worker has.
 
 Every worker process publishes the accounts it can fetch with (``provider`` for the
-default tenant, ``provider@tenant`` for the others: :func:`receiver.webhooks.tenants.scoped`) in
+default tenant, ``provider@tenant`` for the others: :func:`receiver.config.accounts.scoped`) in
 one hash, refreshed every ``worker.health_check_interval_s`` and valid for three of those
 (plus 5 s), and withdraws them when it stops::
 
@@ -29,9 +29,9 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from receiver.config.accounts import scoped, tenant_providers
 from receiver.config.settings import Settings
 from receiver.queue.enqueue import BATCHES_QUEUE, JOBS_QUEUE
-from receiver.webhooks.tenants import scoped, tenant_providers
 
 __all__ = ["SERVED_KEY", "ServedAccounts", "accounts_of", "publish_while_running"]
 

@@ -18,6 +18,7 @@ import httpx
 from redis.asyncio import Redis
 
 from receiver.batches.runner import BatchRunner
+from receiver.config.accounts import DEFAULT_TENANT, tenant_providers
 from receiver.config.settings import ProviderConfig, Settings
 from receiver.fanout.fanout import FanOut, ManagedSink
 from receiver.fanout.publish import add_publication
@@ -26,7 +27,6 @@ from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
-from receiver.webhooks.tenants import DEFAULT_TENANT, tenant_providers
 
 __all__ = ["WorkerState", "build_state"]
 

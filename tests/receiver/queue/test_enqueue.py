@@ -23,7 +23,7 @@ from receiver.queue.enqueue import (
     QueueBusy,
     redis_client,
 )
-from receiver.webhooks.wire import RoundTrips
+from receiver.queue.trips import RoundTrips
 from tests.servers import ValkeyProcess
 
 WEEK_S = 7 * 86_400

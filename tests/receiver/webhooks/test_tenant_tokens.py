@@ -18,19 +18,13 @@ from itsdangerous import URLSafeSerializer
 from nopoll.envelope import envelope_from_response
 from nopoll.exceptions import ConfigError
 from receiver.cli import main
+from receiver.config.accounts import scoped, tenant_provider
 from receiver.config.settings import RouteConfig, load_settings
 from receiver.demo.simulator import make_response
 from receiver.fanout.routing import Router
 from receiver.queue._arq import job_deserializer
 from receiver.queue.enqueue import JOBS_QUEUE
-from receiver.webhooks.tenants import (
-    TOKEN_SALT,
-    endpoint_path,
-    endpoint_token,
-    read_token,
-    scoped,
-    tenant_provider,
-)
+from receiver.webhooks.tenants import TOKEN_SALT, endpoint_path, endpoint_token, read_token
 from tests.servers import running_api
 
 OLD_KEY = "old-tenant-key-" + "o" * 32
