@@ -169,7 +169,7 @@ class Provider:
 
 async def send_all(port: int, requests: list[Any], concurrency: int = 32) -> Counter[int]:
     """Send every request raw (its own connection), ``concurrency`` at a time."""
-    from tests.receiver.webhooks.test_fuzz import _answer, _not_http
+    from tests.receiver.helpers import _answer, _not_http
 
     statuses: Counter[int] = Counter()
     queue: asyncio.Queue[Any] = asyncio.Queue()

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from pydantic import SecretStr
 from redis import asyncio as redis_asyncio
 
-from nopoll.envelope import Envelope, now_rfc3339
 from nopoll.exceptions import ConfigError, SinkError
 from receiver.metrics import Metrics
 from receiver.results.stream import parse_id
@@ -17,39 +15,12 @@ from sinks.results import (
     LAST_ID,
     RESULTS_SINK,
     STREAM,
-    ResultsSink,
-    ResultsSinkConfig,
     latest_key,
 )
+from tests.receiver.helpers import envelope, sink_for
 from tests.servers import free_port
 
 TOKEN = "consumer-token-0123456789"
-
-
-def envelope(key: str, *, tenant: str = "default", provider: str = "sim", **fields) -> Envelope:
-    fields.setdefault("kind", "response")
-    fields.setdefault("status", "completed")
-    return Envelope(
-        provider=provider,
-        tenant=tenant,
-        key=key,
-        usable=fields["status"] == "completed",
-        received_at=now_rfc3339(),
-        fetched_at=now_rfc3339(),
-        body={"id": key},
-        **fields,
-    )
-
-
-def sink_for(url: str, **overrides) -> ResultsSink:
-    config = {
-        "redis_url": SecretStr(url),
-        "stream_max_entries": 1000,
-        "stream_retention_s": 3600,
-        "latest_ttl_s": 120,
-        **overrides,
-    }
-    return ResultsSink(RESULTS_SINK, ResultsSinkConfig(**config))
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from receiver.queue.enqueue import JOBS_QUEUE, EnqueueOutcome, Enqueuer, redis_client
-from tests.receiver.queue.test_enqueue import WEEK_S, Clock, job
+from tests.receiver.helpers import WEEK_S, Clock, job
 
 DAY_S = 86_400
 HEAD = "nopoll:seen:@head"

@@ -17,32 +17,16 @@ from receiver.app import create_app
 from receiver.metrics import Metrics
 from receiver.queue.enqueue import (
     JOBS_QUEUE,
-    CallbackJob,
     EnqueueOutcome,
     Enqueuer,
     QueueBusy,
     redis_client,
 )
 from receiver.queue.trips import RoundTrips
+from tests.receiver.helpers import WEEK_S, Clock, job
 from tests.servers import ValkeyProcess
 
-WEEK_S = 7 * 86_400
 WINDOW_MS = WEEK_S * 1000
-T0 = 1_700_000_000.0  # a fixed "now" for the clock; buckets are 1 day wide for a week
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def job(webhook_id: str, response_id: str | None = None, provider: str = "p") -> CallbackJob:
-    rid = response_id or f"r_{webhook_id}"
-    kwargs = {"provider": provider, "response_id": rid, "event_id": webhook_id}
-    return CallbackJob(provider, webhook_id, "fetch_response", f"resp:{provider}:{rid}", kwargs)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 
 from receiver.config.settings import load_settings
 from receiver.demo.simulator import ProviderSimulator
-from tests.receiver.webhooks.test_fuzz import _ApiThread
+from tests.receiver.helpers import _ApiThread
 
 ADMIN = "schema-admin-token-0123456789"
 CONSUMER = "schema-consumer-token-0123456789"

@@ -13,26 +13,8 @@ from redis import asyncio as redis_asyncio
 
 from nopoll.client import Results, ResultsError
 from sinks.results import CHANNEL
-from tests.receiver.fanout.test_results_publish import envelope
+from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, with_tokens
 from tests.servers import TcpProxy, running_api
-
-TOKEN = "consumer-token-all-0123456789"
-TOKEN_A = "consumer-token-team-a-0123456789"
-TOKENS = [{"token": TOKEN}, {"token": TOKEN_A, "tenant": "team-a"}]
-TENANTS = {
-    "tenants": {"team-a": {}, "team-b": {}},
-    "tenant_keys": ["k" * 40],
-}
-
-
-def with_tokens(make_settings, redis_url: str, **overrides):
-    """Settings with the two consumer tokens (and tenants team-a, team-b)."""
-    raw = {"redis_url": redis_url, "consumer_tokens": TOKENS, **TENANTS, **overrides}
-    return make_settings(**raw)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
 
 
 async def test_every_v1_route_is_404_without_consumer_tokens(make_settings, redis_url):

@@ -21,8 +21,7 @@ import pytest
 
 from tests.e2e.helpers import Processes, wait_ready
 from tests.receiver.conftest import ADMIN_TOKEN
-from tests.receiver.fanout.test_results_publish import envelope, sink_for
-from tests.receiver.results.test_results import TOKEN, TOKEN_A, TOKENS, bearer, with_tokens
+from tests.receiver.helpers import TOKEN, TOKEN_A, TOKENS, bearer, envelope, sink_for, with_tokens
 from tests.servers import free_port, running_api
 
 STREAM = "/v1/results/stream"

@@ -15,8 +15,7 @@ import receiver.results.stream as results_stream
 from nopoll.client import Results, ResultsError, StreamReset
 from receiver.results.stream import parse_id
 from sinks.results import STREAM
-from tests.receiver.fanout.test_results_publish import envelope, sink_for
-from tests.receiver.results.test_results import TOKEN, TOKEN_A, bearer, with_tokens
+from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, sink_for, with_tokens
 from tests.servers import TcpProxy, running_api
 
 

@@ -6,9 +6,7 @@ generators at 100,000 requests and 10,000 rows against ``nopoll serve``.)"""
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 from typing import Any
 
 import orjson
@@ -21,66 +19,13 @@ from nopoll.exceptions import ConfigError
 from receiver.config.settings import Settings, load_settings
 from receiver.providers import openai, sail, sference
 from tests.fuzzing import dialect_lines, json_values, webhook_requests
-from tests.receiver.rawhttp import read_response
-from tests.servers import running_api
+from tests.receiver.helpers import _answer, _ApiThread, _not_http
 
 # a failing example holding a 70,000-character field is reported whole
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 SECRET = "whsec_c2VjcmV0LWZvci10aGUtZnV6ei10ZXN0cy0xMjM0NQ=="
 STATUSES = {"completed", "incomplete", "failed", "cancelled", "expired"}
-
-
-class _ApiThread:
-    """nopoll's app under uvicorn in a thread of its own (hypothesis tests are sync)."""
-
-    def __init__(self, settings: Settings, redis_url: str) -> None:
-        self._settings, self._redis_url = settings, redis_url
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.base = ""
-        self.metrics: Any = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _main(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        async with running_api(self._settings, self._redis_url) as (base, metrics):
-            self.base, self.metrics = base, metrics
-            self._ready.set()
-            await self._stop.wait()
-
-    def __enter__(self) -> _ApiThread:
-        self._thread.start()
-        assert self._ready.wait(20), "the API did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(20)
-
-    def callbacks_counted(self) -> float:
-        return sum(
-            s.value
-            for family in self.metrics.callbacks.collect()
-            for s in family.samples
-            if s.name.endswith("_total")
-        )
-
-
-def _not_http(value: bytes) -> bool:
-    return any((c < 0x20 and c != 0x09) or c == 0x7F for c in value)
-
-
-def _answer(raw: bytes) -> tuple[int, dict[str, Any] | None]:
-    """(status, the JSON body, None when it is not JSON: uvicorn's own 400 for bad HTTP)."""
-    status, body = read_response(raw)
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return status, None
-    return status, payload if isinstance(payload, dict) else None
 
 
 def _send(base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
