@@ -220,9 +220,16 @@ async def test_a_batch_chunks_in_job_retries_wait_by_the_helper(
         batch={"sink_attempts": 3},
     )
     sink = _FailingSink(failures)
-    runner = SimpleNamespace(settings=settings, fanout=SimpleNamespace(sinks={"lake": sink}))
     state = _State()
-    writer = SinkWriter(runner, "lake", -1, state)  # type: ignore[arg-type]
+    writer = SinkWriter(
+        "lake",
+        -1,
+        state,  # type: ignore[arg-type]
+        settings=settings,
+        fanout=SimpleNamespace(sinks={"lake": sink}),  # type: ignore[arg-type]
+        dead_letters=None,  # type: ignore[arg-type]
+        metrics=None,  # type: ignore[arg-type]
+    )
     await writer.queue.put((0, [{"provider": "sim", "key": "batch_1/a"}]))
     await writer.queue.put(DONE)
     await asyncio.wait_for(writer.run(), 10)
