@@ -55,6 +55,7 @@ from receiver.queue.enqueue import (
     response_job_id,
 )
 from receiver.redis_link import RedisLink
+from receiver.responses import json_answer
 from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
 from receiver.webhooks.limits import WebhookLimits, client_address
@@ -330,16 +331,12 @@ class _Dispatch:
         await self.app(scope, receive, send)
 
 
-def _json(status: int, payload: dict[str, Any]) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
-
-
 async def _not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
-    return _json(405, {"error": "use POST"})
+    return json_answer(405, {"error": "use POST"})
 
 
 async def _healthz(request: Request) -> Response:
-    return _json(200, {"status": "ok"})
+    return json_answer(200, {"status": "ok"})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -355,7 +352,7 @@ async def _client_left(request: Request, exc: Exception) -> Response:
     log.debug(
         "%s %s: the client left before sending its whole body", request.method, request.url.path
     )
-    return _json(400, {"error": "client disconnected before sending the whole body"})
+    return json_answer(400, {"error": "client disconnected before sending the whole body"})
 
 
 def create_app(

@@ -1,16 +1,19 @@
-"""What the admin routes share: a body read under a cap, JSON answers, and the first
+"""What the admin routes share: a body read under a cap into a model, and the first
 validation error said as ``field: what is wrong``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
-import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["first_error", "json_answer", "json_error", "read_capped"]
+from receiver.responses import json_error
+
+__all__ = ["first_error", "read_capped", "read_model"]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 async def read_capped(request: Request, limit: int) -> bytes | None:
@@ -27,12 +30,18 @@ async def read_capped(request: Request, limit: int) -> bytes | None:
     return bytes(raw)
 
 
-def json_answer(status: int, payload: Any) -> Response:
-    return Response(orjson.dumps(payload), status, media_type="application/json")
-
-
-def json_error(status: int, message: str) -> Response:
-    return json_answer(status, {"error": message})
+async def read_model(
+    request: Request, model: type[_M], limit: int, too_large: str = ""
+) -> _M | Response:
+    """The body read under ``limit`` and validated as ``model``, or the 413 or 400 that
+    says why not (``too_large`` is added to the 413's reason)."""
+    raw = await read_capped(request, limit)
+    if raw is None:
+        return json_error(413, f"body: larger than {limit} bytes{too_large}")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        return json_error(400, first_error(exc))
 
 
 def first_error(exc: ValidationError) -> str:

@@ -11,14 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from receiver.admin._http import first_error, json_answer, json_error, read_capped
+from receiver.admin._http import read_model
 from receiver.console import MAX_OFFSET, Console
+from receiver.responses import json_answer, json_error
 
 __all__ = ["MAX_BODY", "OPS_OPENAPI", "ReplayRequest", "ops_routes"]
 
@@ -80,13 +81,9 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
         return json_answer(200, await console.dead_letters(offset=offset, limit=limit, sink=sink))
 
     async def replay(request: Request) -> Response:
-        raw = await read_capped(request, MAX_BODY)
-        if raw is None:
-            return json_error(413, f"body: larger than {MAX_BODY} bytes")
-        try:
-            body = ReplayRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return json_error(400, first_error(exc))
+        body = await read_model(request, ReplayRequest, MAX_BODY)
+        if isinstance(body, Response):
+            return body
         if body.sink is not None and body.sink not in console.sink_names():
             return json_error(400, f"sink: unknown sink {body.sink[:64]!r}")
         return json_answer(200, await console.replay(ids=body.ids, sink=body.sink))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -21,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from receiver.admin._http import read_capped
 from receiver.admin.ops import MAX_BODY as _REPLAY_MAX_BODY
 from receiver.admin.ops import OPS_OPENAPI, ReplayRequest, ops_routes
 from receiver.admin.submit import MAX_BODY as _SUBMIT_MAX_BODY
@@ -29,6 +29,7 @@ from receiver.auth import Refusal, TokenBook
 from receiver.config.accounts import DEFAULT_TENANT, tenant_problem
 from receiver.config.settings import Settings
 from receiver.console import Console
+from receiver.responses import ERROR_RESPONSE, json_answer, json_error
 from receiver.watches.store import WatchStore, register_many
 
 __all__ = ["BODY_CAPS", "WatchRequest", "admin_routes"]
@@ -71,14 +72,6 @@ class WatchAnswer(BaseModel):
     invalid: list[dict[str, str]] = Field(description="ids refused, with the reason")
 
 
-def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
-
-
-def _error(status: int, message: str, **headers: str) -> Response:
-    return _json(status, {"error": message}, headers or None)
-
-
 def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
     """The ``/admin/v1`` routes (all of them 404 when no admin token is configured)."""
     api = _AdminApi(settings, redis)
@@ -100,31 +93,26 @@ class _AdminApi:
 
     def refused(self, request: Request) -> Response | None:
         if not self.tokens.configured("admin"):
-            return _error(404, "not found")
+            return json_error(404, "not found")
         holder = self.tokens.authenticate(request.headers, "admin")
         return holder.response() if isinstance(holder, Refusal) else None
 
     async def add(self, request: Request) -> Response:
         if (denied := self.refused(request)) is not None:
             return denied
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > _MAX_BODY:
-            return _error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > _MAX_BODY:
-                return _error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
+        raw = await read_capped(request, _MAX_BODY)
+        if raw is None:
+            return json_error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
         try:
             body = WatchRequest.model_validate_json(raw)
         except ValidationError as exc:
-            return _error(400, _first_error(exc))
+            return json_error(400, _first_error(exc))
         provider = self.settings.providers.get(body.provider)
         if provider is None:
             known = ", ".join(sorted(self.settings.providers)) or "none"
-            return _error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
+            return json_error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
         if (problem := tenant_problem(self.settings, body.tenant, body.provider)) is not None:
-            return _error(400, f"tenant: {problem}")
+            return json_error(400, f"tenant: {problem}")
         try:
             done = await register_many(
                 self.store,
@@ -137,33 +125,35 @@ class _AdminApi:
                 tenant=body.tenant,
             )
         except (RedisError, OSError):
-            return _error(503, "Redis unreachable, retry later")
+            return json_error(503, "Redis unreachable, retry later")
         invalid = [{"id": i[:300], "reason": r} for i, r in done.invalid]
-        return _json(202, {"watching": done.watching, "already": done.already, "invalid": invalid})
+        return json_answer(
+            202, {"watching": done.watching, "already": done.already, "invalid": invalid}
+        )
 
     async def listing(self, request: Request) -> Response:
         if (denied := self.refused(request)) is not None:
             return denied
         q = request.query_params
         if (kind := q.get("kind")) not in (None, "response", "batch"):
-            return _error(400, "kind: must be response or batch")
+            return json_error(400, "kind: must be response or batch")
         if (state := q.get("state")) not in (None, *_STATES):
-            return _error(400, f"state: must be one of {', '.join(_STATES)}")
+            return json_error(400, f"state: must be one of {', '.join(_STATES)}")
         provider = q.get("provider")
         if provider is not None and provider not in self.settings.providers:
-            return _error(400, f"provider: unknown provider {provider[:64]!r}")
+            return json_error(400, f"provider: unknown provider {provider[:64]!r}")
         tenant = q.get("tenant", DEFAULT_TENANT)
         if tenant != _ALL_TENANTS and not _TENANT.fullmatch(tenant):
-            return _error(400, f"tenant: {_TENANT_RULE}, or * for every tenant")
+            return json_error(400, f"tenant: {_TENANT_RULE}, or * for every tenant")
         try:
             cursor = int(q.get("cursor", "0"))
             limit = int(q.get("limit", "100"))
         except ValueError:
-            return _error(400, "cursor and limit: must be whole numbers")
+            return json_error(400, "cursor and limit: must be whole numbers")
         if not 1 <= limit <= 1000:
-            return _error(400, "limit: must be 1 to 1000")
+            return json_error(400, "limit: must be 1 to 1000")
         if not 0 <= cursor < 2**64:  # a Redis SCAN cursor is an unsigned 64-bit number
-            return _error(400, "cursor: must be a next_cursor this listing gave, or 0")
+            return json_error(400, "cursor: must be a next_cursor this listing gave, or 0")
         try:
             watches, after = await self.store.scan(
                 provider=provider,
@@ -174,8 +164,8 @@ class _AdminApi:
                 count=limit,
             )
         except (RedisError, OSError):
-            return _error(503, "Redis unreachable, retry later")
-        return _json(
+            return json_error(503, "Redis unreachable, retry later")
+        return json_answer(
             200,
             {"watches": [w.to_dict() for w in watches], "next_cursor": str(after or "")},
         )
@@ -185,20 +175,20 @@ class _AdminApi:
             return denied
         p = request.path_params
         if p["kind"] not in ("response", "batch"):
-            return _error(400, "kind: must be response or batch")
+            return json_error(400, "kind: must be response or batch")
         tenant = request.query_params.get("tenant", DEFAULT_TENANT)
         if not _TENANT.fullmatch(tenant):
-            return _error(400, f"tenant: {_TENANT_RULE}")
+            return json_error(400, f"tenant: {_TENANT_RULE}")
         try:
             deleted = await self.store.delete(p["provider"], p["kind"], p["id"], tenant)
         except (RedisError, OSError):
-            return _error(503, "Redis unreachable, retry later")
-        return Response(status_code=204) if deleted else _error(404, "no such watch")
+            return json_error(503, "Redis unreachable, retry later")
+        return Response(status_code=204) if deleted else json_error(404, "no such watch")
 
     async def openapi(self, request: Request) -> Response:
         if (denied := self.refused(request)) is not None:
             return denied
-        return _json(200, OPENAPI)
+        return json_answer(200, OPENAPI)
 
 
 _TENANT_RULE = "must be default or a tenant name ([A-Za-z0-9_-]{1,64})"
@@ -221,18 +211,7 @@ def _params(*names: str) -> list[dict[str, Any]]:
     ]
 
 
-_ERROR = {
-    "description": "why",
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {"error": {"type": "string"}},
-                "required": ["error"],
-            }
-        }
-    },
-}
+_ERROR = ERROR_RESPONSE
 _AUTH = {"401": _ERROR, "404": {"description": "no admin token is configured"}}
 _TENANT_PARAM: dict[str, Any] = {
     "name": "tenant",

@@ -15,15 +15,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from receiver.admin._http import first_error, json_answer, json_error, read_capped
+from receiver.admin._http import read_model
 from receiver.config.accounts import tenant_problem, tenant_provider
 from receiver.config.settings import Settings
+from receiver.responses import json_answer, json_error
 
 __all__ = ["SUBMIT_OPENAPI", "SubmitRequest", "submit_endpoint"]
 
@@ -78,13 +79,9 @@ def submit_endpoint(
     async def submit(request: Request) -> Response:
         if (denied := refused(request)) is not None:
             return denied
-        raw = await read_capped(request, MAX_BODY)
-        if raw is None:
-            return json_error(413, f"body: larger than {MAX_BODY} bytes")
-        try:
-            body = SubmitRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return json_error(400, first_error(exc))
+        body = await read_model(request, SubmitRequest, MAX_BODY)
+        if isinstance(body, Response):
+            return body
         config = settings.providers.get(body.provider)
         if config is None:
             known = ", ".join(sorted(settings.providers)) or "none"

@@ -26,6 +26,7 @@ from receiver.fanout.fanout import FanOut
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue.deadletter import DeadLetters
 from receiver.queue.enqueue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
+from receiver.responses import json_answer
 from receiver.watches.store import WatchStore
 
 __all__ = [
@@ -117,7 +118,7 @@ def readiness_page(redis: Redis, worker_heartbeat_key: str | None) -> Callable[.
         if checks["redis"] == "ok":
             with contextlib.suppress(RedisError, OSError):
                 body["sinks"] = await read_sink_health(redis)
-        return _json(200 if ready else 503, body)
+        return json_answer(200 if ready else 503, body)
 
     return readyz
 
@@ -139,7 +140,3 @@ def metrics_page(redis: Redis, metrics: Metrics, providers: list[str]) -> Callab
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return metrics_endpoint
-
-
-def _json(status: int, payload: dict[str, Any]) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")

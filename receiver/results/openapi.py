@@ -9,6 +9,7 @@ from typing import Any
 
 from nopoll.envelope import COLUMNS, SCHEMA
 from receiver.admin.routes import OPENAPI as ADMIN_OPENAPI
+from receiver.responses import ERROR_RESPONSE
 
 __all__ = ["openapi_document"]
 
@@ -38,18 +39,7 @@ def _envelope_schema() -> dict[str, Any]:
     }
 
 
-_ERROR = {
-    "description": "why",
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {"error": {"type": "string"}},
-                "required": ["error"],
-            }
-        }
-    },
-}
+_ERROR = ERROR_RESPONSE
 _AUTH = {
     "401": {**_ERROR, "description": "no bearer token, or not a consumer token"},
     "404": {**_ERROR, "description": "no consumer token is configured (every /v1 route)"},

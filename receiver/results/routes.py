@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import Any
 
 import orjson
 from redis.asyncio import Redis
@@ -37,6 +36,7 @@ from starlette.types import Receive
 from nopoll.status import STATUSES
 from receiver.auth import Refusal, TokenBook
 from receiver.config.settings import ConsumerToken, Settings
+from receiver.responses import json_error
 from receiver.results.openapi import openapi_document
 from receiver.results.stream import (
     EventStream,
@@ -60,14 +60,6 @@ _NOT_LANDED = orjson.dumps({"error": "not landed"})
 _PING_S = 15
 _SEND_TIMEOUT_S = 30
 _RETRY_AFTER_S = 5
-
-
-def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return _json(status, {"error": message}, headers)
 
 
 def _not_landed() -> Response:
@@ -103,7 +95,7 @@ class _ResultsApi:
     def consumer(self, request: Request) -> ConsumerToken | Response:
         """The consumer token of the request, or the answer refusing it."""
         if not self.tokens.configured("consumer"):
-            return _error(404, "not found")
+            return json_error(404, "not found")
         holder = self.tokens.authenticate(request.headers, "consumer")
         if isinstance(holder, Refusal):
             return holder.response()
@@ -118,7 +110,7 @@ class _ResultsApi:
         if "wait" in query:
             wait_s = _seconds(query["wait"])
             if wait_s is None or not 0 < wait_s <= self.max_wait_s:
-                return _error(
+                return json_error(
                     400, f"wait: must be a number of seconds above 0, at most {self.max_wait_s:g}"
                 )
         provider, key = request.path_params["provider"], request.path_params["key"]
@@ -147,7 +139,7 @@ class _ResultsApi:
                 finally:
                     self.held.give_back(who)
         except (RedisError, OSError):
-            return _error(503, "Redis unreachable, retry later")
+            return json_error(503, "Redis unreachable, retry later")
         if value is None:
             return _not_landed()
         return Response(value, media_type="application/json")
@@ -178,21 +170,21 @@ class _ResultsApi:
             if allowed is not None:
                 bad = sorted(given - allowed)
             if bad:
-                return _error(400, f"{field}: {bad[0][:64]!r} is not a valid value")
+                return json_error(400, f"{field}: {bad[0][:64]!r} is not a valid value")
             values[field] = frozenset(v.encode() for v in given) or None
         if consumer.tenant is not None:
             own = frozenset({consumer.tenant.encode()})
             if values["tenant"] not in (None, own):
-                return _error(403, f"tenant: this token sees tenant {consumer.tenant!r} only")
+                return json_error(403, f"tenant: this token sees tenant {consumer.tenant!r} only")
             values["tenant"] = own
         raw_id = request.headers.get("last-event-id") or query.get("last_event_id") or ""
         after = parse_id(raw_id) if raw_id.strip() else None
         if raw_id.strip() and after is None:
-            return _error(400, "last_event_id: not a stream entry id (like 1700000000000-0)")
+            return json_error(400, "last_event_id: not a stream entry id (like 1700000000000-0)")
         try:
             start = after if after is not None else parse_id(await last_id(self.redis))
         except (RedisError, OSError):
-            return _error(503, "Redis unreachable, retry later")
+            return json_error(503, "Redis unreachable, retry later")
         assert start is not None
         who = id(consumer)
         if (refused := self.held.take(who)) is not None:
@@ -236,7 +228,7 @@ class _HeldRequests:
             self.by_token[who] = mine + 1
             return None
         headers = {"retry-after": str(_RETRY_AFTER_S)}
-        return _error(429, f"too many held requests: {why}; retry once one ends", headers)
+        return json_error(429, f"too many held requests: {why}; retry once one ends", headers)
 
     def give_back(self, who: int) -> None:
         self.total -= 1
