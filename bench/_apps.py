@@ -4,7 +4,7 @@ Run by ``uvicorn --factory --app-dir bench _apps:<factory>``; they read
 ``NOPOLL_BENCH_SECRET`` (a ``whsec_`` secret) and ``BENCH_REDIS_URL`` from the environment.
 
 - :func:`baseline`: reads the body and answers 200: the floor of Starlette + uvicorn.
-- :func:`verify_only`: nopoll's :class:`receiver.verify.Verifier`, then 202.
+- :func:`verify_only`: nopoll's :class:`receiver.webhooks.verify.Verifier`, then 202.
 - :func:`stock_arq`: verify, then arq's standard ``ArqRedis.enqueue_job`` (WATCH, EXISTS,
   MULTI/EXEC per request), then 202: what "just use arq" costs.
 """
@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from nopoll.exceptions import VerificationError
 from nopoll.wire import decode_webhook_secret
-from receiver.verify import Verifier
+from receiver.webhooks.verify import Verifier
 
 ARQ_QUEUE = "bench:arq"
 """The stock arq case's queue (not nopoll's), in the same Redis database 13."""

@@ -169,7 +169,7 @@ class Provider:
 
 async def send_all(port: int, requests: list[Any], concurrency: int = 32) -> Counter[int]:
     """Send every request raw (its own connection), ``concurrency`` at a time."""
-    from tests.receiver.test_fuzz import _answer, _not_http
+    from tests.receiver.helpers import _answer, _not_http
 
     statuses: Counter[int] = Counter()
     queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -234,7 +234,7 @@ async def landed(pg_url: str) -> set[str]:
 async def dead_letter_keys() -> tuple[set[str], list[str]]:
     from redis.asyncio import Redis
 
-    from receiver.deadletter import DeadLetters
+    from receiver.queue.deadletter import DeadLetters
 
     redis = Redis.from_url(REDIS_URL)
     try:

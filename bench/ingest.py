@@ -6,7 +6,7 @@ Four single-process uvicorn servers (1 worker, uvloop, httptools, no access log,
 level warning), one at a time, each on a free 127.0.0.1 port, are loaded by ``wrk``:
 
 a. ``baseline``: a no-op Starlette app that reads the body and answers 200;
-b. ``verify``: the same plus ``receiver.verify.Verifier``, answering 202;
+b. ``verify``: the same plus ``receiver.webhooks.verify.Verifier``, answering 202;
 c. ``arq``: verify + arq's standard ``ArqRedis.enqueue_job`` per request;
 d. ``nopoll``: the real API, ``nopoll api --config <generated> --host --port``.
 

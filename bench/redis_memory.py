@@ -11,14 +11,14 @@ Each case starts from an empty database (FLUSHDB of db 13, nothing else) and rea
 
 - ``ids, old layout``: the one-key-per-id ``SET nopoll:seen:<provider>:<id> 1 NX PX <window>``
   of earlier versions, for comparison in the same run;
-- ``ids at R/s``: callbacks through :class:`receiver.queue.Enqueuer` (the real enqueue
+- ``ids at R/s``: callbacks through :class:`receiver.queue.enqueue.Enqueuer` (the real enqueue
   script), all for one response, so only their ids are new. How full the id hashes get
   depends on the rate (ids per one-day bucket against a power-of-two shard count), so each
   rate's fill is reproduced with a 1,000-second bucket holding as many ids per shard as a
   day at that rate does (the clock is the Enqueuer's, simulated);
 - ``queued jobs``: ``put_job`` (the same job key and queue entry the enqueue script
   writes), one ``fetch_response`` job per callback, kwargs as the web app sends them;
-- ``batch state``: :class:`receiver.batch_state.BatchState` of 100,000-row batches (100
+- ``batch state``: :class:`receiver.batches.progress.BatchState` of 100,000-row batches (100
   chunks of 1,000 rows, 3 sinks), every chunk committed and its counts recorded.
 
 It also prints the Redis commands run per callback (``INFO commandstats``) and Redis CPU
@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REDIS_URL, free_port, load_note, stop_process
 from redis.asyncio import Redis
 
-from receiver._arq import SeamWorker, arq_pool, func, job_deserializer, job_serializer
-from receiver.batch_state import BatchState
-from receiver.queue import JOBS_QUEUE, PUT_JOB_LUA, CallbackJob, Enqueuer, QueuedJob
+from receiver.batches.progress import BatchState
+from receiver.queue._arq import SeamWorker, arq_pool, func, job_deserializer, job_serializer
+from receiver.queue.enqueue import JOBS_QUEUE, PUT_JOB_LUA, CallbackJob, Enqueuer, QueuedJob
 
 WINDOW_S = 7 * 86_400
 DAY_S = 86_400
@@ -210,7 +210,7 @@ async def fill_batches(redis: Redis, batches: int) -> int:
 
 
 async def run_worker(redis: Redis, url: str, n: int) -> int:
-    """``n`` queued jobs run by nopoll's arq worker (:class:`receiver._arq.SeamWorker`, a
+    """``n`` queued jobs run by nopoll's arq worker (:class:`receiver.queue._arq.SeamWorker`, a
     no-op function, burst mode): the Redis work of taking and finishing a job."""
     await fill_jobs(redis, n)
 

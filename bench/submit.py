@@ -520,7 +520,7 @@ def part_callbacks(args: argparse.Namespace, work: Path) -> list[tuple[bool, str
 
 def unended_watches(made: dict[str, tuple[float, float]]) -> dict[str, float]:
     """The ids among ``made`` whose watch is not ``landed``, with its registration time."""
-    from receiver.watches import watch_key
+    from receiver.watches.store import watch_key
 
     client, ids, found = common.redis_db13(), list(made), {}
     try:

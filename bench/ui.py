@@ -63,9 +63,9 @@ PAGES = [
 async def fill(letters: int, watches: int, batches: int) -> None:
     from redis.asyncio import Redis
 
-    from receiver.batch_state import BatchState
-    from receiver.deadletter import DeadLetters
-    from receiver.watches import WatchStore
+    from receiver.batches.progress import BatchState
+    from receiver.queue.deadletter import DeadLetters
+    from receiver.watches.store import WatchStore
 
     redis = Redis.from_url(REDIS_URL)
     try:

@@ -8,8 +8,8 @@ Completion times here are log-normal with median 60 s and p99 20 min (spread lik
 background work). Three parts, each with its own baseline from the same run:
 
 1. **Schedule** (simulated clock, ``--n`` ids registered over ``--submit-s``): the real
-   ``receiver.poller.next_interval_s`` with the default watch settings, every poll given
-   a slot of the shared rate limit (``--rps``) in due order, as ``receiver.ratelimit``
+   ``receiver.worker.poller.next_interval_s`` with the default watch settings, every poll given
+   a slot of the shared rate limit (``--rps``) in due order, as ``receiver.worker.ratelimit``
    does. Prints nopoll's requests / the 1-s loop's requests, the delay from completion to
    the poll that finds it, and the most polls in any one-second window.
 2. **Live** (real clock, compressed ``--live-scale`` times): ``--live-n`` ids in the
@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common
 
-from receiver.config import WatchConfig
-from receiver.poller import next_interval_s
-from receiver.ratelimit import JITTER_ALLOWANCE_S
+from receiver.config.settings import WatchConfig
+from receiver.worker.poller import next_interval_s
+from receiver.worker.ratelimit import JITTER_ALLOWANCE_S
 
 MEDIAN_S = 60.0
 P99_S = 1200.0
@@ -89,7 +89,7 @@ def schedule(n: int, rps: float, submit_s: float, seed: int) -> dict[str, float]
     registered = [submit_s * i / n for i in range(n)]
     due = [(registered[i] + cfg.first_poll_s, i, 1) for i in range(n)]
     heapq.heapify(due)
-    gap = (1 + JITTER_ALLOWANCE_S) / rps  # the slots receiver.ratelimit hands out
+    gap = (1 + JITTER_ALLOWANCE_S) / rps  # the slots receiver.worker.ratelimit hands out
     next_slot, polls, delays, at_times = 0, 0, [], []
     for _ in range(200 * n):  # bounded: every id ends long before this
         if not due:
@@ -131,7 +131,7 @@ def part_schedule(args: argparse.Namespace) -> bool:
             f"{rps:>10g} | {r['ratio']:.4f} | {r['polls_per_id']:.2f} | "
             f"{r['p50']:.1f} s / {r['p99']:.1f} s | {busiest}{mark}"
         )
-    import receiver.poller as poller
+    import receiver.worker.poller as poller
 
     growth, poller.GROWTH = poller.GROWTH, 2.0  # the baseline schedule: doubling
     try:
@@ -245,7 +245,7 @@ async def register(ids: list[str], watch: dict[str, float]) -> None:
     registration must take milliseconds, not an interpreter's start-up)."""
     from redis.asyncio import Redis
 
-    from receiver.watches import WatchStore, register_many
+    from receiver.watches.store import WatchStore, register_many
 
     redis = Redis.from_url(common.REDIS_URL)
     try:

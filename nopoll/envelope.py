@@ -15,6 +15,7 @@ from nopoll.status import final_status
 
 __all__ = [
     "COLUMNS",
+    "DEFAULT_TENANT",
     "FIELDS",
     "PRIMARY_KEY",
     "SCHEMA",
@@ -31,6 +32,10 @@ __all__ = [
     "response_output_text",
     "row_key",
 ]
+
+DEFAULT_TENANT = "default"
+"""The tenant of ``/webhooks/{provider}`` and of every envelope that names none: the
+providers' own keys and secrets."""
 
 SCHEMA = "nopoll.result/v1"
 Kind = Literal["response", "batch_row", "batch"]
@@ -63,7 +68,7 @@ class Envelope:
     (docs/envelope.md) and, through :data:`COLUMNS`, the ``sql`` sink's columns."""
 
     provider: str = dataclasses.field(metadata=_TEXT)
-    tenant: str = dataclasses.field(default="default", metadata=_TEXT)
+    tenant: str = dataclasses.field(default=DEFAULT_TENANT, metadata=_TEXT)
     kind: Kind = dataclasses.field(metadata=_TEXT)
     key: str = dataclasses.field(metadata=_TEXT)
     response_id: str | None = dataclasses.field(default=None, metadata=_TEXT)
@@ -179,7 +184,7 @@ def envelope_from_response(
     provider: str,
     received_at: str,
     event_id: str | None = None,
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
 ) -> Envelope:
     """Normalize a Responses API object into a ``response`` envelope."""
     status = final_status(response.get("status")) or "failed"
@@ -295,7 +300,7 @@ def envelope_from_row(
     batch_id: str,
     received_at: str,
     event_id: str | None,
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
     fetched_at: str | None = None,
 ) -> Envelope:
     """Normalize one batch row into a ``batch_row`` envelope keyed by :func:`row_key`."""
@@ -346,7 +351,7 @@ def batch_summary_envelope(
     received_at: str,
     event_id: str | None,
     counts: dict[str, int],
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
 ) -> Envelope:
     """The ``batch`` envelope written after every row: counts and the batch object."""
     status = final_status(batch.get("status") or "completed", "batch") or "failed"

@@ -3,11 +3,11 @@
 The public surface is what ``__all__`` names; submodules load on first use, so importing
 ``receiver`` costs nothing and the command line starts quickly.
 
-- :func:`load_settings`, :class:`Settings`: the configuration (``receiver.config``).
+- :func:`load_settings`, :class:`Settings`: the configuration (``receiver.config.settings``).
 - :func:`create_app`: the ASGI app (``receiver.app``).
 - :func:`run`: the API and/or workers until SIGTERM (``receiver.runtime``).
-- :func:`build_workers`: the arq workers of one process (``receiver.arq_worker``).
-- :func:`build_state`, :class:`WorkerState`: what every job needs (``receiver.state``).
+- :func:`build_workers`: the arq workers of one process (``receiver.worker.process``).
+- :func:`build_state`, :class:`WorkerState`: what every job needs (``receiver.worker.state``).
 
 The result envelope and the errors live in :mod:`nopoll`; sinks in :mod:`sinks`.
 """
@@ -28,13 +28,13 @@ __all__ = [
 ]
 
 _WHERE = {
-    "Settings": "receiver.config",
-    "load_settings": "receiver.config",
+    "Settings": "receiver.config.settings",
+    "load_settings": "receiver.config.settings",
     "create_app": "receiver.app",
     "run": "receiver.runtime",
-    "build_workers": "receiver.arq_worker",
-    "build_state": "receiver.state",
-    "WorkerState": "receiver.state",
+    "build_workers": "receiver.worker.process",
+    "build_state": "receiver.worker.state",
+    "WorkerState": "receiver.worker.state",
 }
 
 

@@ -4,7 +4,7 @@ health, readiness and metrics.
 A callback gets a 2xx only once its job is durably in Redis; anything else tells the
 provider to retry. Status codes are docs/http.md's table; every 4xx body says why, and
 nothing a client sends can produce a 500. How the request itself is read (repeated
-headers, early answers, the body deadline) is :mod:`receiver.wire`. While Redis is down
+headers, early answers, the body deadline) is :mod:`receiver.webhooks.wire`. While Redis is down
 callbacks answer 503; that is logged once when it starts and once when it ends.
 
 The webhook route is the hot path, so it is a plain ASGI endpoint (:class:`WebhookEndpoint`)
@@ -33,15 +33,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
-from receiver.admin import BODY_CAPS as ADMIN_BODY_CAPS
-from receiver.admin import admin_routes
-from receiver.config import Settings
-from receiver.health import metrics_page as _metrics_page
-from receiver.health import readiness_page as _readiness
+from receiver.admin.routes import BODY_CAPS as ADMIN_BODY_CAPS
+from receiver.admin.routes import admin_routes
+from receiver.config.accounts import DEFAULT_TENANT, scoped
+from receiver.config.settings import Settings
+from receiver.fanout.health import metrics_page as _metrics_page
+from receiver.fanout.health import readiness_page as _readiness
 from receiver.logs import Throttle
 from receiver.metrics import Metrics
 from receiver.providers import safe_id
-from receiver.queue import (
+from receiver.queue.enqueue import (
     BATCHES_QUEUE,
     FETCH_BATCH,
     FETCH_RESPONSE,
@@ -54,18 +55,13 @@ from receiver.queue import (
     response_job_id,
 )
 from receiver.redis_link import RedisLink
-from receiver.results import results_routes
-from receiver.tenants import (
-    DEFAULT_TENANT,
-    TENANT_PREFIX,
-    TenantEndpoint,
-    TenantEndpoints,
-    scoped,
-)
+from receiver.responses import json_answer
+from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
-from receiver.verify import Verifier
-from receiver.webhook_limits import WebhookLimits, client_address
-from receiver.wire import (
+from receiver.webhooks.limits import WebhookLimits, client_address
+from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
+from receiver.webhooks.verify import Verifier
+from receiver.webhooks.wire import (
     BoundedBodies,
     ReadDeadlines,
     Reply,
@@ -335,16 +331,12 @@ class _Dispatch:
         await self.app(scope, receive, send)
 
 
-def _json(status: int, payload: dict[str, Any]) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
-
-
 async def _not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
-    return _json(405, {"error": "use POST"})
+    return json_answer(405, {"error": "use POST"})
 
 
 async def _healthz(request: Request) -> Response:
-    return _json(200, {"status": "ok"})
+    return json_answer(200, {"status": "ok"})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -360,7 +352,7 @@ async def _client_left(request: Request, exc: Exception) -> Response:
     log.debug(
         "%s %s: the client left before sending its whole body", request.method, request.url.path
     )
-    return _json(400, {"error": "client disconnected before sending the whole body"})
+    return json_answer(400, {"error": "client disconnected before sending the whole body"})
 
 
 def create_app(

@@ -5,7 +5,7 @@ results API (``consumer_tokens``) and ``/ui``'s login form.
 hashed too and compared with every digest of the role, each time, with
 ``hmac.compare_digest``: equal lengths and no early exit, so timing tells neither a
 token's content nor its length. The config holds each token once
-(:func:`receiver.config_tenants.check_distinct_tokens`), so a token has one identity.
+(:func:`receiver.config.tenants.check_distinct_tokens`), so a token has one identity.
 
 The ``Authorization`` header is read strictly, the same way on every surface: exactly one
 header, ASCII, the scheme ``Bearer`` (any case), one or more spaces, one token of
@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from receiver.config import ConsumerToken, Settings
+from receiver.config.settings import ConsumerToken, Settings
 
 __all__ = ["Holder", "Refusal", "Role", "TokenBook"]
 

@@ -9,7 +9,7 @@ is 0. With one, the floor is the ``Retry-After`` capped at ``max_retry_after_s``
 default ``max_s``): the provider's "not before" is always honoured, never an unbounded
 wait.
 
-Used by the job retries (:meth:`receiver.config.RetryConfig.delay`), the provider client's
+Used by the job retries (:meth:`receiver.config.settings.RetryConfig.delay`), the provider client's
 in-job retries, a batch chunk's in-job sink retries and the wait for Redis to come back.
 docs/reliability.md adds up what the layers allow together.
 """

@@ -2,8 +2,8 @@
 
 The status page and the admin API call the same methods of :class:`Console`, so they can
 never disagree: activity per minute (:mod:`receiver.activity`), queue depths and sink
-health (:mod:`receiver.health`), batches (:mod:`receiver.batch_state`'s index), watches
-(:mod:`receiver.watches`) and dead letters (:mod:`receiver.deadletter`). Every method is
+health (:mod:`receiver.fanout.health`), batches (:mod:`receiver.batches.progress`'s index), watches
+(:mod:`receiver.watches.store`) and dead letters (:mod:`receiver.queue.deadletter`). Every method is
 bounded: it reads a page, never a whole keyspace.
 """
 
@@ -18,11 +18,11 @@ import orjson
 from redis.asyncio import Redis
 
 from receiver.activity import last_hour, processes
-from receiver.batch_state import BATCH_INDEX_KEY
-from receiver.config import Settings
-from receiver.deadletter import DeadLetter, DeadLetters
-from receiver.health import queue_depths, sink_states
-from receiver.watches import WatchStore, due_key, read_member
+from receiver.batches.progress import BATCH_INDEX_KEY
+from receiver.config.settings import Settings
+from receiver.fanout.health import queue_depths, sink_states
+from receiver.queue.deadletter import DeadLetter, DeadLetters
+from receiver.watches.store import WatchStore, due_key, read_member
 
 __all__ = ["MAX_OFFSET", "Console"]
 

@@ -2,8 +2,8 @@
 died (or stops) still holds.
 
 Every lease a worker takes names it: a job's in-progress lock holds a token
-``<worker id>:<ms>`` (:mod:`receiver._arq`), a taken watch has ``owner`` set to the worker
-id (:mod:`receiver.watches`). Its own long expiry stays as a backstop; what frees a dead
+``<worker id>:<ms>`` (:mod:`receiver.queue._arq`), a taken watch has ``owner`` set to the worker
+id (:mod:`receiver.watches.store`). Its own long expiry stays as a backstop; what frees a dead
 worker's work early is this module. Keys::
 
     nopoll:workers                  zset: worker id → its last heartbeat (ms, Redis's clock)
@@ -25,7 +25,7 @@ beat again before anyone may take it for dead. A live worker whose work is slow 
 its heartbeat does not wait for jobs. One that was taken for dead anyway (cut off from
 Redis for longer than the bound) finds its leases gone and writes nothing over the new
 owner's work: a watch's reschedule and landing check the owner, a batch run stops when
-its lease renewal fails (and on its own before the bound, :mod:`receiver.batches`).
+its lease renewal fails (and on its own before the bound, :mod:`receiver.batches.runner`).
 
 On SIGTERM a worker hands back at once what it has not started (its watches: due now,
 owner cleared; claimed jobs it has not started) and, once its running jobs ended or were
@@ -44,7 +44,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from receiver.watch_scripts import WATCH_OF
+from receiver.watches.scripts import WATCH_OF
+from receiver.watches.store import held_watches_key
 
 __all__ = [
     "BEAT_S",
@@ -52,7 +53,6 @@ __all__ = [
     "WORKERS_KEY",
     "Liveness",
     "held_jobs_key",
-    "held_watches_key",
     "new_worker_id",
 ]
 
@@ -72,10 +72,6 @@ def new_worker_id() -> str:
 
 def held_jobs_key(worker_id: str) -> str:
     return f"nopoll:worker:{worker_id}:jobs"
-
-
-def held_watches_key(worker_id: str) -> str:
-    return f"nopoll:worker:{worker_id}:watches"
 
 
 _NOW = """

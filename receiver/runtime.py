@@ -35,17 +35,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from nopoll.exceptions import ConfigError, NopollError
-from receiver._arq import stop_workers, wait_stopped
 from receiver.activity import ActivityRecorder
 from receiver.app import create_app
-from receiver.arq_worker import NopollWorker, build_workers
-from receiver.config import Settings
-from receiver.describe import describe
+from receiver.config.describe import describe
+from receiver.config.settings import Settings
 from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
-from receiver.queue import HEALTH_CHECK_KEY, redis_client
+from receiver.queue._arq import stop_workers, wait_stopped
+from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems
-from receiver.state import Shared, hand_back
+from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
 __all__ = ["api_server_config", "redis_url_for", "run"]
 

@@ -15,7 +15,7 @@ import pytest
 import redis as redis_sync
 from standardwebhooks.webhooks import Webhook
 
-from receiver.config import Settings, load_settings
+from receiver.config.settings import Settings, load_settings
 from receiver.demo.simulator import ProviderSimulator
 from tests.kafka_broker import kafka_bootstrap, tansu_bin  # noqa: F401 - fixtures
 from tests.s3_server import s3_endpoint, s3_server  # noqa: F401 - fixtures

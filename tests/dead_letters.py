@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from receiver.deadletter import DeadLetter, DeadLetters
+from receiver.queue.deadletter import DeadLetter, DeadLetters
 
 
 async def keep_letter(

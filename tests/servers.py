@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 import uvicorn
 
-from receiver._arq import stop_workers, wait_stopped
 from receiver.app import create_app
-from receiver.arq_worker import build_workers
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.metrics import Metrics
-from receiver.queue import HEALTH_CHECK_KEY, redis_client
+from receiver.queue._arq import stop_workers, wait_stopped
+from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
 from receiver.runtime import api_server_config
+from receiver.worker.process import build_workers
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -52,8 +52,8 @@ from redis.asyncio import Redis
 from standardwebhooks.webhooks import Webhook
 
 from receiver.demo.simulator import ProviderSimulator
-from receiver.liveness import WORKERS_KEY, held_jobs_key, held_watches_key
-from receiver.watches import read_member, watch_key
+from receiver.liveness import WORKERS_KEY, held_jobs_key
+from receiver.watches.store import held_watches_key, read_member, watch_key
 from tests.kafka_broker import TansuBroker, tansu_binary
 from tests.s3_server import FAKE_CREDENTIALS, MotoServer
 from tests.servers import TcpProxy, ValkeyProcess, free_port, port_open
@@ -664,7 +664,7 @@ class Soak:
     async def _dead_letters(self) -> list[Any]:
         from redis.asyncio import Redis
 
-        from receiver.deadletter import DeadLetters
+        from receiver.queue.deadletter import DeadLetters
 
         redis = Redis.from_url(self.redis.url)
         try:

@@ -15,7 +15,7 @@ from receiver.cli._common import (
     run_async,
     setup_logging,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
 
 
 async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -24,7 +24,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     from nopoll.envelope import now_rfc3339
     from nopoll.wire import safe_id
     from receiver.metrics import Metrics
-    from receiver.state import build_state
+    from receiver.worker.state import build_state
 
     provider_for(settings, args.provider, args.tenant)
     if not safe_id(args.batch_id):

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from receiver.config import ProviderConfig, Settings, load_settings
+from receiver.config.settings import ProviderConfig, Settings, load_settings
 
 __all__ = [
     "add_config_option",
@@ -41,7 +41,7 @@ def provider_for(settings: Settings, provider: str, tenant: str) -> ProviderConf
     """``provider``'s config as ``tenant`` uses it; a ConfigError (exit status 2) names
     an unknown provider or tenant, or a tenant without an account there."""
     from nopoll.exceptions import ConfigError
-    from receiver.tenants import tenant_problem, tenant_provider
+    from receiver.config.accounts import tenant_problem, tenant_provider
 
     if provider not in settings.providers:
         known = ", ".join(sorted(settings.providers)) or "none"
@@ -76,7 +76,7 @@ def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[str,
     ``data_dir``; when none answers there, a NopollError says so and how to start one:
     a fresh server there would be read by no worker."""
     from nopoll.exceptions import NopollError
-    from receiver.config import redact_url
+    from receiver.config.settings import redact_url
 
     if not settings.embedded_redis:
         url = settings.redis_url.get_secret_value()

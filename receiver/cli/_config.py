@@ -16,7 +16,7 @@ from pydantic import BaseModel, SecretStr
 
 from nopoll.wire import url_masked
 from receiver.cli._common import add_config_option, config_path, load
-from receiver.config import Settings, is_secret_key, redact_url
+from receiver.config.settings import Settings, is_secret_key, redact_url
 
 _MASK = "***"
 

@@ -14,15 +14,15 @@ from typing import Any
 
 from nopoll.exceptions import ConfigError, NopollError
 from receiver.cli._common import add_config_option, config_path, load
-from receiver.config import Settings, redact_url
+from receiver.config.settings import Settings, redact_url
 
 
 async def _dlq(args: argparse.Namespace, url: str, where: str, sinks: list[str]) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from receiver._arq import arq_pool
-    from receiver.deadletter import DeadLetters
+    from receiver.queue._arq import arq_pool
+    from receiver.queue.deadletter import DeadLetters
 
     pool = arq_pool(url)
     try:

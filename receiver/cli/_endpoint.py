@@ -10,7 +10,8 @@ from receiver.cli._common import add_config_option, load
 
 
 def _cmd_endpoint(args: argparse.Namespace) -> int:
-    from receiver.tenants import endpoint_path, endpoint_token, tenant_provider
+    from receiver.config.accounts import tenant_provider
+    from receiver.webhooks.tenants import endpoint_path, endpoint_token
 
     settings = load(args)
     path = endpoint_path(endpoint_token(settings, args.tenant, args.provider))

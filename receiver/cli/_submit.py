@@ -18,16 +18,16 @@ from receiver.cli._common import (
     run_async,
     unreachable,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
 
 _SHOWN = 10
 
 
 async def _submit(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
-    from receiver._arq import arq_pool
     from receiver.providers.client import ProviderClient
-    from receiver.submit import Submitter, file_digest
-    from receiver.watches import WatchStore
+    from receiver.queue._arq import arq_pool
+    from receiver.submit.creates import Submitter, file_digest
+    from receiver.watches.store import WatchStore
 
     provider = provider_for(settings, args.provider, args.tenant)
     if provider.dialect == "anthropic" and not args.batch:
@@ -100,7 +100,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
 async def _batch(
     args: argparse.Namespace, submitter: Any, path: Path, digest: str, settings: Settings
 ) -> int:
-    from receiver.submit_batch import submit_batch
+    from receiver.submit.batch import submit_batch
 
     result = await submit_batch(submitter, _FileLines(path), digest, path.name)
     ids = result.batch_ids or ([result.batch_id] if result.batch_id else [])
@@ -121,7 +121,7 @@ async def _batch(
     else:
         print(f"batch {result.batch_id} {state}; watching it")
     if args.poll and ids:
-        from receiver.watches import WatchStore
+        from receiver.watches.store import WatchStore
 
         await WatchStore(submitter.redis).poll_now(
             submitter.name, "batch", ids, tenant=submitter.tenant
@@ -161,7 +161,7 @@ async def _wait_for(
     tenant: str,
 ) -> int:
     from receiver.cli._watch import _states, _wait
-    from receiver.watches import WatchStore
+    from receiver.watches.store import WatchStore
 
     store = WatchStore(redis)
     config = settings.providers[provider].watch if settings is not None else None
@@ -190,7 +190,7 @@ async def _landed_detail(
     by their final status."""
     from collections import Counter
 
-    from receiver.watches import watch_key
+    from receiver.watches.store import watch_key
 
     by_callback, statuses = 0, Counter[str]()
     for start in range(0, len(ids), 1000):
@@ -226,7 +226,7 @@ def _report_rejected(args: argparse.Namespace, path: Path, rejected: list[Any]) 
 
 def _count_lines(path: Path) -> int:
     """The non-blank lines: what the progress bar counts."""
-    from receiver.submit import read_lines
+    from receiver.submit.creates import read_lines
 
     return sum(1 for _ in read_lines(path))
 
@@ -242,7 +242,7 @@ class _FileLines:
 
 
 def _lines(path: Path) -> Any:
-    from receiver.submit import read_lines
+    from receiver.submit.creates import read_lines
 
     return read_lines(path)
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from nopoll.exceptions import ConfigError
 from receiver.cli._common import add_config_option, config_path
-from receiver.config import DIALECTS, WEBHOOK_DIALECTS, load_settings
+from receiver.config.settings import DIALECTS, WEBHOOK_DIALECTS, load_settings
 from receiver.providers import safe_id
 
 if TYPE_CHECKING:
     import httpx
 
-    from receiver.config import ProviderConfig, Settings
+    from receiver.config.settings import ProviderConfig, Settings
 
 _SIM_NAME = "sim"
 _DEFAULT_SIM_PORT = 8001

@@ -19,7 +19,7 @@ from receiver.cli._common import (
     run_async,
     unreachable,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
 
 _SHOWN_INVALID = 20
 
@@ -37,8 +37,8 @@ def _ids(args: argparse.Namespace) -> list[str]:
 
 
 async def _watch(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
-    from receiver._arq import arq_pool
-    from receiver.watches import WatchStore, register_many
+    from receiver.queue._arq import arq_pool
+    from receiver.watches.store import WatchStore, register_many
 
     provider = provider_for(settings, args.provider, args.tenant)
     ids = _ids(args)
@@ -87,7 +87,7 @@ async def _states(
     """How many of ``tenant``'s watches of ``ids`` are pending, landed or expired, and
     their ``polls`` in all; ``callback_until_ms``: when the first of the pending ones that
     wait for a callback, never polled yet, is polled (0: none waits)."""
-    from receiver.watches import shown_state, watch_key
+    from receiver.watches.store import shown_state, watch_key
 
     counts = {"pending": 0, "landed": 0, "expired": 0, "polls": 0, "callback_until_ms": 0}
     fields = ["state", "polls", "expect_callback", "next_at"]
@@ -185,10 +185,10 @@ async def _wait_rows(
 
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from receiver._arq import JOB_KEY
-    from receiver.batch_state import batch_state_key, summary_job
-    from receiver.queue import batch_job_id
-    from receiver.tenants import scoped
+    from receiver.batches.progress import batch_state_key, summary_job
+    from receiver.config.accounts import scoped
+    from receiver.queue._arq import JOB_KEY
+    from receiver.queue.enqueue import batch_job_id
 
     name = scoped(provider, tenant)
     keys = {i: batch_state_key(name, i) for i in ids}

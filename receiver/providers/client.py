@@ -33,7 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.wire import SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
-from receiver.config import HttpConfig, ProviderConfig
+from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
 __all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]

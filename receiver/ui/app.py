@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from receiver.auth import TokenBook
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.console import MAX_OFFSET, Console
 from receiver.ui.charts import bar_chart
 from receiver.ui.session import SessionCookies, Sessions
@@ -43,7 +43,7 @@ __all__ = ["MAX_FORM", "ui_routes"]
 _HERE = Path(__file__).parent
 _PAGE = 50
 MAX_FORM = 64 * 1024
-"""The most of a form's body read (bytes); the app's :class:`receiver.wire.BoundedBodies`
+"""The most of a form's body read (bytes); the app's :class:`receiver.webhooks.wire.BoundedBodies`
 holds every POST to it."""
 
 

@@ -31,7 +31,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
 
 __all__ = ["COOKIE", "LIFETIME_S", "SALT", "SessionCookies", "Sessions", "serializer"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from receiver.config import (
+from receiver.config.settings import (
     ApiConfig,
     BatchConfig,
     HttpConfig,

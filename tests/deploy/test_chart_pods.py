@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from receiver.app import create_app
 from receiver.cli import _parser, main
-from receiver.config import (
+from receiver.config.settings import (
     ApiConfig,
     load_settings,
 )

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from receiver.config import (
+from receiver.config.settings import (
     load_settings,
 )
 from tests.deploy.conftest import (

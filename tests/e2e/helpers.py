@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 from redis import asyncio as redis_asyncio
 
-from receiver.queue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
+from receiver.queue.enqueue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # noqa: ASYNC109

@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 
 from nopoll.envelope import now_rfc3339
-from receiver._arq import arq_pool
-from receiver.batch_state import batch_state_key
-from receiver.deadletter import DeadLetters
+from receiver.batches.progress import batch_state_key
 from receiver.metrics import Metrics
-from receiver.state import build_state
+from receiver.queue._arq import arq_pool
+from receiver.queue.deadletter import DeadLetters
+from receiver.worker.state import build_state
 from tests.e2e.helpers import pg_rows, post, wait_for
 from tests.servers import running_api, running_worker
 

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from receiver.config import WatchConfig
-from receiver.watches import WatchStore
+from receiver.watches.store import WatchStore
 from tests.e2e.helpers import NOPOLL, jsonl_rows, pg_rows, wait_for, write_config
 from tests.e2e.losses import letters
 from tests.servers import running_worker
@@ -298,8 +298,8 @@ async def test_a_file_over_the_limits_becomes_several_batches_each_created_once_
     make_settings, provider_sim, redis_url, tmp_path
 ):
     from receiver.providers.client import ProviderClient
-    from receiver.submit import Submitter
-    from receiver.submit_anthropic import submit_message_batches
+    from receiver.submit.anthropic import submit_message_batches
+    from receiver.submit.creates import Submitter
 
     sim = provider_sim(api_key=KEY)
     settings = make_settings(sim.host_url, redis_url=redis_url)

@@ -10,9 +10,9 @@ import time
 
 import redis as redis_sync
 
-from receiver._arq import IN_PROGRESS_KEY, JOB_KEY, Lease, arq_pool
-from receiver.batches import LeaseLost
-from receiver.queue import batch_job_id
+from receiver.batches.runner import LeaseLost
+from receiver.queue._arq import IN_PROGRESS_KEY, JOB_KEY, Lease, arq_pool
+from receiver.queue.enqueue import batch_job_id
 from tests.e2e.helpers import post, wait_for
 from tests.e2e.losses import run_batch
 from tests.servers import TcpProxy, running_api, running_worker

@@ -11,7 +11,7 @@ from redis import asyncio as redis_asyncio
 
 from nopoll.client import Results
 from nopoll.envelope import now_rfc3339
-from receiver.queue import FETCH_RESPONSE, QueuedJob, put_job, response_job_id
+from receiver.queue.enqueue import FETCH_RESPONSE, QueuedJob, put_job, response_job_id
 from sinks.results import STREAM
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for, worker_started
 from tests.servers import running_api, running_worker

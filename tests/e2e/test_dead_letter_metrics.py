@@ -9,8 +9,8 @@ import re
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from receiver._arq import arq_pool
-from receiver.deadletter import DeadLetters
+from receiver.queue._arq import arq_pool
+from receiver.queue.deadletter import DeadLetters
 from tests.e2e.helpers import await_ready, post, queues_empty, wait_for, write_config
 from tests.servers import free_port
 

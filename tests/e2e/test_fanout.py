@@ -12,10 +12,10 @@ import orjson
 import pytest
 from redis import asyncio as redis_asyncio
 
-from receiver.deadletter import DeadLetters
+from receiver.queue.deadletter import DeadLetters
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import running_api, running_worker
-from tests.sinks.test_kafka_sink import consume
+from tests.sinks.helpers import consume
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pytest
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import TransientProviderError
-from receiver._arq import JOB_KEY, RETRY_KEY, arq_pool
-from receiver.deadletter import DeadLetters
-from receiver.queue import (
+from receiver.queue._arq import JOB_KEY, RETRY_KEY, arq_pool
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import (
     BATCHES_QUEUE,
     FETCH_RESPONSE,
     JOBS_QUEUE,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from receiver.queue import HEALTH_CHECK_KEY
+from receiver.queue.enqueue import HEALTH_CHECK_KEY
 from tests.e2e.helpers import await_ready, pg_rows, requested, wait_for, write_config
 from tests.servers import ValkeyProcess, free_port, running_api
 

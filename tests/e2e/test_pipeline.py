@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from receiver._arq import RETRY_KEY, arq_pool
-from receiver.deadletter import DeadLetters
+from receiver.queue._arq import RETRY_KEY, arq_pool
+from receiver.queue.deadletter import DeadLetters
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for, worker_started
 from tests.servers import TcpProxy, running_api, running_worker
 

@@ -12,7 +12,7 @@ import secrets
 import httpx
 from redis.asyncio import Redis
 
-from receiver.deadletter import DeadLetters
+from receiver.queue.deadletter import DeadLetters
 from tests.e2e.helpers import NOPOLL, await_ready, wait_for, write_config
 from tests.servers import free_port
 from tests.subscriber import Subscriber

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from receiver.cli import main
-from receiver.tenants import endpoint_path, endpoint_token
+from receiver.webhooks.tenants import endpoint_path, endpoint_token
 from tests.e2e import test_tenants
 from tests.e2e.helpers import NOPOLL, pg_rows, wait_for
 from tests.servers import running_api, running_worker

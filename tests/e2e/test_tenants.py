@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from receiver.cli import main
-from receiver.config import load_settings
-from receiver.submit import file_digest
-from receiver.tenants import endpoint_path, endpoint_token
+from receiver.config.settings import load_settings
+from receiver.submit.creates import file_digest
+from receiver.webhooks.tenants import endpoint_path, endpoint_token
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for
 from tests.servers import running_api, running_worker
 

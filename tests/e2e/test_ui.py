@@ -17,7 +17,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from receiver.deadletter import DeadLetters
+from receiver.queue.deadletter import DeadLetters
 from tests.dead_letters import keep_letter
 from tests.e2e.helpers import await_ready, pg_rows, wait_for, write_config
 from tests.servers import free_port, missing, running_api

@@ -11,9 +11,9 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from receiver.config import WatchConfig
-from receiver.deadletter import DeadLetters
-from receiver.watches import WatchStore, register_many
+from receiver.config.settings import WatchConfig
+from receiver.queue.deadletter import DeadLetters
+from receiver.watches.store import WatchStore, register_many
 from tests.e2e.helpers import NOPOLL, jsonl_rows, pg_rows, post, wait_for, write_config
 from tests.e2e.losses import letters
 from tests.servers import running_api, running_worker

@@ -16,9 +16,9 @@ import pytest
 import redis as redis_sync
 from redis.asyncio import Redis
 
-from receiver._arq import IN_PROGRESS_KEY
-from receiver.queue import batch_job_id
-from receiver.watches import WatchStore
+from receiver.queue._arq import IN_PROGRESS_KEY
+from receiver.queue.enqueue import batch_job_id
+from receiver.watches.store import WatchStore
 from tests.e2e.helpers import pg_rows, post, wait_for
 from tests.servers import running_api
 

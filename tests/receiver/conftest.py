@@ -24,7 +24,7 @@ async def api(make_settings, redis_url):
 @pytest.fixture
 def results_settings(make_settings, redis_url):
     """Factory: settings with the results API's two consumer tokens (``with_tokens``)."""
-    from tests.receiver.test_results import with_tokens
+    from tests.receiver.helpers import with_tokens
 
     return lambda **overrides: with_tokens(make_settings, redis_url, **overrides)
 
@@ -32,7 +32,7 @@ def results_settings(make_settings, redis_url):
 @pytest.fixture
 async def published(redis_url):
     """The ``_results`` sink, as the worker runs it."""
-    from tests.receiver.test_results_publish import sink_for
+    from tests.receiver.helpers import sink_for
 
     async with sink_for(redis_url) as sink:
         yield sink

@@ -15,8 +15,8 @@ import pytest
 from arq.jobs import deserialize_job
 
 from nopoll.wire import decode_webhook_secret
-from receiver._arq import job_deserializer
-from receiver.queue import JOBS_QUEUE
+from receiver.queue._arq import job_deserializer
+from receiver.queue.enqueue import JOBS_QUEUE
 from tests.servers import ValkeyProcess, running_api
 
 

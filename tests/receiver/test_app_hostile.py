@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from nopoll.wire import decode_webhook_secret
-from receiver.queue import JOBS_QUEUE
-from receiver.verify import MAX_SIGNATURES
+from receiver.queue.enqueue import JOBS_QUEUE
+from receiver.webhooks.verify import MAX_SIGNATURES
 from tests.receiver.rawhttp import raw_request
 
 

@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nopoll.exceptions import TransientProviderError
-from receiver._arq import Retry
 from receiver.backoff import Backoff
-from receiver.batch_writer import DONE, SinkWriter
-from receiver.config import HttpConfig, ProviderConfig, RetryConfig
-from receiver.jobs import retry_or_give_up
+from receiver.batches.writer import DONE, SinkWriter
+from receiver.config.settings import HttpConfig, ProviderConfig, RetryConfig
 from receiver.metrics import Metrics
 from receiver.providers import ProviderClient, ResponsesDialect
-from receiver.queue import FETCH_RESPONSE
+from receiver.queue._arq import Retry
+from receiver.queue.enqueue import FETCH_RESPONSE
 from receiver.redis_link import RedisLink
+from receiver.worker.retry import retry_or_give_up
 
 
 @pytest.fixture
@@ -220,9 +220,16 @@ async def test_a_batch_chunks_in_job_retries_wait_by_the_helper(
         batch={"sink_attempts": 3},
     )
     sink = _FailingSink(failures)
-    runner = SimpleNamespace(settings=settings, fanout=SimpleNamespace(sinks={"lake": sink}))
     state = _State()
-    writer = SinkWriter(runner, "lake", -1, state)  # type: ignore[arg-type]
+    writer = SinkWriter(
+        "lake",
+        -1,
+        state,  # type: ignore[arg-type]
+        settings=settings,
+        fanout=SimpleNamespace(sinks={"lake": sink}),  # type: ignore[arg-type]
+        dead_letters=None,  # type: ignore[arg-type]
+        metrics=None,  # type: ignore[arg-type]
+    )
     await writer.queue.put((0, [{"provider": "sim", "key": "batch_1/a"}]))
     await writer.queue.put(DONE)
     await asyncio.wait_for(writer.run(), 10)

@@ -21,7 +21,7 @@ def _modules_after(code: str) -> set[str]:
 
 def test_the_service_never_loads_the_demo_or_the_simulator() -> None:
     loaded = _modules_after(
-        "import receiver.runtime, receiver.arq_worker, receiver.app, receiver.state"
+        "import receiver.runtime, receiver.worker.process, receiver.app, receiver.worker.state"
     )
     assert not {m for m in loaded if m.startswith("receiver.demo")}
 

@@ -13,94 +13,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-import sqlalchemy as sa
 
-from nopoll.envelope import Envelope, envelope_from_response
+from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError
-from receiver.demo.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
-from sinks.sql import SCHEMA_VERSION
-
-
-def envelope(i: int, text: str = "positive") -> Envelope:
-    body = make_response(f"resp_{i}", text=text, metadata={"label": "eval", "n": i})
-    return envelope_from_response(
-        body, provider="sim", received_at="2026-11-29T10:00:00.123Z", event_id=f"msg_{i}"
-    )
-
-
-class Backend:
-    """How to configure one sink and read back what it holds."""
-
-    idempotent = True
-    nul = "\x00"  # what a NUL character in a string is stored as
-
-    def config(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    async def read(self) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def broken_config(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class SqliteBackend(Backend):
-    def __init__(self, tmp: Path) -> None:
-        self.path = tmp / "db" / "results.db"
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "sql", "url": f"sqlite:///{self.path}"}
-
-    async def read(self) -> list[dict[str, Any]]:
-        engine = sa.create_engine(f"sqlite:///{self.path}")
-        with engine.connect() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM nopoll_results"))]
-        engine.dispose()
-        for r in rows:
-            for col in ("body", "metadata", "error"):
-                r[col] = json.loads(r[col]) if isinstance(r[col], str) else r[col]
-        return rows
-
-    def broken_config(self) -> dict[str, Any]:
-        return {"type": "sql", "url": "sqlite:////proc/nopoll-cannot-write-here/x.db"}
-
-
-class PostgresBackend(Backend):
-    nul = "\ufffd"  # Postgres refuses U+0000 in text and jsonb: the sink stores U+FFFD
-
-    def __init__(self, url: str, table: str) -> None:
-        self.url, self.table = url, table
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "sql", "url": self.url, "table": self.table}
-
-    async def read(self) -> list[dict[str, Any]]:
-        conn = await asyncpg.connect(self.url)
-        try:
-            rows = [dict(r) for r in await conn.fetch(f'SELECT * FROM "{self.table}"')]
-            types = {
-                r["column_name"]: r["data_type"]
-                for r in await conn.fetch(
-                    "SELECT column_name, data_type FROM information_schema.columns "
-                    "WHERE table_name=$1",
-                    self.table,
-                )
-            }
-            assert types["body"] == "jsonb" and types["metadata"] == "jsonb"
-            version = await conn.fetchval(
-                "SELECT version FROM nopoll_schema WHERE table_name=$1", self.table
-            )
-            assert version == SCHEMA_VERSION
-        finally:
-            await conn.close()
-        for r in rows:
-            for col in ("body", "metadata", "error"):
-                r[col] = json.loads(r[col]) if isinstance(r[col], str) else r[col]
-        return rows
-
-    def broken_config(self) -> dict[str, Any]:
-        return {"type": "sql", "url": "postgresql://postgres@127.0.0.1:1/none", "timeout_s": 3}
+from tests.sinks.helpers import Backend, PostgresBackend, SqliteBackend, envelope, normalize_row
 
 
 class JsonlBackend(Backend):
@@ -145,17 +62,6 @@ async def sink_of(backend: Backend) -> AsyncIterator[Callable[[], Any]]:
     yield make
     for sink in sinks:
         await sink.aclose()
-
-
-def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
-    out = dict(row)
-    for col in ("received_at", "fetched_at"):
-        value = out[col]
-        if not isinstance(value, str):
-            out[col] = value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        elif "T" not in value:  # SQLite stores "2026-11-29 10:00:00.123000+00:00"
-            out[col] = value.replace(" ", "T")[:23] + "Z"
-    return out
 
 
 async def test_write_and_read_back(backend: Backend, sink_of) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from nopoll.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
 from nopoll.exceptions import ConfigError, SinkError, SinkRowsRejected
@@ -24,6 +23,7 @@ from sinks.kafka import KafkaSink, KafkaSinkConfig
 from sinks.registry import create_sink, validate_sink_config
 from tests.kafka_broker import TansuBroker
 from tests.servers import free_port
+from tests.sinks.helpers import consume
 
 RECEIVED = "2026-11-29T10:00:00.123Z"
 PASSWORD = "hunter2-not-for-logs"
@@ -82,28 +82,6 @@ def envelopes(n: int) -> list[Envelope]:
                 )
             )
     return out
-
-
-async def consume(bootstrap: str, topic: str, expected: int, timeout_s: float = 20) -> list[Any]:
-    """Every message of ``topic`` from the beginning, until ``expected`` have arrived."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-    )
-    await consumer.start()
-    messages: list[Any] = []
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(messages) < expected and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                messages.extend(records)
-    finally:
-        await consumer.stop()
-    return messages
 
 
 def expected_headers(env: Envelope) -> tuple[tuple[str, bytes], ...]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nopoll.exceptions import ConfigError
-from receiver.config import load_settings
+from receiver.config.settings import load_settings
 from sinks.registry import create_sink, validate_sink_config
 
 

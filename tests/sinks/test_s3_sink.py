@@ -24,7 +24,7 @@ from nopoll.envelope import (
 from nopoll.exceptions import ConfigError, SinkError
 from receiver.demo.simulator import make_response
 from sinks.registry import create_sink, validate_sink_config
-from sinks.s3 import MANIFEST_SCHEMA, S3Sink, S3SinkConfig
+from sinks.s3.sink import MANIFEST_SCHEMA, S3Sink, S3SinkConfig
 from tests.servers import free_port
 
 MIB = 1024 * 1024

@@ -23,7 +23,7 @@ from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SqlSink
 from tests.servers import TcpProxy
-from tests.sinks.test_contract import Backend, PostgresBackend, SqliteBackend, envelope
+from tests.sinks.helpers import Backend, PostgresBackend, SqliteBackend, envelope
 
 TOO_BIG = 10**20  # beyond Postgres INTEGER and SQLite's 64-bit INTEGER alike
 NUL, REPLACEMENT = "\x00", "\ufffd"

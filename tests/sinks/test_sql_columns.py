@@ -21,7 +21,7 @@ from nopoll.envelope import COLUMNS, FIELDS, PRIMARY_KEY, Envelope
 from sinks import _postgres
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import results_table
-from tests.sinks.test_contract import Backend, PostgresBackend, SqliteBackend, normalize_row
+from tests.sinks.helpers import Backend, PostgresBackend, SqliteBackend, normalize_row
 
 # The table the sink creates: a change here changes users' tables, so it must come with its
 # migration (schema 3 turned the primary key (provider, key) into (provider, key, tenant):

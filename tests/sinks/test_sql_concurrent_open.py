@@ -15,7 +15,7 @@ import pytest
 
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SCHEMA_VERSION
-from tests.sinks.test_contract import envelope
+from tests.sinks.helpers import envelope
 
 ROOT = Path(__file__).resolve().parents[2]
 

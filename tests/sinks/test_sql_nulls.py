@@ -13,7 +13,7 @@ import pytest
 from nopoll.envelope import Envelope
 from sinks.registry import create_sink, validate_sink_config
 from sinks.sql import SCHEMA_VERSION
-from tests.sinks.test_contract import envelope
+from tests.sinks.helpers import envelope
 
 QUERIES = {
     "error": "SELECT count(*) FROM {t} WHERE error IS NULL",

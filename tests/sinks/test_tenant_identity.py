@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from nopoll.envelope import Envelope
-from sinks._s3_keys import S3Keys
 from sinks.coalesce import _merged
 from sinks.http import webhook_id
 from sinks.kafka import KafkaSink, KafkaSinkConfig
+from sinks.s3._keys import S3Keys
 
 
 def env(tenant: str = "default", kind: str = "response", key: str = "resp_1") -> Envelope:

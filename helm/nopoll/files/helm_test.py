@@ -27,7 +27,7 @@ import orjson
 from standardwebhooks.webhooks import Webhook
 
 from nopoll.wire import decode_webhook_secret
-from receiver.config import Settings, load_settings
+from receiver.config.settings import Settings, load_settings
 
 _WAIT_S = 60.0
 

@@ -1,0 +1,1 @@
+"""The admin API (``/admin/...``): watches, submits and dead-letter operations."""

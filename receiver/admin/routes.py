@@ -1,0 +1,305 @@
+"""The admin API, ``/admin/v1``: register, list and end watches; submit requests
+(:mod:`receiver.admin.submit`); the overview, batches and dead letters
+(:mod:`receiver.admin.ops`).
+
+Bearer tokens from ``admin_tokens``, checked by :class:`receiver.auth.TokenBook`; with
+none configured every ``/admin/v1`` route answers 404, as if it did not exist. A missing,
+malformed or wrong token is 401 saying why. Bad input is a 4xx whose ``error`` names the
+field; nothing a client sends gives a 500. ``GET /admin/v1/openapi.json`` describes the routes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from receiver.admin._http import read_capped
+from receiver.admin.ops import MAX_BODY as _REPLAY_MAX_BODY
+from receiver.admin.ops import OPS_OPENAPI, ReplayRequest, ops_routes
+from receiver.admin.submit import MAX_BODY as _SUBMIT_MAX_BODY
+from receiver.admin.submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
+from receiver.auth import Refusal, TokenBook
+from receiver.config.accounts import DEFAULT_TENANT, tenant_problem
+from receiver.config.settings import Settings
+from receiver.console import Console
+from receiver.responses import ERROR_RESPONSE, json_answer, json_error
+from receiver.watches.store import WatchStore, register_many
+
+__all__ = ["BODY_CAPS", "WatchRequest", "admin_routes"]
+
+_MAX_IDS = 10_000
+_MAX_BODY = 4 * 1024 * 1024
+_STATES = ("pending", "landed", "expired")
+_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ALL_TENANTS = "*"
+BODY_CAPS = {
+    "/admin/v1/watches": _MAX_BODY,
+    "/admin/v1/deadletters/replay": _REPLAY_MAX_BODY,
+    "/admin/v1/submit": _SUBMIT_MAX_BODY,
+}
+"""The most of a request body each admin route that takes one reads (bytes)."""
+
+
+class WatchRequest(BaseModel):
+    """``POST /admin/v1/watches``: ids to watch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: str = Field(description="a provider name from the config")
+    kind: Literal["response", "batch"]
+    ids: list[str] = Field(min_length=1, max_length=_MAX_IDS)
+    expect_callback: bool | None = Field(
+        default=None,
+        description="poll only if no callback came within reconcile_after_s; "
+        "default false (poll from first_poll_s)",
+    )
+    tenant: str = Field(
+        default="default",
+        description="the tenant whose account polls them (from tenants:, or default)",
+    )
+
+
+class WatchAnswer(BaseModel):
+    watching: int = Field(description="new watches")
+    already: int = Field(description="ids already watched or landed: nothing changed")
+    invalid: list[dict[str, str]] = Field(description="ids refused, with the reason")
+
+
+def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
+    """The ``/admin/v1`` routes (all of them 404 when no admin token is configured)."""
+    api = _AdminApi(settings, redis)
+    return [
+        *ops_routes(Console(settings, redis), api.refused),
+        Route("/admin/v1/watches", api.add, methods=["POST"]),
+        Route("/admin/v1/watches", api.listing, methods=["GET"]),
+        Route("/admin/v1/watches/{provider}/{kind}/{id:path}", api.remove, methods=["DELETE"]),
+        Route("/admin/v1/openapi.json", api.openapi, methods=["GET"]),
+        Route("/admin/v1/submit", submit_endpoint(settings, redis, api.refused), methods=["POST"]),
+    ]
+
+
+class _AdminApi:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self.settings = settings
+        self.tokens = TokenBook.of(settings)
+        self.store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
+
+    def refused(self, request: Request) -> Response | None:
+        if not self.tokens.configured("admin"):
+            return json_error(404, "not found")
+        holder = self.tokens.authenticate(request.headers, "admin")
+        return holder.response() if isinstance(holder, Refusal) else None
+
+    async def add(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        raw = await read_capped(request, _MAX_BODY)
+        if raw is None:
+            return json_error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
+        try:
+            body = WatchRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return json_error(400, _first_error(exc))
+        provider = self.settings.providers.get(body.provider)
+        if provider is None:
+            known = ", ".join(sorted(self.settings.providers)) or "none"
+            return json_error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
+        if (problem := tenant_problem(self.settings, body.tenant, body.provider)) is not None:
+            return json_error(400, f"tenant: {problem}")
+        try:
+            done = await register_many(
+                self.store,
+                body.provider,
+                body.kind,
+                body.ids,
+                first_poll_s=provider.watch.first_poll_s,
+                reconcile_after_s=provider.watch.reconcile_after_s,
+                expect_callback=bool(body.expect_callback),
+                tenant=body.tenant,
+            )
+        except (RedisError, OSError):
+            return json_error(503, "Redis unreachable, retry later")
+        invalid = [{"id": i[:300], "reason": r} for i, r in done.invalid]
+        return json_answer(
+            202, {"watching": done.watching, "already": done.already, "invalid": invalid}
+        )
+
+    async def listing(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        q = request.query_params
+        if (kind := q.get("kind")) not in (None, "response", "batch"):
+            return json_error(400, "kind: must be response or batch")
+        if (state := q.get("state")) not in (None, *_STATES):
+            return json_error(400, f"state: must be one of {', '.join(_STATES)}")
+        provider = q.get("provider")
+        if provider is not None and provider not in self.settings.providers:
+            return json_error(400, f"provider: unknown provider {provider[:64]!r}")
+        tenant = q.get("tenant", DEFAULT_TENANT)
+        if tenant != _ALL_TENANTS and not _TENANT.fullmatch(tenant):
+            return json_error(400, f"tenant: {_TENANT_RULE}, or * for every tenant")
+        try:
+            cursor = int(q.get("cursor", "0"))
+            limit = int(q.get("limit", "100"))
+        except ValueError:
+            return json_error(400, "cursor and limit: must be whole numbers")
+        if not 1 <= limit <= 1000:
+            return json_error(400, "limit: must be 1 to 1000")
+        if not 0 <= cursor < 2**64:  # a Redis SCAN cursor is an unsigned 64-bit number
+            return json_error(400, "cursor: must be a next_cursor this listing gave, or 0")
+        try:
+            watches, after = await self.store.scan(
+                provider=provider,
+                kind=kind,
+                state=state,
+                tenant=None if tenant == _ALL_TENANTS else tenant,
+                cursor=cursor,
+                count=limit,
+            )
+        except (RedisError, OSError):
+            return json_error(503, "Redis unreachable, retry later")
+        return json_answer(
+            200,
+            {"watches": [w.to_dict() for w in watches], "next_cursor": str(after or "")},
+        )
+
+    async def remove(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        p = request.path_params
+        if p["kind"] not in ("response", "batch"):
+            return json_error(400, "kind: must be response or batch")
+        tenant = request.query_params.get("tenant", DEFAULT_TENANT)
+        if not _TENANT.fullmatch(tenant):
+            return json_error(400, f"tenant: {_TENANT_RULE}")
+        try:
+            deleted = await self.store.delete(p["provider"], p["kind"], p["id"], tenant)
+        except (RedisError, OSError):
+            return json_error(503, "Redis unreachable, retry later")
+        return Response(status_code=204) if deleted else json_error(404, "no such watch")
+
+    async def openapi(self, request: Request) -> Response:
+        if (denied := self.refused(request)) is not None:
+            return denied
+        return json_answer(200, OPENAPI)
+
+
+_TENANT_RULE = "must be default or a tenant name ([A-Za-z0-9_-]{1,64})"
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    message = str(err["msg"])
+    if err["type"] == "json_invalid":
+        return "body: not valid JSON"
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{where}: {message}"
+
+
+def _params(*names: str) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "query", "required": False, "schema": {"type": "string"}} for n in names
+    ]
+
+
+_ERROR = ERROR_RESPONSE
+_AUTH = {"401": _ERROR, "404": {"description": "no admin token is configured"}}
+_TENANT_PARAM: dict[str, Any] = {
+    "name": "tenant",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "default": DEFAULT_TENANT},
+    "description": "whose watches: each tenant's watch of an id is its own",
+}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "nopoll admin API", "version": "1"},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "WatchRequest": WatchRequest.model_json_schema(),
+            "WatchAnswer": WatchAnswer.model_json_schema(),
+            "SubmitRequest": SubmitRequest.model_json_schema(),
+            "ReplayRequest": ReplayRequest.model_json_schema(),
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/admin/v1/watches": {
+            "post": {
+                "summary": "Watch ids: poll them until they are terminal, then land them",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/WatchRequest"}
+                        }
+                    },
+                },
+                "responses": {
+                    "202": {
+                        "description": "registered",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/WatchAnswer"}
+                            }
+                        },
+                    },
+                    "400": _ERROR,
+                    "503": _ERROR,
+                    **_AUTH,
+                },
+            },
+            "get": {
+                "summary": "List watches (a page; follow next_cursor until it is empty)",
+                "parameters": [
+                    *_params("provider", "kind", "state", "cursor", "limit"),
+                    _TENANT_PARAM | {"description": _TENANT_PARAM["description"] + "; * for all"},
+                ],
+                "responses": {
+                    "200": {"description": "a page of watches"},
+                    "400": _ERROR,
+                    "503": _ERROR,
+                    **_AUTH,
+                },
+            },
+        },
+        "/admin/v1/watches/{provider}/{kind}/{id}": {
+            "delete": {
+                "summary": "Stop watching one id (the watch of one tenant)",
+                "parameters": [
+                    *(
+                        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                        for n in ("provider", "kind", "id")
+                    ),
+                    _TENANT_PARAM,
+                ],
+                "responses": {
+                    "204": {"description": "ended"},
+                    "404": _ERROR,
+                    "400": _ERROR,
+                    "401": _ERROR,
+                    "503": _ERROR,
+                },
+            }
+        },
+        "/admin/v1/submit": SUBMIT_OPENAPI,
+        **OPS_OPENAPI,
+        "/admin/v1/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI"}, **_AUTH},
+            }
+        },
+    },
+}

@@ -1,0 +1,109 @@
+"""What a configuration sets up, in words, with every credential hidden (of a sink's
+URL only the scheme, host and port are shown).
+
+Used for the start-up summary of ``nopoll serve|api|worker`` (one log line per item:
+what runs, the config file and data_dir, the HTTP surfaces that are on and off, which
+Redis, each provider with its webhook path, each sink, the routes). Paths are absolute.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from nopoll.wire import url_origin
+from receiver.config.settings import Settings, redact_url
+
+__all__ = ["describe"]
+
+_WHERE = ("url", "bucket", "bootstrap_servers", "dir", "endpoint_url")
+
+
+def _version() -> str:
+    try:
+        return version("nopoll")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "source"
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The absolute path of a SQLite URL's file (None: not a SQLite file URL). A relative
+    path (``sqlite:///nopoll-data/results.db``) is relative to the folder nopoll runs in."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or not scheme.startswith("sqlite") or not rest or rest.startswith(":memory:"):
+        return None
+    return str(Path(rest.partition("?")[0]).absolute())
+
+
+def _surfaces(settings: Settings, base: str) -> str:
+    """Which HTTP surfaces the API serves, and why the optional ones are off."""
+    on = ["POST /webhooks/{provider}", "/healthz", "/readyz", "/metrics"]
+    off = []
+    consumers = len(settings.consumer_tokens)
+    admins = len(settings.admin_tokens)
+    if consumers:
+        on.append(f"results API {base}/v1 ({consumers} consumer token(s))")
+    else:
+        off.append("/v1 (no consumer_tokens)")
+    if admins:
+        on.append(f"admin API {base}/admin/v1 and status page {base}/ui ({admins} admin token(s))")
+    else:
+        off.append("/admin/v1 and /ui (no admin_tokens)")
+    return "http: " + ", ".join(on) + (f"; off: {', '.join(off)}" if off else "")
+
+
+def describe(
+    settings: Settings,
+    redis_url: str,
+    *,
+    api: tuple[str, int] | None,
+    worker: bool,
+    config: str | None = None,
+) -> list[str]:
+    """The start-up summary, one line per item; ``config`` is the config file's path."""
+    roles = []
+    if api is not None:
+        roles.append(f"API on http://{api[0]}:{api[1]}")
+    if worker:
+        roles.append(
+            f"worker ({settings.worker.max_jobs} jobs, {settings.batch.max_jobs} batches at once)"
+        )
+    lines = [f"nopoll {_version()}: {' and '.join(roles)}"]
+    source = str(Path(config).absolute()) if config else "none (the built-in defaults)"
+    lines.append(f"config: {source}; data_dir: {settings.data_dir.absolute()}")
+    if api is not None:
+        lines.append(_surfaces(settings, f"http://{api[0]}:{api[1]}"))
+    if settings.embedded_redis:
+        lines.append(
+            f"redis: embedded valkey at {redis_url} (data in {settings.data_dir.absolute()})"
+        )
+    else:
+        lines.append(f"redis: {redact_url(redis_url)}")
+    if not settings.providers:
+        lines.append("providers: none configured: every callback answers 404")
+    for name, p in settings.providers.items():
+        callbacks = (
+            f"callbacks at POST /webhooks/{name} ({len(p.webhook_secrets)} secret(s))"
+            if p.webhook_secrets
+            else "no webhook secrets: takes no callbacks"
+        )
+        lines.append(f"provider {name} ({p.dialect}): {callbacks}; fetches from {p.base_url}")
+    for name, sink in settings.sinks.items():
+        value = next((getattr(sink, f) for f in _WHERE if getattr(sink, f, None) is not None), "")
+        where = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        if (path := _sqlite_file(where)) is not None:
+            where = f"SQLite file {path}"
+        elif "://" in where:
+            where = url_origin(where)
+        elif where and sink.type == "jsonl":
+            where = str(Path(where).absolute())
+        lines.append(f"sink {name}: {sink.type}" + (f" -> {where}" if where else ""))
+    if settings.routes:
+        for i, route in enumerate(settings.routes):
+            match = route.match.model_dump(exclude_none=True) or "everything"
+            lines.append(f"route {i}: {match} -> {', '.join(route.sinks)}")
+    else:
+        lines.append("routes: none (every result goes to every sink)")
+    return lines

@@ -1,0 +1,492 @@
+"""The nopoll configuration: one YAML file, ``${VAR}`` interpolation, validated once at start-up.
+
+``load_settings(path)`` returns a :class:`Settings`; every problem raises
+:class:`~nopoll.exceptions.ConfigError` naming the exact key (``providers.x.base_url``)
+and what is wrong, never the offending value (it may be a secret).
+
+``load_settings(path, require_env=False)`` is the lenient load of read-only commands
+(``nopoll dlq list``, ``nopoll config check --redacted``): a ``${VAR}`` that is not set stays
+in the value as a visible placeholder and becomes a note ("NAME is not set (needed to
+run)") in :attr:`Settings.notes`; a value that is invalid only because of such a
+placeholder is not checked. Every other mistake is still an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from nopoll.exceptions import ConfigError
+from nopoll.wire import decode_webhook_secret
+from receiver.config.sections import (
+    ApiConfig,
+    BatchConfig,
+    ConfigModel,
+    HttpConfig,
+    RetryConfig,
+    UiConfig,
+    WatchConfig,
+    WorkerConfig,
+)
+from receiver.config.source import (
+    Interpolation,
+    dotted,
+    format_errors,
+    is_secret_key,
+    left_unset,
+    problems,
+    read_raw,
+    redact_url,
+    validate_lenient,
+)
+from receiver.config.tenants import (
+    ConsumerToken,
+    ResultsConfig,
+    TenantConfig,
+    TenantProviderConfig,
+    check_distinct_tokens,
+    check_tenant_names,
+    token_problem,
+)
+
+__all__ = [
+    "ApiConfig",
+    "BatchConfig",
+    "ConsumerToken",
+    "HttpConfig",
+    "ProviderConfig",
+    "ResultsConfig",
+    "RetryConfig",
+    "RouteConfig",
+    "Settings",
+    "TenantConfig",
+    "TenantProviderConfig",
+    "UiConfig",
+    "WatchConfig",
+    "WorkerConfig",
+    "decode_webhook_secret",
+    "is_secret_key",
+    "load_settings",
+    "redact_url",
+]
+
+DIALECTS = ("openai", "sference", "sail", "valar", "anthropic")
+WEBHOOK_DIALECTS = ("openai", "sference")
+"""The dialects whose providers send signed callbacks (Sail and Valar send none: nopoll
+polls their results, see docs/watches.md)."""
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_DATA_DIR = "./nopoll-data"
+
+
+def _check_webhook_secret(secret: SecretStr) -> SecretStr:
+    if secret.get_secret_value():  # empty: a rotation slot, dropped by ProviderConfig
+        decode_webhook_secret(secret.get_secret_value())
+    return secret
+
+
+_WebhookSecret = Annotated[SecretStr, AfterValidator(_check_webhook_secret)]
+"""One entry of ``webhook_secrets``, checked on its own so an error names its index."""
+
+
+class ProviderConfig(ConfigModel):
+    """One inference provider: where to fetch results and how its callbacks are signed.
+
+    ``webhook_secrets`` empty (the default): this provider sends no callbacks, and
+    ``/webhooks/<name>`` answers 404 for it.
+    """
+
+    dialect: Literal["openai", "sference", "sail", "valar", "anthropic"]
+    base_url: str
+    api_key: SecretStr | None = None
+    api_version: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    """``anthropic``: the ``anthropic-version`` header (default the official SDK's); a
+    version before 2026-10-21 authenticates with ``x-api-key`` instead of a Bearer token."""
+    webhook_secrets: list[_WebhookSecret] = Field(default_factory=list)
+    tolerance_s: int = Field(default=300, ge=1, le=86_400)
+    max_concurrency: int = Field(default=32, ge=1, le=1024)
+    watch: WatchConfig = Field(default_factory=WatchConfig)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _drop_empty(cls, value: list[SecretStr]) -> list[SecretStr]:
+        # "${OLD_SECRET:-}" for a rotation slot that is empty most of the time
+        kept = [secret for secret in value if secret.get_secret_value()]
+        if value and not kept:
+            raise ValueError(
+                "every entry is empty; write [] (or leave the key out) for a provider "
+                "that sends no callbacks"
+            )
+        return kept
+
+    @model_validator(mode="after")
+    def _callbacks(self) -> ProviderConfig:
+        if self.webhook_secrets and self.dialect == "anthropic":
+            raise ValueError(
+                f"webhook_secrets: the {self.dialect} dialect sends no callbacks (its "
+                "results are polled); leave webhook_secrets out"
+            )
+        if self.api_version is not None and self.dialect != "anthropic":
+            raise ValueError("api_version: only the anthropic dialect has one")
+        return self
+
+    def secret_keys(self) -> list[bytes]:
+        """The HMAC keys of every accepted webhook secret (several while rotating)."""
+        return [decode_webhook_secret(s.get_secret_value()) for s in self.webhook_secrets]
+
+
+class RouteMatch(ConfigModel):
+    """What a result must have for a route to take it; every given field must match."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    provider: str | list[str] | None = None
+    tenant: str | list[str] | None = None
+    kind: str | list[str] | None = None
+    status: str | list[str] | None = None
+    model: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _metadata_keys(self) -> RouteMatch:
+        for key in self.model_extra or {}:
+            if not key.startswith("metadata."):
+                close = difflib.get_close_matches(key, type(self).model_fields, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ValueError(
+                    f"unknown match key {key!r}: {hint}"
+                    "use provider, tenant, kind, status, model or metadata.<key>"
+                )
+        return self
+
+
+class RouteConfig(ConfigModel):
+    """Send results that match to the named sinks."""
+
+    match: RouteMatch = Field(default_factory=RouteMatch)
+    sinks: list[str] = Field(min_length=1)
+
+
+class Settings(ConfigModel):
+    """The whole validated configuration, built once at start-up and passed down."""
+
+    redis_url: SecretStr = SecretStr("")
+    data_dir: Path = Path(_DATA_DIR)
+    """Relative: to the config file's folder (:func:`load_settings`)."""
+    max_body_bytes: int = Field(default=262_144, ge=1024, le=64 * 1024 * 1024)
+    dedupe_ttl_s: int = Field(default=7 * 86_400, ge=60)
+    """How long a webhook-id is remembered; providers retry for up to 72 hours."""
+    job_expiry_s: int = Field(default=7 * 86_400, ge=3600)
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    sinks: dict[str, Any] = Field(default_factory=dict)
+    routes: list[RouteConfig] = Field(default_factory=list)
+    fetch_retry: RetryConfig = Field(default_factory=RetryConfig)
+    sink_retry: RetryConfig = Field(
+        default_factory=lambda: RetryConfig(max_tries=12, base_delay_s=2.0, max_delay_s=600.0)
+    )
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    admin_tokens: list[SecretStr] = Field(default_factory=list)
+    """Bearer tokens of the admin API (``/admin/v1``); none: the admin API is 404."""
+    ui: UiConfig = Field(default_factory=UiConfig)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    """Teams with their own provider accounts, each behind signed ``/webhooks/t/{token}``."""
+    tenant_keys: list[SecretStr] = Field(default_factory=list)
+    """Keys of the tenant endpoint tokens: the first signs, every one verifies."""
+    public_url: str | None = None
+    """The URL providers reach nopoll at (``nopoll endpoint`` prints full URLs with it)."""
+    consumer_tokens: list[ConsumerToken] = Field(default_factory=list)
+    """Bearer tokens of the results API (``/v1``); none: ``/v1`` is 404."""
+    results: ResultsConfig = Field(default_factory=ResultsConfig)
+    redis_policy_check: Literal["refuse", "warn"] = "refuse"
+    """A Redis whose ``maxmemory-policy`` may evict keys can drop queued jobs: refuse to
+    start (default), or only warn."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+    """JSON lines (with event, response and batch ids) or readable text."""
+
+    _unset: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
+    _notes: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("providers", "sinks")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"name {name!r} must match [A-Za-z0-9_-]{{1,64}}")
+        return value
+
+    @model_validator(mode="after")
+    def _sinks_and_routes(self) -> Settings:
+        from sinks.registry import sink_class, validate_sink_config
+
+        if not self.sinks:
+            object.__setattr__(self, "sinks", _default_sinks(self.data_dir))
+        validated = {}
+        for name, raw in self.sinks.items():
+            try:
+                validated[name] = validate_sink_config(name, raw)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        object.__setattr__(self, "sinks", validated)
+        for name, sink in self.sinks.items():
+            target = getattr(sink, "claim_check", None)
+            if target is None:
+                continue
+            holder = self.sinks.get(target)
+            if holder is None or not hasattr(sink_class(holder.type), "put_claim"):
+                what = f"a {holder.type} sink" if holder is not None else "not a configured sink"
+                raise ValueError(
+                    f"sinks.{name}.claim_check: {target!r} is {what}; name an s3 sink "
+                    "(it keeps the bodies too large for a message)"
+                )
+        for i, route in enumerate(self.routes):
+            for sink in route.sinks:
+                if sink not in self.sinks:
+                    raise ValueError(
+                        f"routes.{i}.sinks: unknown sink {sink!r} (configured: "
+                        f"{', '.join(sorted(self.sinks)) or 'none'})"
+                    )
+        return self
+
+    @field_validator("consumer_tokens")
+    @classmethod
+    def _consumer_tokens(cls, value: list[ConsumerToken]) -> list[ConsumerToken]:
+        return [t for t in value if t.token.get_secret_value()]
+
+    @field_validator("tenant_keys")
+    @classmethod
+    def _tenant_keys(cls, value: list[SecretStr], info: ValidationInfo) -> list[SecretStr]:
+        if any(len(t) < 32 for t in _checked(value, info)):
+            raise ValueError("a tenant key must be at least 32 characters long")
+        return [t for t in value if t.get_secret_value()]
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else None
+
+    @model_validator(mode="after")
+    def _tenants(self) -> Settings:
+        check_tenant_names(self.tenants, set(self.providers))
+        if self.tenants and not self.tenant_keys:
+            raise ValueError("tenants need tenant_keys (the keys that sign their endpoints)")
+        for i, consumer in enumerate(self.consumer_tokens):
+            if consumer.tenant is not None and consumer.tenant not in {*self.tenants, "default"}:
+                raise ValueError(f"consumer_tokens.{i}.tenant: no tenant {consumer.tenant!r}")
+        for i, route in enumerate(self.routes):
+            wanted = route.match.tenant
+            for tenant in [wanted] if isinstance(wanted, str) else wanted or []:
+                if tenant not in {*self.tenants, "default"}:
+                    raise ValueError(f"routes.{i}.match.tenant: no tenant {tenant!r}")
+        return self
+
+    @field_validator("admin_tokens")
+    @classmethod
+    def _admin_tokens(cls, value: list[SecretStr], info: ValidationInfo) -> list[SecretStr]:
+        for token in _checked(value, info):
+            if (problem := token_problem(token, "an admin token")) is not None:
+                raise ValueError(problem)
+        return [t for t in value if t.get_secret_value()]  # "${TOKEN:-}" left empty
+
+    @model_validator(mode="before")
+    @classmethod
+    def _distinct_tokens(cls, data: Any) -> Any:
+        check_distinct_tokens(data)
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Settings that compare with each other, checked once every section is valid on
+        its own: windows and timeouts."""
+        self._check_replay_window()
+        self._settle_timeouts()
+        self._settle_held_requests()
+        return self
+
+    def _check_replay_window(self) -> None:
+        """A webhook-id must be remembered for the whole window its callback is accepted in
+        (``tolerance_s`` either side of its timestamp), or a copy could be replayed."""
+        for name, p in self.providers.items():
+            if self.dedupe_ttl_s < 2 * p.tolerance_s:
+                raise ValueError(
+                    f"dedupe_ttl_s ({self.dedupe_ttl_s} s) must be at least twice providers."
+                    f"{name}.tolerance_s ({p.tolerance_s} s), the window a callback is accepted in"
+                )
+
+    def _settle_timeouts(self) -> None:
+        """Timeouts that contradict each other would let a job die silently: a write or a
+        request that may take as long as the whole job could never be retried. Unset timeouts
+        follow a short job timeout down (set on ``settings`` in place), so shortening one is
+        enough."""
+        job_s = self.worker.response_job_timeout_s
+        derived = {
+            name: sink.model_copy(update={"timeout_s": min(sink.timeout_s, job_s / 2)})
+            for name, sink in self.sinks.items()
+            if "timeout_s" not in sink.model_fields_set
+        }
+        if derived:
+            object.__setattr__(self, "sinks", {**self.sinks, **derived})
+        http_update = {
+            name: min(getattr(self.http, name), job_s * share)
+            for name, share in (("connect_timeout_s", 0.25), ("read_timeout_s", 0.5))
+            if name not in self.http.model_fields_set
+        }
+        if http_update:
+            object.__setattr__(self, "http", self.http.model_copy(update=http_update))
+        for name, sink in self.sinks.items():
+            if sink.timeout_s >= job_s:
+                raise ValueError(
+                    f"sinks.{name}.timeout_s ({sink.timeout_s:g} s) must be below "
+                    f"worker.response_job_timeout_s ({job_s:g} s)"
+                )
+        request_s = self.http.connect_timeout_s + self.http.read_timeout_s
+        if request_s >= job_s:
+            raise ValueError(
+                f"http.connect_timeout_s + http.read_timeout_s ({request_s:g} s) must be below "
+                f"worker.response_job_timeout_s ({job_s:g} s)"
+            )
+        if self.batch.lease_s >= self.batch.job_timeout_s:
+            raise ValueError(
+                f"batch.lease_s ({self.batch.lease_s:g} s) must be below "
+                f"batch.job_timeout_s ({self.batch.job_timeout_s:g} s)"
+            )
+
+    def _settle_held_requests(self) -> None:
+        """The results API's held requests (streams, ``?wait``) may never take the connections
+        kept for ``/webhooks``. uvicorn answers 503 to the connection that reaches
+        ``api.limit_concurrency`` (every open connection counts), so consumers may hold at
+        most ``limit_concurrency - 1 - reserved_for_webhooks``. Unset, the reserve is a
+        quarter of the limit and ``results.max_held`` all that is left (set on ``settings``
+        in place); set, they are checked."""
+        api, results = self.api, self.results
+        limit = api.limit_concurrency
+        if "reserved_for_webhooks" not in api.model_fields_set:
+            api = api.model_copy(update={"reserved_for_webhooks": max(1, limit // 4)})
+            object.__setattr__(self, "api", api)
+        elif api.reserved_for_webhooks >= limit:
+            raise ValueError(
+                f"api.reserved_for_webhooks ({api.reserved_for_webhooks}) must be below "
+                f"api.limit_concurrency ({limit})"
+            )
+        room = max(0, limit - 1 - api.reserved_for_webhooks)
+        if "max_held" not in results.model_fields_set:
+            object.__setattr__(self, "results", results.model_copy(update={"max_held": room}))
+        elif results.max_held > room:
+            raise ValueError(
+                f"results.max_held ({results.max_held}) leaves no room for "
+                f"api.reserved_for_webhooks ({api.reserved_for_webhooks}): at most "
+                f"api.limit_concurrency - 1 - api.reserved_for_webhooks ({room}) held requests; "
+                "beyond api.limit_concurrency even callbacks are answered 503"
+            )
+
+    @property
+    def embedded_redis(self) -> bool:
+        """True when no redis_url is set: nopoll starts its own Redis-compatible server."""
+        return not self.redis_url.get_secret_value()
+
+    @property
+    def unset_env(self) -> Mapping[str, tuple[str, ...]]:
+        """After a lenient load: each key (``providers.x.api_key``) whose value still holds
+        a ``${VAR}`` placeholder, with the names of its unset variables. Empty otherwise."""
+        return types.MappingProxyType(self._unset)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """After a lenient load: what must still be set before nopoll can run."""
+        return self._notes
+
+
+def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
+    """The secrets of a list to check: not left empty, and not a ``${VAR}`` a lenient
+    load left unset (its value is not known, so neither is its length)."""
+    texts = [value.get_secret_value() for value in values]
+    return [text for text in texts if text and not left_unset(text, info)]
+
+
+def _rebased(settings: Settings, base: Path) -> Settings:
+    """``settings`` with the relative paths of its sinks made absolute under ``base``."""
+    from sinks.base import SinkConfig
+
+    sinks = {
+        name: sink.rebased(base) if isinstance(sink, SinkConfig) else sink
+        for name, sink in settings.sinks.items()
+    }
+    object.__setattr__(settings, "sinks", sinks)
+    return settings
+
+
+def _default_sinks(data_dir: Path) -> dict[str, Any]:
+    return {
+        "db": {"type": "sql", "url": f"sqlite+aiosqlite:///{data_dir / 'results.db'}"},
+        "files": {"type": "jsonl", "dir": str(data_dir / "results")},
+    }
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    require_env: bool = True,
+) -> Settings:
+    """Read, interpolate and validate the config file (``None``: the embedded defaults).
+
+    ``require_env=False`` is the lenient load of read-only commands: unset variables
+    become :attr:`Settings.notes` instead of errors (see the module docstring).
+    """
+    env = os.environ if env is None else env
+    source = str(path) if path is not None else "the built-in defaults"
+    raw: Any = read_raw(path) if path is not None else {}
+    interpolation = Interpolation(env, require_env=require_env)
+    raw = interpolation.apply(raw)
+    if interpolation.errors:
+        lines = "\n".join(f"  {e}" for e in interpolation.errors)
+        raise ConfigError(f"invalid configuration in {source}:\n{lines}")
+    if overrides:
+        raw = {**raw, **overrides}
+    # relative paths are the config file's folder's (without a file: the current folder's)
+    base = Path(os.path.abspath(path)).parent if path is not None else Path.cwd()
+    data_dir = raw.get("data_dir", _DATA_DIR)
+    if isinstance(data_dir, str | os.PathLike):
+        raw = {**raw, "data_dir": str(base / data_dir)}
+    unset = interpolation.unset
+    if not unset:
+        try:
+            return _rebased(Settings.model_validate(raw), base)
+        except ValidationError as exc:
+            raise ConfigError(format_errors(problems(exc, Settings), source)) from None
+    settings = _rebased(validate_lenient(raw, set(unset), source, Settings, ProviderConfig), base)
+    settings._unset = {dotted(loc): tuple(n for n, _ in found) for loc, found in unset.items()}
+    settings._notes = tuple(
+        f"{dotted(loc)}: {name} {problem} (needed to run)"
+        for loc, found in unset.items()
+        for name, problem in found
+    )
+    return settings

@@ -1,0 +1,180 @@
+"""Fan-out: write envelopes to their routed sinks side by side, each on its own.
+
+Each sink is opened lazily (a database that is down at start-up is just a failing
+sink) and every write runs under the sink's timeout. A sink that fails does not block
+the others: the caller gets the failures back and queues a retry for each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected
+from receiver.fanout.routing import Router
+from receiver.metrics import Metrics
+from sinks.base import Sink, SinkConfig
+from sinks.registry import create_sink
+
+__all__ = ["FanOut", "ManagedSink"]
+
+
+class ManagedSink:
+    """One configured sink: opened on first use, written under a timeout, measured."""
+
+    def __init__(self, name: str, config: SinkConfig, metrics: Metrics) -> None:
+        self.name = name
+        self.config = config
+        self._ok = metrics.sink_writes.labels(name, "ok")
+        self._errors = metrics.sink_writes.labels(name, "error")
+        self._rows = metrics.sink_rows.labels(name)
+        self._seconds = metrics.sink_seconds.labels(name)
+        self._landed = metrics.callback_to_row_seconds.labels(name)
+        self._sink: Sink | None = None
+        self._lock = asyncio.Lock()
+        self.claim_check: Callable[[Envelope], Awaitable[str]] | None = None
+        """Where a sink with a size limit (Kafka) puts bodies too large to carry."""
+        self.state = "not opened"
+        """``ok`` after a write went through, ``failing`` after one failed, ``not opened``."""
+        self.error: str | None = None
+        """The last write's error while failing (never a secret: sink errors carry none)."""
+        self.since = time.time()
+        """When ``state`` last changed (Unix seconds)."""
+
+    def _record(self, error: BaseException | None) -> None:
+        state = "ok" if error is None else "failing"
+        if state != self.state:
+            self.state, self.since = state, time.time()
+        self.error = None if error is None else str(error)[:300]
+
+    async def _opened(self) -> Sink:
+        if self._sink is not None:
+            return self._sink
+        async with self._lock:
+            if self._sink is None:
+                sink = create_sink(self.name, self.config)
+                if self.claim_check is not None and hasattr(sink, "claim_check"):
+                    sink.claim_check = self.claim_check
+                await sink.open()
+                self._sink = sink
+        return self._sink
+
+    async def write(self, envelopes: Sequence[Envelope]) -> None:
+        """Open if needed and write; raises SinkError on any failure or timeout."""
+        await self._timed(None, envelopes)
+
+    async def write_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
+        """Write one numbered chunk of a batch's rows: through the sink's
+        ``write_batch_part(part, envelopes)`` when it has one (S3 part files), else ``write``."""
+        await self._timed(part, envelopes)
+
+    async def _timed(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                sink = await self._opened()
+                by_part = getattr(sink, "write_batch_part", None)
+                if part is not None and by_part is not None:
+                    await by_part(part, envelopes)
+                else:
+                    await sink.write(envelopes)
+        except TimeoutError:
+            self._errors.inc()
+            error = SinkError(f"write timed out after {self.config.timeout_s:g}s", sink=self.name)
+            self._record(error)
+            raise error from None
+        except SinkRejected:  # the data's fault, not the sink's: it still works
+            self._errors.inc()
+            self._record(None)
+            raise
+        except SinkError as exc:
+            self._errors.inc()
+            self._record(exc)
+            raise
+        except Exception as exc:
+            self._errors.inc()
+            error = SinkError(f"{type(exc).__name__}: {exc}"[:500], sink=self.name)
+            self._record(error)
+            raise error from exc
+        self._record(None)
+        self._ok.inc()
+        self._rows.inc(len(envelopes))
+        self._seconds.observe(time.perf_counter() - started)
+        if part is None:
+            now = time.time()
+            for env in envelopes:
+                if env.kind == "response":
+                    received = datetime.fromisoformat(env.received_at).timestamp()
+                    self._landed.observe(max(0.0, now - received))
+
+    async def put_claim(self, env: Envelope) -> str:
+        """Store ``env``'s body with this (S3) sink; returns the reference to carry instead."""
+        sink = await self._opened()
+        put_claim = getattr(sink, "put_claim", None)
+        if put_claim is None:
+            raise SinkError("this sink cannot hold claim-checked bodies", sink=self.name)
+        return str(await put_claim(env))
+
+    async def aclose(self) -> None:
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            await sink.aclose()
+
+
+class FanOut:
+    """Routes envelopes and writes each sink's share concurrently."""
+
+    def __init__(self, sinks: Mapping[str, ManagedSink], router: Router, metrics: Metrics) -> None:
+        self.sinks = dict(sinks)
+        # Claim-check: a sink whose config names another (``claim_check: lake``) puts the
+        # bodies too large for it there (validated at start-up).
+        for sink in self.sinks.values():
+            target = getattr(sink.config, "claim_check", None)
+            if target is not None and target in self.sinks:
+                sink.claim_check = self.sinks[target].put_claim
+        self._router = router
+        self._metrics = metrics
+
+    def route(self, envelopes: Sequence[Envelope]) -> dict[str, list[Envelope]]:
+        """Each sink's share of ``envelopes`` (sinks with no share are left out)."""
+        shares: dict[str, list[Envelope]] = defaultdict(list)
+        for (provider, kind), n in Counter((e.provider, e.kind) for e in envelopes).items():
+            self._metrics.results.labels(provider, kind).inc(n)
+        for env in envelopes:
+            names = self._router.sinks_for(env)
+            if not names:
+                self._metrics.unrouted.labels(env.provider).inc()
+            for name in names:
+                shares[name].append(env)
+        return shares
+
+    async def write(self, shares: Mapping[str, Sequence[Envelope]]) -> dict[str, SinkError]:
+        """Write every share side by side; returns the failures by sink name."""
+        names = list(shares)
+        results: list[BaseException | None]
+        if len(names) == 1:  # one sink (the usual case): no task to run it in
+            results = [None]
+            try:
+                await self.sinks[names[0]].write(shares[names[0]])
+            except Exception as exc:
+                results = [exc]
+        else:
+            results = await asyncio.gather(
+                *(self.sinks[n].write(shares[n]) for n in names), return_exceptions=True
+            )
+        failures: dict[str, SinkError] = {}
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, SinkError):
+                failures[name] = result
+            elif isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # cancellation: let the job be re-run
+                failures[name] = SinkError(f"{type(result).__name__}: {result}", sink=name)
+        return failures
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(s.aclose() for s in self.sinks.values()), return_exceptions=True)

@@ -1,0 +1,408 @@
+"""The one place nopoll touches arq's internals (with :mod:`receiver.queue._arq_run`, which runs
+the jobs); everything else goes through here.
+
+arq is a small library whose private parts nopoll depends on: its job format and key
+names (``arq:job:``, ``arq:in-progress:``, ``arq:retry:``), :func:`arq.jobs.serialize_job`
+and ``deserialize_job_raw``, and the :class:`arq.worker.Worker` methods
+:class:`SeamWorker` overrides. They are checked against the arq versions nopoll supports
+(:data:`SUPPORTED`) when this module is imported, and a contract test runs a job written
+by nopoll on a stock arq Worker and the reverse.
+
+What :class:`SeamWorker` changes:
+
+- Claims: arq reads the due job ids, then claims each with its own optimistic transaction
+  (WATCH, EXISTS, ZSCORE, MULTI/PSETEX/EXEC), then reads each job and counts its try in
+  another transaction. Here one Lua call does all of that for every job it claims, with
+  the same rules (due, not in progress), arq's try counter, and an in-progress key whose
+  value is a token naming the claim, so a batch job's :class:`Lease` can renew the lock
+  only while it is still its own.
+- Running: each claimed job runs as arq's ``run_job`` would (the same checks, hooks,
+  timeout, retry and failure rules), minus those per-job round trips.
+- Finishes: the keys of the jobs that finish while one finish is in flight go in the next
+  Lua call together (arq: one MULTI/EXEC per job).
+- Liveness: a claim's token starts with the process's worker id, and the claim adds its
+  lock to the process's held set, so a worker that stops beating has its locks released
+  by the others (:mod:`receiver.liveness`) instead of after the lock's expiry; on stop,
+  claimed jobs not started yet are handed back at once (:meth:`SeamWorker.hand_back`).
+- Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
+  for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
+  finish was cut off by the outage has its lock released once Redis is back, so it runs
+  again at once instead of after its lock expires.
+- Nothing dropped: whatever arq would fail for good (an expired job, too many tries, an
+  unknown function) goes to :meth:`SeamWorker.give_up` first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import arq
+import orjson
+import redis as redis_py
+from arq import Retry
+from arq.connections import ArqRedis
+from arq.constants import (
+    in_progress_key_prefix,
+    job_key_prefix,
+    result_key_prefix,
+    retry_key_prefix,
+)
+from arq.jobs import serialize_job
+from arq.utils import poll, timestamp_ms
+from arq.worker import Function, func
+from redis.asyncio import ConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from receiver.queue._arq_run import Claimed, GivenUp, JobRunner, given_up
+from receiver.redis_link import RedisLink
+
+__all__ = [
+    "IN_PROGRESS_KEY",
+    "JOB_KEY",
+    "RESULT_KEY",
+    "RETRY_KEY",
+    "SUPPORTED",
+    "Function",
+    "GivenUp",
+    "Lease",
+    "Retry",
+    "SeamWorker",
+    "arq_pool",
+    "func",
+    "job_deserializer",
+    "job_payload",
+    "job_serializer",
+    "stop_workers",
+    "wait_stopped",
+]
+
+log = logging.getLogger("nopoll.worker")
+
+SUPPORTED = {"arq": ((0, 26), (0, 29)), "redis": ((5, 0), (6, 0))}
+"""[lowest, first unsupported) version of each library nopoll's use of internals fits."""
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor, *_ = (int("".join(c for c in p if c.isdigit()) or 0) for p in text.split("."))
+    return major, minor
+
+
+def _check_versions() -> None:
+    found = {"arq": arq.VERSION, "redis": redis_py.__version__}
+    for name, (low, high) in SUPPORTED.items():
+        if not low <= _version(found[name]) < high:
+            raise ImportError(
+                f"nopoll works with {name} >={low[0]}.{low[1]},<{high[0]}.{high[1]}; "
+                f"{found[name]} is installed (pip install 'nopoll' pulls a fitting one)"
+            )
+
+
+_check_versions()
+
+JOB_KEY = job_key_prefix
+"""``arq:job:<id>``: a queued job's payload."""
+RESULT_KEY = result_key_prefix
+"""``arq:result:<id>``: a finished job's result (nopoll keeps none)."""
+IN_PROGRESS_KEY = in_progress_key_prefix
+"""``arq:in-progress:<id>``: the lock of a running job."""
+RETRY_KEY = retry_key_prefix
+"""``arq:retry:<id>``: how many times a job has been tried."""
+
+
+def job_serializer(obj: Any) -> bytes:
+    """arq job serializer: JSON (orjson), never pickle."""
+    return orjson.dumps(obj, default=str)
+
+
+def job_deserializer(data: bytes) -> Any:
+    """arq job deserializer: JSON only."""
+    return orjson.loads(data)
+
+
+def job_payload(function: str, kwargs: dict[str, Any], job_try: int | None, at_ms: int) -> bytes:
+    """A job exactly as ``ArqRedis.enqueue_job`` writes it (arq's own ``serialize_job``)."""
+    return serialize_job(function, (), kwargs, job_try, at_ms, serializer=job_serializer)
+
+
+def arq_pool(url: str, *, queue: str | None = None, expires_ms: int | None = None) -> ArqRedis:
+    """An arq Redis pool that speaks JSON jobs (``queue``: where ``enqueue_job`` puts them)."""
+    kwargs: dict[str, Any] = {}
+    if expires_ms is not None:
+        kwargs["expires_extra_ms"] = expires_ms
+    if queue is not None:
+        kwargs["default_queue_name"] = queue
+    pool = ArqRedis(
+        connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=5, socket_timeout=10),
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+        **kwargs,
+    )
+    pool.auto_close_connection_pool = True  # aclose() also closes the pool we made
+    return pool
+
+
+_CLAIM = """
+local now = tonumber(ARGV[1])
+local want = tonumber(ARGV[4])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[5])
+local claimed = {}
+for i = 1, #due, 2 do
+  if #claimed >= 4 * want then break end
+  local id = due[i]
+  if redis.call('EXISTS', ARGV[6] .. id) == 0 then
+    redis.call('PSETEX', ARGV[6] .. id, ARGV[2], ARGV[3])
+    if ARGV[9] ~= '' then redis.call('SADD', ARGV[9], ARGV[6] .. id) end
+    local tries = redis.call('INCR', ARGV[8] .. id)
+    redis.call('EXPIRE', ARGV[8] .. id, 88400)
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = due[i + 1]
+    claimed[#claimed + 1] = redis.call('GET', ARGV[7] .. id)
+    claimed[#claimed + 1] = tries
+  end
+end
+return claimed
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Lease:
+    """A claimed job's in-progress lock, held by the token its claim wrote."""
+
+    def __init__(self, redis: Redis, job_id: str, token: str) -> None:
+        self.redis = redis
+        self.key = in_progress_key_prefix + job_id
+        self.token = token
+        self.lost = False
+        """Set by whoever finds the lock no longer ours; arq's finish is then skipped."""
+
+    async def renew(self, ttl_ms: int) -> bool:
+        """Extend the lock to ``ttl_ms`` from now; False when another claim holds it."""
+        return bool(await self.redis.eval(_RENEW, 1, self.key, self.token, str(ttl_ms)))  # type: ignore[misc]
+
+    async def release(self) -> bool:
+        """Drop the lock if it is still ours (the job can be claimed again at once)."""
+        return bool(await self.redis.eval(_RELEASE, 1, self.key, self.token))  # type: ignore[misc]
+
+
+class SeamWorker(JobRunner):
+    """An arq Worker with one-call claims, grouped finishes, leases, outage riding, and
+    hooks where nopoll's policy comes in (:meth:`give_up`, :meth:`health_checked`)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        claim_ttl_s: float | None = None,
+        worker_id: str | None = None,
+        held_key: str = "",
+        stop_at_once: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._claim_script: Any = None
+        self._claim_ttl_s = claim_ttl_s
+        self._worker_id = worker_id or uuid.uuid4().hex[:12]
+        """The start of every claim's token: the process's id when its liveness is kept."""
+        self._held_key = held_key
+        """Where each claim's lock key is added ('': nowhere): :mod:`receiver.liveness`."""
+        self.stop_at_once = stop_at_once
+        """On stop, cancel running jobs at once rather than let them finish (batch jobs:
+        they resume after their last committed chunk, on another worker)."""
+        self.leases: dict[str, Lease] = {}
+        """Running jobs' locks, by job id (``ctx["leases"]``: a batch job renews its own)."""
+        self._orphans: set[str] = set()
+        self.link = RedisLink(f"worker {self.queue_name}")
+        self.last_beat: float | None = None
+        """When this process last turned its poll loop (``nopoll worker --health-port``)."""
+
+    async def heart_beat(self) -> None:
+        await super().heart_beat()
+        self.last_beat = time.monotonic()
+
+    async def record_health(self) -> None:
+        before = self._last_health_check
+        await super().record_health()
+        if self._last_health_check != before:
+            await self.health_checked()
+
+    async def health_checked(self) -> None:
+        """Hook: the worker just wrote its heartbeat (every ``health_check_interval``)."""
+
+    def _alive(self) -> None:
+        # Waiting for Redis is this loop's job now: the process is healthy, just idle.
+        self.last_beat = time.monotonic()
+
+    async def main(self) -> None:
+        """arq's main loop, but a Redis outage pauses it instead of ending the process."""
+        self.ctx["redis"] = self.pool
+        self.ctx["leases"] = self.leases
+        log.info("worker for %s: %s", self.queue_name, ", ".join(self.functions))
+        await self.link.wait(self.pool, on_try=self._alive)
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        async for _ in poll(self.poll_delay_s):
+            try:
+                await self._poll_iteration()
+                if self.burst and await self._burst_done():
+                    return
+            except (RedisError, OSError) as exc:
+                self.link.lost(exc)
+                await self.link.wait(self.pool, on_try=self._alive)
+                await self._release_orphans()
+
+    async def _burst_done(self) -> bool:
+        """arq's burst rule: stop once ``max_burst_jobs`` ran or the queue is empty."""
+        if 0 <= self.max_burst_jobs <= self._jobs_started() or not await self.pool.zcard(
+            self.queue_name
+        ):
+            await asyncio.gather(*self.tasks.values())
+            return True
+        return False
+
+    async def _poll_iteration(self) -> None:
+        """arq's poll turn, with the due jobs read and claimed in :meth:`_claim`."""
+        free = self.max_jobs - self.job_counter
+        if self.burst and self.max_burst_jobs >= 0:
+            free = min(free, self.max_burst_jobs - self._jobs_started())
+        if self.allow_pick_jobs and free > 0:
+            await self._claim(free)
+        if self.allow_abort_jobs:
+            await self._cancel_aborted_jobs()
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()
+        await self.heart_beat()
+
+    async def _claim(self, free: int) -> None:
+        """One Lua call claims up to ``free`` due jobs (not in progress) and does what arq's
+        ``run_job`` does first for each: count the try and read the payload."""
+        if self._claim_script is None:
+            self._claim_script = self.pool.register_script(_CLAIM)
+        now = timestamp_ms()
+        token = f"{self._worker_id}:{now}"
+        ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
+        prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
+        reply = await self._claim_script(
+            keys=[self.queue_name],
+            args=[now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key],
+        )
+        for i in range(0, len(reply), 4):
+            job = Claimed(reply[i].decode(), int(float(reply[i + 1])), reply[i + 2], reply[i + 3])
+            lease = self.leases[job.id] = Lease(self.pool, job.id, token)
+            await self.sem.acquire()
+            if self.leases.get(job.id) is not lease:  # handed back meanwhile (hand_back)
+                self.sem.release()
+                continue
+            self.job_counter += 1
+            task = self.loop.create_task(self._run_claimed(job))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job.id] = task
+
+    async def _run_claimed(self, job: Claimed) -> None:
+        try:
+            await self.run_claimed(job)
+        except (RedisError, OSError) as exc:
+            # The job's start or finish could not reach Redis: it is still queued; its
+            # lock is released once Redis is back so it runs again at once.
+            self.link.lost(exc)
+            self._orphans.add(job.id)
+        except Exception:
+            log.exception("job %s: arq could not run or finish it; it runs again later", job.id)
+            self.leases.pop(job.id, None)
+
+    async def _release_orphans(self) -> None:
+        for job_id in list(self._orphans):
+            lease = self.leases.pop(job_id, None)
+            self._orphans.discard(job_id)
+            if lease is not None and not lease.lost:
+                with contextlib.suppress(RedisError, OSError):
+                    await lease.release()
+
+    async def hand_back(self) -> int:
+        """Stopping: release the lock of every job claimed but not started yet (it runs on
+        another worker at once); how many."""
+        unstarted = [i for i in self.leases if i not in self.tasks]
+        released = 0
+        for job_id in unstarted:
+            lease = self.leases.pop(job_id)
+            with contextlib.suppress(RedisError, OSError):
+                released += await lease.release()
+        return released
+
+    def owns(self, job_id: str) -> bool:
+        """False when the job's lease was lost: another run owns the job now, so this one
+        touches nothing of it. Its lease is let go either way."""
+        lease = self.leases.pop(job_id, None)
+        return lease is None or not lease.lost
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        """arq gives up on a job (expired, too many tries, unknown function, undecodable):
+        keep it as a dead letter first."""
+        if not self.owns(job_id):
+            return
+        await self.give_up(given_up(job_id, result_data, self.functions))
+        await super().finish_failed_job(job_id, result_data)
+
+    async def give_up(self, job: GivenUp) -> None:
+        """Hook: arq is about to drop a job for good. Raise to keep it queued (a Redis
+        error does)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """arq's close, minus its Redis calls' ability to skip closing the sinks."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.close(close_connection_pool=True)
+        self._pool = None
+
+
+def stop_workers(workers: Sequence[SeamWorker], *, wait: bool) -> None:
+    """Stop taking jobs; with ``wait`` let running ones finish for the workers'
+    ``job_completion_wait`` first (except a ``stop_at_once`` worker's), else cancel them
+    (arq runs a cancelled job again)."""
+    for worker in workers:
+        if wait and not worker.stop_at_once:
+            worker.handle_sig_wait_for_completion(signal.SIGTERM)
+        else:
+            worker.handle_sig(signal.SIGTERM)
+
+
+async def wait_stopped(
+    tasks: list[asyncio.Task[Any]], workers: Sequence[SeamWorker], limit_s: float, *, force: bool
+) -> list[Any]:
+    """Wait for the workers' tasks after :func:`stop_workers`; repeat their cancel (once no
+    job runs, or at once with ``force``), which Python 3.11 can lose when it races a timeout
+    inside the poll loop: the process would then never exit."""
+    pending = set(tasks)
+    deadline = time.monotonic() + limit_s
+    while pending and time.monotonic() < deadline:
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+        for w in workers:
+            idle = force or (not w.allow_pick_jobs and not w.tasks)
+            if idle and w.main_task is not None and not w.main_task.done():
+                w.main_task.cancel()
+    for task in pending:
+        task.cancel()
+    return await asyncio.gather(*tasks, return_exceptions=True)

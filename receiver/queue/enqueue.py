@@ -1,0 +1,384 @@
+"""The queue between the web app and the worker: arq's job format on Redis.
+
+Callbacks are enqueued by one Lua script that, atomically, remembers the ``webhook-id``
+(duplicate deliveries answer 200 and enqueue nothing, also when two copies race), skips
+a response that is already queued or running, and writes the job exactly as arq's own
+``enqueue_job`` does (``arq:job:<id>`` + a score in the queue's sorted set), so a stock
+arq worker runs it. Jobs are JSON, never pickle: nothing read from Redis can run code.
+
+Webhook-ids are remembered as 128-bit digests in small time-bucketed hashes instead of
+a key per id; docs/capacity.md has the layout, the collision odds and the memory figures.
+
+:class:`Enqueuer` coalesces the enqueues of concurrent requests into pipelined round
+trips (group commit), several in flight at once on their own connections: one request
+costs one ``EVALSHA`` in a shared pipeline instead of arq's three round trips (WATCH,
+EXISTS, MULTI/EXEC). Requests waiting for a pipeline are bounded: beyond the bound
+:class:`QueueBusy` is raised (the app answers 503, the provider retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from hashlib import blake2b
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
+from receiver.queue.trips import RoundTrips
+
+__all__ = [
+    "BATCHES_QUEUE",
+    "DELIVER",
+    "FETCH_BATCH",
+    "FETCH_RESPONSE",
+    "HEALTH_CHECK_KEY",
+    "JOBS_QUEUE",
+    "PUT_JOB_LUA",
+    "CallbackJob",
+    "EnqueueOutcome",
+    "Enqueuer",
+    "QueueBusy",
+    "QueuedJob",
+    "batch_job_id",
+    "id_digest",
+    "put_job",
+    "queue_for",
+    "redis_client",
+    "response_job_id",
+]
+
+JOBS_QUEUE = "nopoll:jobs"
+"""Short jobs: fetching single responses and re-delivering to sinks."""
+HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
+"""Written by workers every ``worker.health_check_interval_s`` (arq's health check)."""
+BATCHES_QUEUE = "nopoll:batches"
+"""Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
+SEEN_PREFIX = "nopoll:seen:"
+
+FETCH_RESPONSE = "fetch_response"
+"""Job: fetch one finished response and fan it out."""
+FETCH_BATCH = "fetch_batch"
+"""Job: stream a finished batch's rows into the sinks."""
+DELIVER = "deliver"
+"""Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
+_QUEUE_OF = {FETCH_RESPONSE: JOBS_QUEUE, DELIVER: JOBS_QUEUE, FETCH_BATCH: BATCHES_QUEUE}
+
+
+def queue_for(function: str) -> str:
+    """The queue whose workers run ``function`` (a job on another queue would never run)."""
+    try:
+        return _QUEUE_OF[function]
+    except KeyError:
+        raise ValueError(f"unknown job function {function!r}") from None
+
+
+PUT_JOB_LUA = """
+local function put_job(job_key, result_key, queue, payload, expiry_ms, score, job_id)
+  if redis.call('EXISTS', job_key, result_key) > 0 then return 0 end
+  redis.call('SET', job_key, payload, 'PX', expiry_ms)
+  redis.call('ZADD', queue, score, job_id)
+  return 1
+end
+"""
+"""A Lua function other scripts include: arq's ``enqueue_job`` (skip when a job or result
+with that id exists, else the job key and its score), so a job can be queued in the same
+atomic step as the state change that asks for it."""
+
+# The dedupe step, seen(): true when the id was first seen less than the window ago, else
+# it is remembered now. Keys: nopoll:seen:@<segment>:<shard> hashes, 16-byte digest ->
+# first-seen second (an offset from the segment's start); nopoll:seen:@head, a hash of
+# the live segments ("seq:k:start_s:expire_ms ...", the current one first) and the current
+# one's fill. A segment holds the ids of one time bucket (width) in 2^k shards of ~64
+# entries (kept as listpacks), sized from the last bucket's rate; one more opens when it is
+# full. The fill is counted in steps of 16 for one id in 16 (digest byte 5 picks them).
+# '@' is not allowed in provider names: no clash with the nopoll:seen:<p>:<id> keys of
+# older versions, still looked up during the first window (since).
+# KEYS: 1 legacy seen key, 2 job key, 3 result key, 4 queue. ARGV: 1 now ms, 2 window ms,
+# 3 bucket width ms, 4 job expiry ms, 5 digest, 6 job id, 7 payload.
+_ENQUEUE_LUA = """
+local P = 'nopoll:seen:@'
+local SPEC = '(%d+):(%d+):(%d+):(%d+)'
+local function int(x) return string.format('%d', x) end
+local function current(head, h, now, window, width)
+  local live, n, cap = h[1] or '', tonumber(h[2] or 0), tonumber(h[3] or 0)
+  local bucket, hb = math.floor(now / width), tonumber(h[4] or -1)
+  local cur, older = live:match('^([^ ]+) ?(.*)$')
+  if cur ~= nil and n < cap and bucket <= hb then return cur, older end
+  local bn0, bstart, rate, left = tonumber(h[5] or 0), tonumber(h[6] or 0)
+  if cur ~= nil and bucket <= hb then
+    bn0, bucket = bn0 + n, hb
+    rate, left = bn0 / math.max(now - bstart, 1000), (hb + 1) * width - now
+  else
+    rate = (bn0 + n) / math.max((hb + 1) * width - bstart, 1000)
+    left, bn0, bstart = width, 0, now
+  end
+  local k = 0
+  while k < 24 and 64 * 2 ^ k < rate * left * 1.25 do k = k + 1 end
+  local expire = (bucket + 1) * width + window + 1000
+  cur = redis.call('HINCRBY', head, 'seq', 1) .. ':' .. k .. ':' .. int(now / 1000) .. ':'
+    .. int(expire)
+  local keep = {}
+  for spec, e in live:gmatch('(%d+:%d+:%d+:(%d+))') do
+    if tonumber(e) > now then keep[#keep + 1] = spec end
+  end
+  older = table.concat(keep, ' ')
+  redis.call('HSET', head, 'live', cur .. ' ' .. older, 'n', 0, 'cap', int(64 * 2 ^ k),
+    'bucket', int(bucket), 'bn0', int(bn0), 'bstart', int(bstart), 'since', h[7] or int(now))
+  redis.call('PEXPIRE', head, int(expire - now))
+  return cur, older
+end
+local function seen(digest, now, window, width, legacy)
+  local head = P .. 'head'
+  local h = redis.call('HMGET', head, 'live', 'n', 'cap', 'bucket', 'bn0', 'bstart', 'since')
+  if (not h[7] or now - h[7] < window) and redis.call('EXISTS', legacy) == 1 then
+    return true
+  end
+  local hv = ((digest:byte(1) * 256 + digest:byte(2)) * 256 + digest:byte(3)) * 256
+    + digest:byte(4)
+  local cur, older = current(head, h, now, window, width)
+  local seq, k, start, expire = cur:match(SPEC)
+  local shard, stamp = P .. seq .. ':' .. int(hv % 2 ^ k), math.ceil(now / 1000) - start
+  if redis.call('HSETNX', shard, digest, int(stamp)) == 0 then
+    if (start + redis.call('HGET', shard, digest)) * 1000 + window > now then return true end
+    redis.call('HSET', shard, digest, int(stamp))
+  else
+    for oseq, ok, ostart, oexpire in older:gmatch(SPEC) do
+      if tonumber(oexpire) > now then
+        local first = redis.call('HGET', P .. oseq .. ':' .. int(hv % 2 ^ ok), digest)
+        if first and (ostart + first) * 1000 + window > now then
+          redis.call('HDEL', shard, digest)
+          return true
+        end
+      end
+    end
+  end
+  redis.call('PEXPIRE', shard, int(expire - now))
+  if digest:byte(5) % 16 == 0 then redis.call('HINCRBY', head, 'n', 16) end
+  return false
+end
+local now = tonumber(ARGV[1])
+if seen(ARGV[5], now, tonumber(ARGV[2]), tonumber(ARGV[3]), KEYS[1]) then return 0 end
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return 2 end
+redis.call('SET', KEYS[2], ARGV[7], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[1], ARGV[6])
+return 1
+"""
+_MIN_TRIP = 16  # requests per round trip before pending ones are split over several
+_BUCKETS_PER_WINDOW = 7  # 8 lookups; an id's memory is held for the window + <= 1/7 of it
+
+
+def id_digest(provider: str, webhook_id: str) -> bytes:
+    """The 128-bit digest an id is remembered by (64 bits would collide: docs/capacity.md)."""
+    return blake2b(f"{provider}\0{webhook_id}".encode(), digest_size=16).digest()
+
+
+class QueueBusy(Exception):
+    """More requests wait for a pipeline than the bound allows: answer 503, retry later."""
+
+
+class EnqueueOutcome(IntEnum):
+    """What the enqueue script did with one callback."""
+
+    DUPLICATE = 0
+    """The webhook-id was seen before: nothing enqueued."""
+    ENQUEUED = 1
+    """A new job is durably queued."""
+    ALREADY_QUEUED = 2
+    """A job for the same result is queued or running; this event rides on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackJob:
+    """One verified callback that asks for a fetch."""
+
+    provider: str
+    """The dedupe scope: the provider, ``provider@tenant`` for other tenants."""
+    webhook_id: str
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    queue: str = JOBS_QUEUE
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job to put on its function's queue, in arq's own format
+    (:func:`receiver.queue._arq.job_payload`)."""
+
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    defer_s: float = 0.0
+    job_try: int | None = None
+
+    @property
+    def queue(self) -> str:
+        return queue_for(self.function)
+
+    def keys(self) -> list[str]:
+        """KEYS for :data:`PUT_JOB_LUA`'s ``put_job``: job key, result key, queue."""
+        return [JOB_KEY + self.job_id, RESULT_KEY + self.job_id, self.queue]
+
+    def args(self, expiry_ms: int) -> list[Any]:
+        """ARGV for ``put_job``: payload, expiry, score, job id."""
+        now_ms = int(time.time() * 1000)
+        payload = job_payload(self.function, self.kwargs, self.job_try, now_ms)
+        return [payload, expiry_ms, now_ms + int(self.defer_s * 1000), self.job_id]
+
+
+_PUT_ONE = (
+    PUT_JOB_LUA + "return put_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])"
+)
+
+
+async def put_job(redis: Redis, job: QueuedJob, *, expiry_ms: int) -> bool:
+    """Queue ``job`` on its function's queue unless a job with its id exists; True if queued."""
+    return bool(await redis.eval(_PUT_ONE, 3, *job.keys(), *job.args(expiry_ms)))  # type: ignore[misc]
+
+
+def response_job_id(provider: str, response_id: str) -> str:
+    """The arq job id of a single-response fetch: one pending fetch per response."""
+    return f"resp:{provider}:{response_id}"
+
+
+def batch_job_id(provider: str, batch_id: str) -> str:
+    """The arq job id of a batch fetch: one pending fetch per batch."""
+    return f"batch:{provider}:{batch_id}"
+
+
+def redis_client(url: str, *, timeout_s: float = 2.0) -> Redis:
+    """A pooled Redis client that fails fast when Redis is down (the app answers 503)."""
+    client: Redis = Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        health_check_interval=30,
+    )
+    return client
+
+
+class Enqueuer:
+    """Durably enqueues callback jobs, coalescing concurrent requests into pipelined round
+    trips: up to ``max_in_flight`` at once, each carrying up to ``max_batch`` requests.
+
+    Requests that arrive while every pipeline is in flight wait for the next one to leave;
+    at most ``max_pending`` of them (default: one more full batch per pipeline), beyond
+    that :meth:`enqueue` raises :class:`QueueBusy` at once. ``clock`` (seconds since the
+    epoch) stamps jobs and times the dedupe window; tests move it.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        dedupe_ttl_s: int,
+        job_expiry_s: int,
+        max_batch: int = 512,
+        max_in_flight: int = 4,
+        max_pending: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._redis = redis
+        self._trips = RoundTrips(redis)
+        self._window_ms = str(dedupe_ttl_s * 1000)
+        self._width_ms = str(max(1, math.ceil(dedupe_ttl_s / _BUCKETS_PER_WINDOW)) * 1000)
+        self._job_expiry_ms = str(job_expiry_s * 1000)
+        self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
+        self._max_pending = max_batch * max_in_flight if max_pending is None else max_pending
+        self._clock = clock
+        self._sha: str | None = None
+        self._pending: deque[tuple[CallbackJob, asyncio.Future[EnqueueOutcome]]] = deque()
+        self._flushers: set[asyncio.Task[None]] = set()
+        self._starter: asyncio.Task[None] | None = None  # started, has not taken its batch
+
+    async def enqueue(self, job: CallbackJob) -> EnqueueOutcome:
+        """Queue one job; returns once Redis has it (or raises a RedisError, or
+        :class:`QueueBusy` when too many requests wait already)."""
+        if len(self._pending) >= self._max_pending:
+            raise QueueBusy(f"{len(self._pending)} callbacks wait for Redis already")
+        future: asyncio.Future[EnqueueOutcome] = asyncio.get_running_loop().create_future()
+        self._pending.append((job, future))
+        self._start_flusher()
+        return await future
+
+    def _start_flusher(self) -> None:
+        if self._starter is None and len(self._flushers) < self._max_in_flight:
+            # Started, not run yet: requests handled in this turn of the event loop join it.
+            self._starter = task = asyncio.create_task(self._flush())
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)  # also when cancelled unstarted
+
+    async def _flush(self) -> None:
+        me = asyncio.current_task()
+        try:
+            while self._pending:
+                # Several small trips in flight, not one big one that everything waits on.
+                share = max(_MIN_TRIP, -(-len(self._pending) // self._max_in_flight))
+                take = min(self._max_batch, share, len(self._pending))
+                batch = [self._pending.popleft() for _ in range(take)]
+                if self._starter is me:
+                    self._starter = None
+                if self._pending:
+                    self._start_flusher()  # the rest leaves in a trip of its own
+                await self._settle(batch)
+        finally:
+            if self._starter is me:
+                self._starter = None
+            self._flushers.discard(me)
+
+    async def _settle(self, batch: list[tuple[CallbackJob, asyncio.Future[Any]]]) -> None:
+        try:
+            results = await self._run(batch)
+        except Exception as exc:  # this round trip failed: only its callers see it
+            results = [exc] * len(batch)
+        except BaseException:
+            for _, future in batch:
+                future.cancel()
+            raise
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(EnqueueOutcome(int(result)))
+
+    async def _run(self, batch: list[tuple[CallbackJob, Any]], *, reload: bool = True) -> list[Any]:
+        if self._sha is None:
+            self._sha = await self._redis.script_load(_ENQUEUE_LUA)
+        now_ms = int(self._clock() * 1000)
+        fixed = (str(now_ms), self._window_ms, self._width_ms, self._job_expiry_ms)
+        commands = [self._command(job, now_ms, fixed) for job, _ in batch]
+        results = await self._trips.run(commands)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing and reload:
+            # Redis restarted and lost its script cache: load it again and redo those.
+            self._sha = await self._redis.script_load(_ENQUEUE_LUA)
+            redone = await self._run([batch[i] for i in missing], reload=False)
+            for i, result in zip(missing, redone, strict=True):
+                results[i] = result
+        return results
+
+    def _command(self, job: CallbackJob, now_ms: int, fixed: tuple[str, ...]) -> tuple[Any, ...]:
+        return (
+            "EVALSHA",
+            self._sha,
+            "4",
+            f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
+            JOB_KEY + job.job_id,
+            RESULT_KEY + job.job_id,
+            job.queue,
+            *fixed,
+            id_digest(job.provider, job.webhook_id),
+            job.job_id,
+            job_payload(job.function, job.kwargs, 1, now_ms),
+        )

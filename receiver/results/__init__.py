@@ -1,0 +1,1 @@
+"""The results API (``/results/...``): reads, the live stream and long-poll waits."""

@@ -1,0 +1,1 @@
+"""``nopoll submit``: creating background responses and batches at a provider."""

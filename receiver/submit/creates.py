@@ -1,0 +1,365 @@
+"""``nopoll submit``: create background responses from a JSONL file, then watch them.
+
+Each line is a Responses create body (``{"model", "input", ...}``; an optional top-level
+``custom_id`` moves to ``metadata.custom_id``). nopoll POSTs ``{base_url}/responses`` with
+``background: true`` and an ``Idempotency-Key`` derived from the provider, the file's
+content hash and the line number (or the ``custom_id``), at bounded concurrency:
+
+- 429, 408, 409, 425, 5xx, timeouts and broken connections are retried with the *same*
+  key (so a create the provider did but whose answer was lost is replayed, not repeated),
+  waiting with :class:`~receiver.backoff.Backoff` and never less than a ``Retry-After``
+  (itself capped at 300 s);
+- any other 4xx rejects the line, with the provider's own reason; so does anything
+  unexpected (the line is reported, the other lines go on);
+- a ``custom_id`` seen on an earlier line of the run rejects the line (both would share
+  one key);
+- every created id gets a watch (``expect_callback`` when the provider has webhook
+  secrets: callbacks do the work, polling is the safety net), then is recorded in Redis
+  (``nopoll:submit:<provider>:<file hash>``, field the line number; ``<provider>@<tenant>``
+  for a tenant, whose idempotency keys are its own too). A second run of the same
+  file skips every recorded line without a request; a line whose create was answered but
+  not yet recorded (the process was killed) is sent again with its key, and the provider
+  replays the same id.
+
+The file is streamed twice (hash, then lines), a block at a time through a bounded queue:
+memory does not grow with the file, only the ids (for ``--wait``) and custom_ids do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from nopoll.exceptions import TransientProviderError
+from nopoll.wire import safe_id
+from receiver.backoff import Backoff
+from receiver.config.accounts import DEFAULT_TENANT, scoped
+from receiver.config.settings import ProviderConfig
+from receiver.providers.client import ProviderClient
+from receiver.watches.store import WatchStore
+
+__all__ = [
+    "Rejected",
+    "SubmitResult",
+    "Submitter",
+    "file_digest",
+    "idempotency_key",
+    "record_key",
+]
+
+RETRY_STATUS = frozenset({408, 409, 425, 429})
+"""4xx answers retried with the same key (409: the provider is still busy with that key);
+every 5xx but 501 (Not Implemented) is retried too, see :func:`transient`."""
+
+
+def transient(status: int | None) -> bool:
+    """An answer worth another try under the same Idempotency-Key."""
+    return status in RETRY_STATUS or (status is not None and status >= 500 and status != 501)
+
+
+BLOCK = 500
+"""Lines read, looked up in Redis and recorded together."""
+RECORD_TTL_S = 30 * 86_400
+"""How long a file's submitted lines are remembered (a rerun within it sends nothing)."""
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file's bytes, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while piece := f.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def idempotency_key(provider: str, digest: str, part: str) -> str:
+    """The create call's key: the same provider, file and line (or custom_id) → the same
+    key, on every run and every retry."""
+    raw = f"{provider}\0{digest}\0{part}".encode()
+    return "nopoll-" + hashlib.sha256(raw).hexdigest()[:48]
+
+
+def record_key(provider: str, digest: str) -> str:
+    return f"nopoll:submit:{provider}:{digest}"
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of every non-blank line, streamed."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                yield number, line
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A line that was not submitted: the provider refused it (``status``), it is not a
+    create body, or every try failed (then a rerun tries it again)."""
+
+    line: int
+    custom_id: str | None
+    status: int | None
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "line": self.line,
+            "custom_id": self.custom_id,
+            "status": self.status,
+            "error": self.error,
+        }
+
+
+@dataclass
+class SubmitResult:
+    submitted: int = 0
+    """Lines created by this run."""
+    already: int = 0
+    """Lines a run before had submitted: nothing sent."""
+    rejected: list[Rejected] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    """The response id of every submitted line, this run's and earlier ones'."""
+    requests: int = 0
+    """POSTs made, retries included."""
+
+    @property
+    def done(self) -> int:
+        return self.submitted + self.already + len(self.rejected)
+
+
+def create_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """``(body, custom_id, error)`` for one line: the create body with ``background``
+    set and ``custom_id`` moved into ``metadata``, or why the line is not one."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return None, None, f"not JSON ({str(exc).split(':')[0]})"
+    if not isinstance(body, dict):
+        return None, None, "not a JSON object"
+    custom_id = body.pop("custom_id", None)
+    if custom_id is not None and (not isinstance(custom_id, str) or not custom_id):
+        return None, None, "custom_id: must be a non-empty string"
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return None, custom_id, "model: must be a non-empty string"
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return None, custom_id, "metadata: must be an object"
+    if custom_id is not None:
+        body["metadata"] = {**(metadata or {}), "custom_id": custom_id}
+    body["background"] = True
+    return body, custom_id, None
+
+
+def provider_reason(status: int, content: bytes) -> str:
+    """The provider's own message from an error answer (``{"error": {"message"}}``)."""
+    with contextlib.suppress(orjson.JSONDecodeError, TypeError, AttributeError):
+        data = orjson.loads(content)
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, str) and message:
+            return message[:500]
+    return f"HTTP {status}"
+
+
+class Submitter:
+    """Submits create bodies for one provider (see the module docs); for a ``tenant``,
+    ``config`` and ``client`` are the tenant's account there."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ProviderConfig,
+        client: ProviderClient,
+        redis: Redis,
+        *,
+        concurrency: int = 200,
+        max_tries: int = 8,
+        backoff: Backoff | None = None,
+        on_progress: Callable[[SubmitResult], None] | None = None,
+        tenant: str = DEFAULT_TENANT,
+        poll: bool = False,
+    ) -> None:
+        self.name = name
+        self.tenant = tenant
+        self.scope = scoped(name, tenant)
+        """What records and idempotency keys are made of: the provider, and the tenant."""
+        self.config = config
+        self.client = client
+        self.redis = redis
+        self.store = WatchStore(redis)
+        self.concurrency = max(1, concurrency)
+        self.max_tries = max(1, max_tries)
+        self.backoff = backoff or Backoff(0.5, 30.0, 300.0)
+        self.on_progress = on_progress
+        self.expect_callback = bool(config.webhook_secrets) and not poll
+        """Watches first polled ``reconcile_after_s`` after they were registered, if no
+        callback came (a provider with webhook secrets, unless ``poll``)."""
+        self._custom_ids: dict[str, int] = {}
+        """custom_id → the line that used it first (this run)."""
+
+    async def post(
+        self, path: str, content: bytes, key: str, content_type: str, result: SubmitResult
+    ) -> tuple[int | None, bytes, str]:
+        """POST with retries of transient answers under the same key: ``(status, body,
+        error)``; status None when every try failed in transit."""
+        status: int | None = None
+        content_back, error = b"", ""
+        for attempt in range(1, self.max_tries + 1):
+            retry_after: float | None = None
+            result.requests += 1
+            try:
+                status, content_back, retry_after = await self.client.post_once(
+                    path, content, content_type=content_type, idempotency_key=key
+                )
+            except TransientProviderError as exc:
+                status, error = None, str(exc.args[0])
+            else:
+                if not transient(status):
+                    return status, content_back, ""
+                error = provider_reason(status, content_back)
+            if attempt < self.max_tries:
+                await asyncio.sleep(self.backoff.delay(attempt, retry_after))
+        return status, content_back, f"gave up after {self.max_tries} tries: {error}"
+
+    async def submit_lines(self, lines: Iterable[tuple[int, bytes]], digest: str) -> SubmitResult:
+        """Submit every line not recorded as submitted for ``digest``; see module docs."""
+        result = SubmitResult()
+        queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue(self.concurrency * 2)
+        created: list[tuple[int, str]] = []
+        workers = [
+            asyncio.create_task(self._worker(queue, digest, result, created))
+            for _ in range(self.concurrency)
+        ]
+        try:
+            async for block in _blocks(lines):
+                recorded = await self.redis.hmget(  # type: ignore[misc]
+                    record_key(self.scope, digest), [str(n) for n, _ in block]
+                )
+                for (number, raw), known in zip(block, recorded, strict=True):
+                    if known is not None:
+                        result.already += 1
+                        result.ids.append(known.decode())
+                        self._progress(result)
+                    else:
+                        await queue.put((number, raw))
+                if len(created) >= BLOCK:
+                    await self._record(digest, created, result)
+            for _ in workers:
+                await queue.put(None)
+            await asyncio.gather(*workers)
+            await self._record(digest, created, result)
+        finally:
+            for task in workers:
+                task.cancel()
+        return result
+
+    async def _worker(
+        self,
+        queue: asyncio.Queue[tuple[int, bytes] | None],
+        digest: str,
+        result: SubmitResult,
+        created: list[tuple[int, str]],
+    ) -> None:
+        while (item := await queue.get()) is not None:
+            number, raw = item
+            try:
+                await self._one(number, raw, digest, result, created)
+            except Exception as exc:  # never a stuck run: the line is reported, others go on
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                result.rejected.append(Rejected(number, None, None, error))
+            self._progress(result)
+
+    async def _one(
+        self,
+        number: int,
+        raw: bytes,
+        digest: str,
+        result: SubmitResult,
+        created: list[tuple[int, str]],
+    ) -> None:
+        """Create one line's response (or reject the line, saying why)."""
+        body, custom_id, error = create_body(raw)
+        if body is not None and custom_id is not None:
+            first = self._custom_ids.setdefault(custom_id, number)
+            if first != number:
+                body, error = None, f"custom_id: {custom_id} is also on line {first}"
+        if body is None:
+            result.rejected.append(Rejected(number, custom_id, None, error or "bad line"))
+            return
+        key = idempotency_key(
+            self.scope, digest, f"custom_id:{custom_id}" if custom_id else f"line:{number}"
+        )
+        status, content, error = await self.post(
+            "responses", orjson.dumps(body), key, "application/json", result
+        )
+        response_id = created_id(status, content)
+        if response_id is not None:
+            created.append((number, response_id))
+            result.submitted += 1
+        else:
+            reason = error or (
+                provider_reason(status or 0, content)
+                if status is not None and status >= 400
+                else "the answer holds no usable response id"
+            )
+            result.rejected.append(Rejected(number, custom_id, status, reason))
+
+    async def _record(
+        self, digest: str, created: list[tuple[int, str]], result: SubmitResult
+    ) -> None:
+        """Record created ids (a rerun skips their lines) and watch them."""
+        if not created:
+            return
+        batch, created[:] = list(created), []
+        watch = self.config.watch
+        # Watched first: killed in between, a rerun sends the line again with its key, the
+        # provider replays the id, and registering it again changes nothing.
+        await self.store.register_all(
+            self.name,
+            "response",
+            [rid for _, rid in batch],
+            first_poll_in_s=watch.reconcile_after_s if self.expect_callback else watch.first_poll_s,
+            expect_callback=self.expect_callback,
+            tenant=self.tenant,
+        )
+        key = record_key(self.scope, digest)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={str(n): rid for n, rid in batch})
+            pipe.expire(key, RECORD_TTL_S)
+            await pipe.execute()
+        result.ids.extend(rid for _, rid in batch)
+
+    def _progress(self, result: SubmitResult) -> None:
+        if self.on_progress is not None:
+            self.on_progress(result)
+
+
+def created_id(status: int | None, content: bytes) -> str | None:
+    if status is None or not 200 <= status < 300:
+        return None
+    with contextlib.suppress(orjson.JSONDecodeError):
+        data = orjson.loads(content)
+        rid = data.get("id") if isinstance(data, dict) else None
+        if isinstance(rid, str) and safe_id(rid):
+            return rid
+    return None
+
+
+async def _blocks(lines: Iterable[tuple[int, bytes]]) -> AsyncIterator[list[tuple[int, bytes]]]:
+    block: list[tuple[int, bytes]] = []
+    for item in lines:
+        block.append(item)
+        if len(block) >= BLOCK:
+            yield block
+            block = []
+            await asyncio.sleep(0)
+    if block:
+        yield block

@@ -1,0 +1,1 @@
+"""Watches: results nopoll polls for, one store with its keys and Lua transitions."""

@@ -1,0 +1,123 @@
+"""The ``deliver`` job: write envelopes to one sink, retried alone, then a dead letter.
+
+A delivery is queued when a sink fails while the others succeed (a response's fan-out),
+when a batch chunk keeps failing in the batch job (a hand-off), for a batch summary once
+its sink has every row, and by ``nopoll dlq replay``.
+
+A delivery of a batch chunk (``batch_state`` and ``settle`` set) settles that chunk only
+when it succeeds; a dead-lettered one leaves the chunk pending, so the batch summary stays
+parked until the dead letter is replayed successfully.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from nopoll.envelope import Envelope
+from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
+from receiver.batches.progress import BatchState
+from receiver.queue.enqueue import DELIVER, put_job
+from receiver.queue.jobs import DeliverJob, rejection_text
+from receiver.worker.retry import dead_letter, guarded, retry_or_give_up
+
+if TYPE_CHECKING:
+    from receiver.worker.state import WorkerState
+
+__all__ = ["batch_state_for", "deliver", "queue_retries"]
+
+log = logging.getLogger("nopoll.worker")
+
+
+async def queue_retries(
+    ctx: dict[str, Any],
+    failures: Mapping[str, SinkError],
+    shares: Mapping[str, Sequence[Envelope]],
+) -> None:
+    """After a fan-out: each failed sink gets its own delivery (retried alone); a sink that
+    refused the data itself gets a dead letter at once (a retry cannot change its mind)."""
+    state: WorkerState = ctx["state"]
+    settings = state.settings
+    for name, error in failures.items():
+        share = list(shares[name])
+        if isinstance(error, SinkRowsRejected):
+            refused = [e for e in share if e.key in error.rejected]
+            kwargs = DeliverJob.of(name, refused).to_kwargs()
+            await dead_letter(ctx, DELIVER, kwargs, rejection_text(error))
+            continue
+        if isinstance(error, SinkRejected):
+            await dead_letter(ctx, DELIVER, DeliverJob.of(name, share).to_kwargs(), str(error))
+            continue
+        log.warning("sink %s failed, retrying on its own: %s", name, error)
+        job = DeliverJob.of(name, share).handoff(defer_s=settings.sink_retry.delay(1))
+        await put_job(state.redis, job, expiry_ms=settings.job_expiry_s * 1000)
+
+
+def _keys(envelopes: list[dict[str, Any]]) -> str:
+    keys = [str(e.get("key")) for e in envelopes[:3]]
+    return ", ".join(keys) + (f" (+{len(envelopes) - 3} more)" if len(envelopes) > 3 else "")
+
+
+def batch_state_for(state: WorkerState, key: str) -> BatchState:
+    """The :class:`BatchState` behind a delivery's ``batch_state`` key."""
+    return BatchState(
+        state.redis,
+        key,
+        ttl_s=state.settings.dedupe_ttl_s,
+        job_expiry_ms=state.settings.job_expiry_s * 1000,
+    )
+
+
+@guarded(DELIVER, "sink", "batch_state")
+async def deliver(
+    ctx: dict[str, Any],
+    *,
+    sink: str,
+    envelopes: list[dict[str, Any]],
+    batch_state: str | None = None,
+    part: int | None = None,
+    settle: int | None = None,
+) -> dict[str, Any]:
+    """Write envelopes to one sink; retry with backoff, then keep as a dead letter.
+
+    ``part`` is the chunk number S3 names its part file by (None: a plain write).
+    ``batch_state`` and ``settle`` name the batch and the pending chunk this delivery
+    settles when it succeeds.
+    """
+    job = DeliverJob.from_kwargs(
+        {
+            "sink": sink,
+            "envelopes": envelopes,
+            "batch_state": batch_state,
+            "part": part,
+            "settle": settle,
+        }
+    )
+    settle = job.settle
+    kwargs = job.to_kwargs()
+    state: WorkerState = ctx["state"]
+    target = state.fanout.sinks.get(sink)
+    if target is None:
+        return await dead_letter(ctx, DELIVER, kwargs, f"sink {sink!r} is no longer configured")
+    batch = [Envelope.from_dict(e) for e in envelopes]
+    try:
+        if part is None:
+            await target.write(batch)
+        else:
+            await target.write_part(part, batch)
+    except SinkRowsRejected as exc:
+        # The others are written; only the refused rows are kept, and the chunk stays
+        # pending (its summary waits) until a replay of them succeeds.
+        refused = [e for e in envelopes if str(e.get("key")) in exc.rejected]
+        letter = DeliverJob(sink, refused, batch_state, None, settle).to_kwargs()
+        return await dead_letter(ctx, DELIVER, letter, rejection_text(exc))
+    except SinkRejected as exc:
+        return await dead_letter(ctx, DELIVER, kwargs, str(exc))
+    except SinkError as exc:
+        return await retry_or_give_up(ctx, DELIVER, kwargs, str(exc), exc.retry_after_s)
+    if batch_state is not None and settle is not None:
+        await batch_state_for(state, batch_state).settle(sink, settle)
+    log.info("sink %s took %d result(s) on a retry: %s", sink, len(envelopes), _keys(envelopes))
+    state.metrics.jobs.labels(DELIVER, "ok").inc()
+    return {"rows": len(envelopes)}

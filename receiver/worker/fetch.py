@@ -1,0 +1,283 @@
+"""The arq worker's jobs: fetch finished results, normalize them, fan them out.
+
+``fetch_response(provider, response_id, event_id, received_at, tenant)`` (short-jobs queue)
+    GET the response; a response that is not terminal yet is retried, never stored. Build
+    its envelope and write it to every routed sink side by side; a sink that fails gets its
+    own ``deliver`` job (:mod:`receiver.worker.deliver`), so it is retried alone.
+``fetch_batch(provider, batch_id, event_id, received_at, event_type, tenant, from_watch)``
+    (batches queue) Stream every row of a finished batch into the sinks
+    (:mod:`receiver.batches.runner`).
+
+:func:`land_response` lands a response the watch poller already fetched, the same way.
+
+Every job runs under :func:`receiver.worker.retry.guarded`: its own deadline below arq's, Redis
+errors retried, transient provider failures retried with backoff, and everything else
+kept as a dead letter. A job killed mid-run is run again once its in-progress lock
+expires, and writes its results again: the ``sql`` and ``s3`` sinks overwrite (one row,
+one object); ``kafka``, ``http`` and ``jsonl`` deliver at least once (a message with the
+same key, a POST with the same ``webhook-id``, a second line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from nopoll.envelope import Envelope, envelope_from_response
+from nopoll.exceptions import (
+    ProviderError,
+    ResultNotReady,
+    SinkError,
+    TransientProviderError,
+)
+from nopoll.status import unfinished_status
+from receiver.batches.runner import LeaseLost
+from receiver.config.accounts import scoped
+from receiver.providers import Dialect
+from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
+from receiver.watches.store import RECHECK_S, WatchStore
+from receiver.worker.deliver import deliver, queue_retries
+from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
+from receiver.worker.served import ServedAccounts
+from receiver.worker.state import WorkerState
+
+__all__ = [
+    "FetchBatch",
+    "FetchResponse",
+    "deliver",
+    "fetch_batch",
+    "fetch_response",
+    "land_response",
+]
+
+log = logging.getLogger("nopoll.worker")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Fetch:
+    """What every fetch job is queued with: the callback that caused it."""
+
+    provider: str
+    event_id: str | None = None
+    received_at: str
+    tenant: str = "default"
+
+    def kwargs(self) -> dict[str, Any]:
+        """The job's kwargs, every field set (what a dead letter replays)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FetchResponse(_Fetch):
+    """The kwargs of a ``fetch_response`` job."""
+
+    response_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FetchBatch(_Fetch):
+    """The kwargs of a ``fetch_batch`` job."""
+
+    batch_id: str
+    event_type: str = "batch.completed"
+    """Not read: the batch object's own status is what counts."""
+    from_watch: bool = False
+    """Queued by the watch poller (:mod:`receiver.worker.poller`) rather than by a callback."""
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """What :meth:`receiver.batches.runner.BatchRunner.run` needs to know of the job."""
+        kwargs = self.kwargs()
+        del kwargs["event_type"], kwargs["from_watch"]
+        return kwargs
+
+
+_J = TypeVar("_J", bound=_Fetch)
+_Job = Callable[..., Awaitable[dict[str, Any]]]
+
+
+def _fetch_job(
+    function: str, job_type: type[_J], id_field: str
+) -> Callable[[Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]], _Job]:
+    """A fetch job: run under :func:`~receiver.worker.retry.guarded` (its log lines carry the
+    provider, the object's id and the event), its kwargs read as a ``job_type``, and its
+    provider's dialect found first (with the tenant's key): a provider, or tenant account,
+    no longer configured makes it a dead letter, unless another live worker serves it
+    (:mod:`receiver.worker.served`): then it is left to that one."""
+
+    def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
+        @guarded(function, "provider", id_field, "event_id")
+        @functools.wraps(body)
+        async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            job = job_type(**kwargs)
+            state: WorkerState = ctx["state"]
+            dialect = state.dialect(job.provider, job.tenant)
+            if dialect is None:
+                if await ServedAccounts(state.redis).served(scoped(job.provider, job.tenant)):
+                    return await hand_over(ctx, function)  # another live worker has it
+                error = f"provider {job.provider!r} is no longer configured"
+                if job.tenant != "default":
+                    error += f" for tenant {job.tenant!r}"
+                return await dead_letter(ctx, function, job.kwargs(), error)
+            return await body(ctx, job, dialect)
+
+        return run
+
+    return wrap
+
+
+@_fetch_job(FETCH_RESPONSE, FetchResponse, "response_id")
+async def fetch_response(
+    ctx: dict[str, Any], job: FetchResponse, dialect: Dialect
+) -> dict[str, Any]:
+    """Fetch one finished response and fan it out (see module docs)."""
+    watches = _watches(ctx)
+    verdict = await watches.callback_arrived(
+        job.provider,
+        "response",
+        job.response_id,
+        tenant=job.tenant,
+        recheck_s=_recheck_s(ctx, job.provider),
+    )
+    if verdict in ("landed", "landing"):
+        return _skipped(job.provider, "response", job.response_id, verdict)
+    try:
+        body = await dialect.fetch_response(job.response_id)
+        status = unfinished_status(body)
+        if status is not None:
+            path = f"responses/{job.response_id}"
+            raise ResultNotReady(provider=job.provider, path=path, status=status)
+    except TransientProviderError as exc:
+        error, retry_after_s = str(exc), exc.retry_after_s
+        return await retry_or_give_up(ctx, FETCH_RESPONSE, job.kwargs(), error, retry_after_s)
+    except ProviderError as exc:
+        return await dead_letter(ctx, FETCH_RESPONSE, job.kwargs(), str(exc))
+    envelope = envelope_from_response(
+        body,
+        provider=job.provider,
+        received_at=job.received_at,
+        event_id=job.event_id,
+        tenant=job.tenant,
+    )
+    landed = await _land(ctx, envelope)
+    # the callback ended its watch (or, not watched yet, the marker says it landed)
+    await watches.finish(
+        job.provider,
+        "response",
+        job.response_id,
+        "landed",
+        tenant=job.tenant,
+        status=envelope.status,
+        via="callback",
+    )
+    ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
+    return landed
+
+
+def _recheck_s(ctx: dict[str, Any], provider: str) -> float:
+    """How long a callback's job has to land a watched id before polling takes it back."""
+    config = ctx["state"].settings.providers.get(provider)
+    return max(RECHECK_S, config.watch.reconcile_after_s if config is not None else 0.0)
+
+
+def _watches(ctx: dict[str, Any]) -> WatchStore:
+    state: WorkerState = ctx["state"]
+    return WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
+
+
+def _skipped(provider: str, kind: str, object_id: str, verdict: str) -> dict[str, Any]:
+    """A callback for an id its watch's poll already delivered: one delivery, not two."""
+    log.info(
+        "%s %s/%s: a poll has %s it already; nothing to do", kind, provider, object_id, verdict
+    )
+    return {"skipped": verdict}
+
+
+async def land_response(
+    state: WorkerState,
+    provider: str,
+    body: dict[str, Any],
+    *,
+    event_id: str | None,
+    received_at: str,
+    tenant: str = "default",
+) -> dict[str, Any]:
+    """Land a terminal Responses object fetched elsewhere (the watch poller's own poll: no
+    second GET), exactly as ``fetch_response`` lands what it fetched."""
+    envelope = envelope_from_response(
+        body, provider=provider, received_at=received_at, event_id=event_id, tenant=tenant
+    )
+    return await _land({"state": state}, envelope)
+
+
+async def _land(ctx: dict[str, Any], envelope: Envelope) -> dict[str, Any]:
+    """Write ``envelope`` to every routed sink side by side; a sink that failed gets its own
+    delivery (a sink that refused it, a dead letter); then the result's log line."""
+    state: WorkerState = ctx["state"]
+    shares = state.fanout.route([envelope])
+    failures = await state.fanout.write(shares)
+    if failures:
+        await queue_retries(ctx, failures, shares)
+    if log.isEnabledFor(logging.INFO):
+        _log_landed(envelope, shares, failures)
+    return {"sinks": len(shares), "failed": sorted(failures)}
+
+
+def _log_landed(
+    env: Envelope, shares: Mapping[str, Sequence[Envelope]], failures: Mapping[str, SinkError]
+) -> None:
+    """One line per result: where it landed, and which sinks retry it on their own."""
+    where = f"response {env.provider}/{env.key}"
+    landed = ", ".join(sorted(n for n in shares if n not in failures))
+    if not failures:
+        log.info("%s landed (%s) in %s", where, env.status, landed)
+        return
+    failed = ", ".join(sorted(failures))
+    if landed:
+        msg = "%s landed (%s) in %s; %s failed and is retried on its own"
+        log.info(msg, where, env.status, landed, failed)
+    else:
+        msg = "%s fetched (%s); %s failed and is retried on its own"
+        log.info(msg, where, env.status, failed)
+
+
+@_fetch_job(FETCH_BATCH, FetchBatch, "batch_id")
+async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) -> dict[str, Any]:
+    """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches.runner`)."""
+    state: WorkerState = ctx["state"]
+    verdict = "none"
+    if not job.from_watch:  # a poll queued this job itself after claiming the landing
+        verdict = await _watches(ctx).callback_arrived(
+            job.provider,
+            "batch",
+            job.batch_id,
+            tenant=job.tenant,
+            recheck_s=_recheck_s(ctx, job.provider),
+        )
+        if verdict in ("landed", "landing"):
+            return _skipped(job.provider, "batch", job.batch_id, verdict)
+    lease = ctx.get("leases", {}).get(ctx.get("job_id"))
+    try:
+        outcome = await state.batch_runner.run(dialect, lease=lease, **job.runner_kwargs())
+    except LeaseLost as exc:
+        # Another run may own the batch now: this one stops and leaves the job to it.
+        log.warning("batch %s/%s: %s; this run stopped", job.provider, job.batch_id, exc)
+        return {"lease_lost": True}
+    except TransientProviderError as exc:
+        state.metrics.batches.labels(job.provider, "retry").inc()
+        error, retry_after_s = str(exc), exc.retry_after_s
+        return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), error, retry_after_s)
+    except ProviderError as exc:
+        return await dead_letter(ctx, FETCH_BATCH, job.kwargs(), str(exc))
+    except SinkError as exc:
+        return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), str(exc))
+    if not job.from_watch:  # the callback ended its watch, or marks the id landed
+        await _watches(ctx).finish(
+            job.provider, "batch", job.batch_id, "landed", tenant=job.tenant, via="callback"
+        )
+    done = "already_done" if outcome.already_done else "ok"
+    state.metrics.batches.labels(job.provider, done).inc()
+    state.metrics.jobs.labels(FETCH_BATCH, "ok").inc()
+    return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}

@@ -1,0 +1,323 @@
+"""nopoll's arq workers: the seam's :class:`~receiver.queue._arq.SeamWorker` with nopoll's policy.
+
+:class:`NopollWorker` keeps what arq gives up on as a dead letter and publishes sink
+health at each heartbeat; :func:`build_workers` wires the two workers of a process (short
+jobs, batches) with each job's own deadline below arq's timeout. The start-up and shutdown
+hooks (:func:`startup`, :func:`shutdown`) open the process's one
+:class:`~receiver.worker.state.WorkerState` for its workers, with its heartbeat, its watch
+poller and the publication of the accounts it serves, and close them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from redis.exceptions import RedisError
+
+from nopoll.envelope import now_rfc3339
+from receiver.config.settings import Settings
+from receiver.fanout.health import publish_sink_health
+from receiver.liveness import Liveness, held_jobs_key
+from receiver.metrics import Metrics
+from receiver.queue._arq import (
+    Function,
+    GivenUp,
+    SeamWorker,
+    arq_pool,
+    func,
+    job_deserializer,
+    job_serializer,
+)
+from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetters
+from receiver.queue.enqueue import (
+    BATCHES_QUEUE,
+    DELIVER,
+    FETCH_BATCH,
+    FETCH_RESPONSE,
+    HEALTH_CHECK_KEY,
+    JOBS_QUEUE,
+)
+from receiver.worker.fetch import deliver, fetch_batch, fetch_response
+from receiver.worker.poller import WatchPoller
+from receiver.worker.retry import letter_target, rules_for
+from receiver.worker.served import publish_while_running
+from receiver.worker.state import WorkerState, build_state
+
+__all__ = ["NopollWorker", "Shared", "build_workers", "hand_back", "shutdown", "startup"]
+
+log = logging.getLogger("nopoll.worker")
+
+_ARQ_SLACK = 5
+"""arq's own try limit sits this far above ours, so our code always sees the last try
+and keeps it as a dead letter (arq would drop it with only a log line)."""
+
+
+class NopollWorker(SeamWorker):
+    """A seam worker that keeps every job arq gives up on, and reports sink health."""
+
+    async def give_up(self, job: GivenUp) -> None:
+        function, kwargs = job.function, job.kwargs
+        if function is None or kwargs is None:
+            function, kwargs = _from_job_id(job.job_id)
+        sink, provider, keys = letter_target(function, kwargs)
+        letter = await DeadLetters(self.pool).add(
+            sink=sink or "fetch",
+            provider=provider,
+            keys=keys,
+            attempts=job.tries,
+            error=job.reason,
+            function=function,
+            kwargs=kwargs,
+        )
+        metrics: Metrics | None = self.ctx.get("metrics")
+        if metrics is not None and not job.job_id.startswith(REPLAY_PREFIX):
+            metrics.dead_letters.labels(sink or "fetch").inc()
+        log.error("dead letter %s: arq gave up on job %s", letter.id, job.job_id)
+
+    async def health_checked(self) -> None:
+        fanout = self.ctx.get("fanout")
+        if fanout is not None:
+            await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
+
+
+_ID_KINDS = {"resp": (FETCH_RESPONSE, "response_id"), "batch": (FETCH_BATCH, "batch_id")}
+"""A job id's prefix (``resp:<provider>:<id>``): its function and the kwarg the id goes in."""
+
+
+def _from_job_id(job_id: str) -> tuple[str, dict[str, Any]]:
+    """What a job was, from its id alone (its payload expired or cannot be read)."""
+    kind, _, rest = job_id.partition(":")
+    provider, _, object_id = rest.partition(":")
+    if kind in _ID_KINDS and object_id:
+        function, id_field = _ID_KINDS[kind]
+        kwargs = {"provider": provider, id_field: object_id, "event_id": None}
+        return function, {**kwargs, "received_at": now_rfc3339()}
+    # A delivery whose payload is gone cannot be redone; the letter says so and is kept.
+    return "", {"job_id": job_id}
+
+
+def build_workers(
+    settings: Settings,
+    redis_url: str,
+    metrics: Metrics,
+    *,
+    handle_signals: bool = True,
+    extra_ctx: dict[str, Any] | None = None,
+) -> list[NopollWorker]:
+    """The arq Workers: short jobs on :data:`JOBS_QUEUE`, batches on :data:`BATCHES_QUEUE`."""
+    w = settings.worker
+    tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
+
+    def job(coroutine: Any, name: str) -> Function:
+        # arq's timeout sits above the job's own deadline: nopoll's always fires first.
+        return func(coroutine, name=name, timeout=rules_for(settings, name).arq_timeout_s)
+
+    short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
+    long = [job(fetch_batch, FETCH_BATCH)]
+    # One WorkerState for the process's workers (see startup below), and one
+    # liveness: their claims and the watch poller's takes all name this process.
+    extra = dict(extra_ctx or {})
+    liveness = Liveness(redis_url)
+    shared = Shared(redis_url, transport=extra.pop("provider_transport", None), liveness=liveness)
+    extra_ctx = {"shared": shared, **extra}
+    common: dict[str, Any] = {
+        "redis_url": redis_url,
+        "metrics": metrics,
+        "handle_signals": handle_signals,
+        "extra_ctx": extra_ctx,
+        "tries": tries,
+        "worker_id": liveness.worker_id,
+        "held_key": held_jobs_key(liveness.worker_id),
+    }
+    return [
+        _worker(
+            settings,
+            short,
+            JOBS_QUEUE,
+            w.max_jobs,
+            rules_for(settings, FETCH_RESPONSE).arq_timeout_s,
+            HEALTH_CHECK_KEY,
+            # nopoll's deadline ends every job before arq's timeout: the lock needs no more
+            claim_ttl_s=rules_for(settings, FETCH_RESPONSE).arq_timeout_s,
+            **common,
+        ),
+        _worker(
+            settings,
+            long,
+            BATCHES_QUEUE,
+            settings.batch.max_jobs,
+            rules_for(settings, FETCH_BATCH).arq_timeout_s,
+            BATCHES_QUEUE + ":health-check",
+            # a batch job renews its lock as a lease: a killed worker's batch resumes soon
+            claim_ttl_s=settings.batch.lease_s,
+            # on stop, a batch is cancelled and resumes on another worker at once
+            stop_at_once=True,
+            **common,
+        ),
+    ]
+
+
+def _worker(
+    settings: Settings,
+    functions: list[Function],
+    queue: str,
+    max_jobs: int,
+    job_timeout_s: float,
+    health_key: str,
+    *,
+    claim_ttl_s: float | None,
+    stop_at_once: bool = False,
+    worker_id: str,
+    held_key: str,
+    redis_url: str,
+    metrics: Metrics,
+    handle_signals: bool,
+    extra_ctx: dict[str, Any] | None,
+    tries: int,
+) -> NopollWorker:
+    w = settings.worker
+    # Batches arrive a few a day: their queue need not be polled 50 times a second.
+    poll_delay = w.poll_delay_s if queue == JOBS_QUEUE else max(w.poll_delay_s, 0.25)
+    return NopollWorker(
+        functions,
+        claim_ttl_s=claim_ttl_s,
+        worker_id=worker_id,
+        held_key=held_key,
+        stop_at_once=stop_at_once,
+        queue_name=queue,
+        redis_pool=arq_pool(redis_url, queue=queue, expires_ms=settings.job_expiry_s * 1000),
+        on_startup=startup,
+        on_shutdown=shutdown,
+        ctx={"settings": settings, "metrics": metrics, **(extra_ctx or {})},
+        handle_signals=handle_signals,
+        job_completion_wait=int(w.shutdown_wait_s),
+        max_jobs=max_jobs,
+        job_timeout=job_timeout_s,
+        keep_result=0,
+        poll_delay=poll_delay,
+        max_tries=tries,
+        health_check_interval=w.health_check_interval_s,
+        health_check_key=health_key,
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+        expires_extra_ms=settings.job_expiry_s * 1000,
+        log_results=False,
+    )
+
+
+@dataclass
+class Shared:
+    """The process's one :class:`WorkerState`, shared by its arq workers (``ctx["shared"]``)."""
+
+    redis_url: str
+    transport: httpx.AsyncBaseTransport | None = None
+    state: WorkerState | None = None
+    users: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    gc_threshold: tuple[int, int, int] | None = None
+    """The cyclic GC's thresholds before the state was opened (see :func:`_tune_gc`)."""
+    poller: asyncio.Task[None] | None = None
+    """The process's watch poller (:mod:`receiver.worker.poller`), started with the state."""
+    liveness: Liveness | None = None
+    """The process's heartbeat (:mod:`receiver.liveness`), beating while the state is open."""
+    publisher: asyncio.Task[None] | None = None
+    """Publishes the accounts this process serves (:mod:`receiver.worker.served`)."""
+
+
+_JOB_GC_THRESHOLD = (20_000, 20, 20)
+
+
+def _tune_gc(shared: Shared) -> None:
+    """Make the cyclic GC cheap for a worker, as long as its state is open.
+
+    Everything that exists once the state is open (modules, settings, clients, sinks)
+    lives as long as the state, so it is frozen out of the GC's sight: a full collection
+    then walks only what jobs allocate. And a job's objects die by reference counting
+    within milliseconds of their creation; with Python's default first threshold (700
+    objects) every job in flight is scanned and promoted a few times before it ends
+    (with both, the GC's share of a worker's CPU time at 1,000 results/s in
+    ``bench/e2e.py`` fell from about a quarter to about a sixteenth). :func:`_restore_gc`
+    undoes both."""
+    shared.gc_threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*_JOB_GC_THRESHOLD)
+
+
+def _restore_gc(shared: Shared) -> None:
+    if shared.gc_threshold is not None:
+        gc.unfreeze()
+        gc.set_threshold(*shared.gc_threshold)
+        shared.gc_threshold = None
+
+
+async def startup(ctx: dict[str, Any]) -> None:
+    """arq start-up hook: the process's state in ``ctx["state"]`` (built by the first
+    worker to start, opened once)."""
+    shared: Shared = ctx["shared"]
+    first = shared.state is None
+    if shared.state is None:  # no await before it is set: a second worker sees it
+        shared.state = build_state(
+            ctx["settings"], shared.redis_url, ctx["metrics"], transport=shared.transport
+        )
+    shared.users += 1
+    ctx["state"] = shared.state
+    ctx["fanout"] = shared.state.fanout  # for the heartbeat's sink health
+    if first:
+        if shared.liveness is not None:
+            await shared.liveness.start()  # known as alive before its first claim
+        state = shared.state
+        shared.publisher = asyncio.create_task(
+            publish_while_running(state.redis, state.settings), name="accounts publisher"
+        )
+        await shared.state.open()
+        _tune_gc(shared)
+        if shared.state.settings.providers:
+            owner = shared.liveness.worker_id if shared.liveness is not None else None
+            poller = WatchPoller(shared.state, owner=owner)
+            shared.poller = asyncio.create_task(poller.run(), name="watch poller")
+
+
+async def hand_back(shared: Shared) -> None:
+    """Stopping (SIGTERM): stop polling watches and make the ones this process took due
+    now for the other workers, instead of after their lease."""
+    await _stop_poller(shared)
+    if shared.liveness is not None:
+        try:
+            n = await shared.liveness.hand_back_watches()
+        except (RedisError, OSError) as exc:
+            log.warning("could not hand back this worker's watches (%s)", type(exc).__name__)
+        else:
+            if n:
+                log.info("handed back %d watch(es) being polled", n)
+
+
+async def _stop_poller(shared: Shared) -> None:
+    if shared.poller is not None:
+        shared.poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await shared.poller
+        shared.poller = None
+
+
+async def shutdown(ctx: dict[str, Any]) -> None:
+    """arq shutdown hook: close the state once the process's last worker stops."""
+    shared: Shared = ctx["shared"]
+    shared.users -= 1
+    if shared.users <= 0 and shared.state is not None:
+        state, shared.state = shared.state, None
+        if shared.publisher is not None:
+            shared.publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shared.publisher
+            shared.publisher = None
+        await _stop_poller(shared)
+        if shared.liveness is not None:
+            await shared.liveness.stop()  # nothing of this process runs any more
+        _restore_gc(shared)
+        await state.aclose()

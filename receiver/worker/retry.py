@@ -1,0 +1,193 @@
+"""What every worker job shares: its own deadline, its retry rule, and its dead letter.
+
+arq fails a job for good, with only a log line, on any exception other than ``Retry``, on
+its own timeout, and past ``max_tries``. nopoll's promise is "rows or a dead letter that
+says why", so every job runs under :func:`guarded`:
+
+- a deadline of its own (``worker.response_job_timeout_s``, ``batch.job_timeout_s``) that
+  fires :data:`JOB_GRACE_S` before arq's timeout; past it the job is retried with backoff,
+  and after the last try kept as a dead letter;
+- a Redis error or connection loss mid-job is a retry, never a failure (the worker rides
+  out the outage and runs the job again);
+- any other exception (a bug, an object nopoll cannot normalize) becomes a dead letter;
+- a job that keeps being run without finishing (a worker killed every time) becomes a
+  dead letter after ``max_tries + 2`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from receiver.config.settings import RetryConfig, Settings
+from receiver.logs import bind
+from receiver.queue._arq import RETRY_KEY, Retry
+from receiver.queue.deadletter import REPLAY_PREFIX
+from receiver.queue.enqueue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
+
+if TYPE_CHECKING:
+    from receiver.worker.state import WorkerState
+
+__all__ = [
+    "JOB_GRACE_S",
+    "JobRules",
+    "dead_letter",
+    "guarded",
+    "hand_over",
+    "letter_target",
+    "retry_or_give_up",
+    "rules_for",
+]
+
+log = logging.getLogger("nopoll.worker")
+
+JOB_GRACE_S = 5.0
+"""arq's timeout for a job sits this far above the job's own deadline, so nopoll's
+deadline always fires first and the job is retried or dead-lettered, never dropped."""
+
+_Job = Callable[..., Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRules:
+    """How long one job function may run and how it is retried."""
+
+    function: str
+    deadline_s: float
+    retry: RetryConfig
+
+    @property
+    def arq_timeout_s(self) -> float:
+        return self.deadline_s + JOB_GRACE_S
+
+
+def rules_for(settings: Settings, function: str) -> JobRules:
+    """The deadline and retry rule of ``function`` under ``settings``."""
+    if function == FETCH_BATCH:
+        return JobRules(function, settings.batch.job_timeout_s, settings.fetch_retry)
+    if function == DELIVER:
+        return JobRules(function, settings.worker.response_job_timeout_s, settings.sink_retry)
+    if function == FETCH_RESPONSE:
+        return JobRules(function, settings.worker.response_job_timeout_s, settings.fetch_retry)
+    raise ValueError(f"unknown job function {function!r}")
+
+
+def letter_target(function: str, kwargs: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """(sink, provider, keys) a dead letter of this job is filed under."""
+    if function == DELIVER:
+        envelopes = [e for e in kwargs.get("envelopes") or [] if isinstance(e, dict)]
+        provider = str(envelopes[0].get("provider", "")) if envelopes else ""
+        return str(kwargs.get("sink", "")), provider, [str(e.get("key")) for e in envelopes]
+    key = kwargs.get("response_id") or kwargs.get("batch_id") or ""
+    return "fetch", str(kwargs.get("provider", "")), [str(key)]
+
+
+async def dead_letter(
+    ctx: dict[str, Any], function: str, kwargs: dict[str, Any], error: str
+) -> dict[str, Any]:
+    """Keep the job's work as a replayable dead letter. When Redis cannot take the letter,
+    the job is retried instead (a letter is never dropped for want of a place to keep it)."""
+    sink, provider, keys = letter_target(function, kwargs)
+    state: WorkerState = ctx["state"]
+    job_try = int(ctx.get("job_try") or 1)
+    try:
+        letter = await state.dead_letters.add(
+            sink=sink,
+            provider=provider,
+            keys=keys,
+            attempts=job_try,
+            error=error,
+            function=function,
+            kwargs=kwargs,
+        )
+    except (RedisError, OSError) as exc:
+        log.warning("cannot keep a dead letter now (%s); running the job again later", exc)
+        raise Retry(defer=rules_for(state.settings, function).retry.delay(job_try)) from None
+    if not str(ctx.get("job_id") or "").startswith(REPLAY_PREFIX):  # counted when first kept
+        state.metrics.dead_letters.labels(sink).inc()
+    state.metrics.jobs.labels(function, "dead_letter").inc()
+    shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
+    log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
+    return {"dead_letter": letter.id}
+
+
+async def hand_over(ctx: dict[str, Any], function: str) -> dict[str, Any]:
+    """Leave the job to another worker (it is for a provider this process lacks and
+    another live one has): run it again shortly, this run not counted as a try."""
+    state: WorkerState = ctx["state"]
+    job_id = ctx.get("job_id")
+    if job_id:
+        await state.redis.decr(RETRY_KEY + str(job_id))
+    log.debug("%s left to a worker that has its provider", function)
+    interval = state.settings.worker.health_check_interval_s
+    raise Retry(defer=min(5.0, interval) * random.uniform(0.5, 1.0))
+
+
+async def retry_or_give_up(
+    ctx: dict[str, Any],
+    function: str,
+    kwargs: dict[str, Any],
+    error: str,
+    retry_after_s: float | None = None,
+) -> dict[str, Any]:
+    """Retry the job with backoff, or keep it as a dead letter after its last try."""
+    state: WorkerState = ctx["state"]
+    rules = rules_for(state.settings, function)
+    job_try = int(ctx.get("job_try") or 1)
+    if job_try >= rules.retry.max_tries:
+        return await dead_letter(ctx, function, kwargs, error)
+    state.metrics.jobs.labels(function, "retry").inc()
+    log.info("%s try %d failed (%s); retrying", function, job_try, error)
+    raise Retry(defer=rules.retry.delay(job_try, retry_after_s))
+
+
+def guarded(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
+    """Run a job under its deadline and retry rule; bind ``log_fields`` to its log lines."""
+
+    def wrap(job: _Job) -> _Job:
+        @functools.wraps(job)
+        async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            fields = {n: kwargs.get(n) for n in log_fields}
+            with bind(job_id=ctx.get("job_id"), job_try=ctx.get("job_try"), **fields):
+                return await _guard(ctx, function, job, kwargs)
+
+        return run
+
+    return wrap
+
+
+async def _guard(
+    ctx: dict[str, Any], function: str, job: _Job, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    rules = rules_for(ctx["state"].settings, function)
+    job_try = int(ctx.get("job_try") or 1)
+    if job_try > rules.retry.max_tries + 2:
+        error = f"job ran {job_try} times without finishing (worker crashes?)"
+        return await dead_letter(ctx, function, kwargs, error)
+    try:
+        try:
+            async with asyncio.timeout(rules.deadline_s) as scope:
+                return await job(ctx, **kwargs)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # someone else's timeout: handled below like any OSError
+            error = f"did not finish within {rules.deadline_s:g} s"
+            return await retry_or_give_up(ctx, function, kwargs, error)
+    except Retry:
+        raise
+    except (RedisError, OSError) as exc:
+        # Redis went away mid-job: run it again later. Nothing it did is lost: a rewrite
+        # overwrites in sql and s3 (kafka, http and jsonl deliver at least once), and a
+        # batch resumes after its last committed chunk.
+        log.warning("%s stopped by %s; retrying", function, type(exc).__name__)
+        raise Retry(defer=rules.retry.delay(job_try)) from None
+    except Exception as exc:  # a bug of ours or an object we cannot handle: keep the work
+        log.exception("%s failed unexpectedly", function)
+        return await dead_letter(ctx, function, kwargs, f"{type(exc).__name__}: {exc}"[:500])

@@ -1,0 +1,108 @@
+"""What every job of a worker process needs, typed and built once: :class:`WorkerState`.
+
+:func:`build_state` makes it from the settings (provider clients, lazily opened sinks,
+the dead-letter store, the batch runner, a Redis client of its own); the arq start-up hook
+(:func:`receiver.worker.process.startup`) builds one per process and shares it between the
+process's workers, and ``nopoll fetch-batch`` builds its own. Jobs read ``ctx["state"]``,
+nothing else of ctx but arq's ``job_id`` and ``job_try`` and, in a batch job, its lease
+(``ctx["leases"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+from redis.asyncio import Redis
+
+from receiver.batches.runner import BatchRunner
+from receiver.config.accounts import DEFAULT_TENANT, tenant_providers
+from receiver.config.settings import ProviderConfig, Settings
+from receiver.fanout.fanout import FanOut, ManagedSink
+from receiver.fanout.publish import add_publication
+from receiver.fanout.routing import Router
+from receiver.metrics import Metrics
+from receiver.providers import Dialect, ProviderClient, dialect_for
+from receiver.queue._arq import arq_pool
+from receiver.queue.deadletter import DeadLetters
+
+__all__ = ["WorkerState", "build_state"]
+
+log = logging.getLogger("nopoll.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """The resources of one worker process (see the module docs)."""
+
+    settings: Settings
+    metrics: Metrics
+    redis: Redis
+    """nopoll's own client: dead letters, batch progress, hand-offs (arq has its own)."""
+    dialects: Mapping[str, Dialect]
+    fanout: FanOut
+    dead_letters: DeadLetters
+    batch_runner: BatchRunner
+    tenant_dialects: Mapping[tuple[str, str], Dialect] = field(default_factory=dict)
+    """Each ``(tenant, provider)`` account of the other tenants, with its own api_key."""
+
+    def dialect(self, provider: str, tenant: str = DEFAULT_TENANT) -> Dialect | None:
+        """The dialect that fetches ``tenant``'s results at ``provider`` (with the tenant's
+        key); None when the provider, or the tenant's account there, is not configured."""
+        if tenant == DEFAULT_TENANT:
+            return self.dialects.get(provider)
+        return self.tenant_dialects.get((tenant, provider))
+
+    async def open(self) -> None:
+        """Open every sink now, so that start-up problems show at once; a sink that is down
+        is only logged: its results wait and are retried."""
+        for name, sink in self.fanout.sinks.items():
+            try:
+                await sink.write([])
+            except Exception as exc:
+                log.warning(
+                    "sink %s cannot open yet (%s): its results wait and are retried; check "
+                    "sinks.%s",
+                    *(name, exc, name),
+                )
+
+    async def aclose(self) -> None:
+        for dialect in (*self.dialects.values(), *self.tenant_dialects.values()):
+            await dialect.client.aclose()
+        await self.fanout.aclose()
+        await self.redis.aclose()
+
+
+def build_state(
+    settings: Settings,
+    redis_url: str,
+    metrics: Metrics,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> WorkerState:
+    """A worker's resources; nothing is connected yet (sinks open on first use)."""
+
+    def dialect(name: str, cfg: ProviderConfig) -> Dialect:
+        on_request = metrics.observe_provider_request
+        client = ProviderClient(
+            name, cfg, settings.http, transport=transport, on_request=on_request
+        )
+        return dialect_for(cfg.dialect, client)
+
+    dialects = {name: dialect(name, cfg) for name, cfg in settings.providers.items()}
+    tenant_dialects = {key: dialect(key[1], cfg) for key, cfg in tenant_providers(settings).items()}
+    sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
+    router = Router(settings.routes, list(sinks))
+    # the results API's own sink (with consumer_tokens): every envelope, whatever the routes
+    router = add_publication(sinks, router, settings, redis_url, metrics)
+    fanout = FanOut(sinks, router, metrics)
+    redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
+    dead_letters = DeadLetters(redis)
+    runner = BatchRunner(
+        settings, redis=redis, fanout=fanout, dead_letters=dead_letters, metrics=metrics
+    )
+    return WorkerState(
+        settings, metrics, redis, dialects, fanout, dead_letters, runner, tenant_dialects
+    )

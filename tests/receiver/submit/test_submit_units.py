@@ -1,0 +1,89 @@
+"""The pure parts of ``nopoll submit``: a line's create body, its idempotency key, and a
+batch file's checks and rows per dialect."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from receiver.submit.batch import ROW_LIMIT, build_batch
+from receiver.submit.creates import create_body, idempotency_key, provider_reason
+
+
+def test_a_line_becomes_a_background_create_with_custom_id_in_metadata():
+    body, custom_id, error = create_body(
+        b'{"model": "m", "input": "hi", "custom_id": "c1", "metadata": {"team": "a"}}'
+    )
+    assert error is None and custom_id == "c1"
+    assert body == {
+        "model": "m",
+        "input": "hi",
+        "metadata": {"team": "a", "custom_id": "c1"},
+        "background": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b"{nope", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (b'{"input": "x"}', "model: must be a non-empty string"),
+        (b'{"model": "m", "custom_id": 7}', "custom_id: must be a non-empty string"),
+        (b'{"model": "m", "metadata": []}', "metadata: must be an object"),
+    ],
+)
+def test_a_line_that_is_no_create_body_says_why(line, error):
+    body, _, why = create_body(line)
+    assert body is None and why is not None and why.startswith(error)
+
+
+def test_keys_are_stable_and_differ_by_provider_file_and_line():
+    key = idempotency_key("sail", "d" * 64, "line:1")
+    assert key == idempotency_key("sail", "d" * 64, "line:1")
+    others = {
+        idempotency_key("valar", "d" * 64, "line:1"),
+        idempotency_key("sail", "e" * 64, "line:1"),
+        idempotency_key("sail", "d" * 64, "line:2"),
+    }
+    assert key not in others and len(others) == 3
+    assert key.startswith("nopoll-") and len(key) <= 64
+
+
+def test_the_providers_own_reason_is_kept():
+    assert provider_reason(400, b'{"error": {"message": "bad model"}}') == "bad model"
+    assert provider_reason(400, b'{"error": "flat"}') == "flat"
+    assert provider_reason(502, b"<html>") == "HTTP 502"
+
+
+def _line(i, model="m", url="/v1/responses"):
+    return i, orjson.dumps(
+        {"custom_id": f"c{i}", "method": "POST", "url": url, "body": {"model": model, "input": "x"}}
+    )
+
+
+@pytest.mark.parametrize("dialect", ["sference", "sail", "valar"])
+def test_inline_dialects_get_their_own_row_shape(dialect):
+    built = build_batch([_line(1), _line(2)], dialect)
+    assert not built.rejected and built.rows == 2
+    rows = orjson.loads(b"[" + bytes(built.requests) + b"]")
+    part = "body" if dialect == "sference" else "params"
+    assert rows[0] == {"custom_id": "c1", part: {"model": "m", "input": "x"}}
+
+
+def test_openai_keeps_the_lines_as_a_file():
+    built = build_batch([_line(1), _line(2)], "openai")
+    lines = bytes(built.file).splitlines()
+    assert [orjson.loads(x)["custom_id"] for x in lines] == ["c1", "c2"]
+    assert built.endpoint == "/v1/responses" and built.model == "m"
+
+
+def test_every_bad_line_is_listed_and_the_row_limit_holds():
+    built = build_batch([_line(1), _line(1), _line(2, model="other"), _line(3, url="/x")], "sail")
+    assert [(r.line, r.error.split(":")[0]) for r in built.rejected] == [
+        (1, "custom_id"),
+        (2, "body.model"),
+        (3, "url"),
+    ]
+    many = build_batch((_line(i) for i in range(ROW_LIMIT["openai"] + 1)), "openai")
+    assert "takes at most 50,000 per batch" in many.rejected[0].error

@@ -1,0 +1,54 @@
+"""The worker's fetch jobs read exactly the kwargs the API queues, and a response polled
+elsewhere lands the way a fetched one does (receiver.worker.fetch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from receiver.app import _job
+from receiver.demo.simulator import make_response
+from receiver.metrics import Metrics
+from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
+from receiver.worker.fetch import FetchBatch, FetchResponse, land_response
+from receiver.worker.state import build_state
+
+
+def test_the_jobs_read_the_kwargs_the_api_queues() -> None:
+    response = _job("sim", "msg_1", "response.completed", "resp_1")
+    batch = _job("sim", "msg_2", "batch.completed", "batch_1")
+    assert (response.function, batch.function) == (FETCH_RESPONSE, FETCH_BATCH)
+    job = FetchResponse(**response.kwargs)
+    assert (job.provider, job.response_id, job.event_id) == ("sim", "resp_1", "msg_1")
+    assert job.kwargs() == {**response.kwargs, "tenant": "default"}
+    queued = FetchBatch(**batch.kwargs)
+    assert (queued.batch_id, queued.event_type, queued.from_watch) == (
+        "batch_1",
+        "batch.completed",
+        False,
+    )
+    assert "event_type" not in queued.runner_kwargs()
+
+
+async def test_a_polled_response_lands_in_every_sink(
+    make_settings: Any, redis_url: str, tmp_path: Path
+) -> None:
+    settings = make_settings(redis_url=redis_url)
+    state = build_state(settings, redis_url, Metrics())
+    try:
+        body = make_response("resp_polled", text="polled")
+        landed = await land_response(
+            state, "sim", body, event_id=None, received_at="2026-11-29T10:00:00.000Z"
+        )
+    finally:
+        await state.aclose()
+    assert landed == {"sinks": 1, "failed": []}
+    lines = [
+        json.loads(line)
+        for path in (tmp_path / "results").glob("sim/*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert [(e["key"], e["output_text"], e["event_id"]) for e in lines] == [
+        ("resp_polled", "polled", None)
+    ]
