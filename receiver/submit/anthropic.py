@@ -29,7 +29,10 @@ from receiver.providers.anthropic import (
     create_body,
     split,
 )
-from receiver.submit.batch import _MAX_LISTED, BatchResult, _create, _watch
+from receiver.submit.created import MAX_LISTED as _MAX_LISTED
+from receiver.submit.created import BatchResult
+from receiver.submit.created import create_batch as _create
+from receiver.submit.created import watch_batch as _watch
 from receiver.submit.creates import RECORD_TTL_S, Rejected, Submitter, idempotency_key, record_key
 
 __all__ = ["submit_message_batches"]

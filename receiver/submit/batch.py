@@ -26,12 +26,16 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from receiver.submit.anthropic import submit_message_batches
+from receiver.submit.created import MAX_LISTED as _MAX_LISTED
+from receiver.submit.created import BatchResult
+from receiver.submit.created import create_batch as _create
+from receiver.submit.created import watch_batch as _watch
 from receiver.submit.creates import (
     RECORD_TTL_S,
     Rejected,
     Submitter,
     idempotency_key,
-    provider_reason,
     record_key,
 )
 
@@ -39,22 +43,6 @@ __all__ = ["ROW_LIMIT", "BatchResult", "build_batch", "submit_batch"]
 
 ROW_LIMIT = {"openai": 50_000, "sference": 100_000, "sail": 100_000, "valar": 100_000}
 """Rows per batch each dialect's provider documents (or accepts)."""
-_MAX_LISTED = 1000
-"""Bad lines listed at most (the count says how many more)."""
-
-
-@dataclass
-class BatchResult:
-    batch_id: str | None = None
-    rows: int = 0
-    already: bool = False
-    """A run before had created this batch: nothing sent."""
-    rejected: list[Rejected] = field(default_factory=list)
-    requests: int = 0
-    batch_ids: list[str] = field(default_factory=list)
-    """Every batch of the file, when it was split into several (``anthropic``)."""
-    problems: int = 0
-    """Bad lines, and other reasons nothing was created (``rejected`` lists at most 1,000)."""
 
 
 @dataclass
@@ -148,8 +136,6 @@ async def submit_batch(
     """Create one batch from ``lines`` (once per ``digest``: the content's hash), named
     ``name`` (a file name) in its label, and watch it."""
     if submitter.config.dialect == "anthropic":  # several batches, each under the limits
-        from receiver.submit.anthropic import submit_message_batches
-
         return await submit_message_batches(submitter, lines, digest)
     result = BatchResult()
     record = record_key(submitter.scope, digest)
@@ -223,45 +209,6 @@ async def _upload(
             pipe.expire(record, RECORD_TTL_S)
             await pipe.execute()
     return file_id
-
-
-async def _create(
-    submitter: Submitter,
-    path: str,
-    content: bytes,
-    key: str,
-    content_type: str,
-    result: BatchResult,
-) -> str | None:
-    from receiver.submit.creates import SubmitResult, created_id
-
-    counter = SubmitResult()
-    status, answer, error = await submitter.post(path, content, key, content_type, counter)
-    result.requests += counter.requests
-    created = created_id(status, answer)
-    if created is None:
-        reason = error or (
-            provider_reason(status, answer)
-            if status is not None and status >= 400
-            else f"POST /{path}: the answer holds no usable id"
-        )
-        result.rejected.append(Rejected(0, None, status, f"POST /{path}: {reason}"))
-        result.problems += 1
-    return created
-
-
-async def _watch(submitter: Submitter, batch_id: str) -> None:
-    watch = submitter.config.watch
-    await submitter.store.register_all(
-        submitter.name,
-        "batch",
-        [batch_id],
-        first_poll_in_s=watch.reconcile_after_s
-        if submitter.expect_callback
-        else watch.first_poll_s,
-        expect_callback=submitter.expect_callback,
-        tenant=submitter.tenant,
-    )
 
 
 def _safe(name: str) -> str:
