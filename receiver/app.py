@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from receiver.admin.routes import BODY_CAPS as ADMIN_BODY_CAPS
 from receiver.admin.routes import admin_routes
@@ -27,49 +27,18 @@ from receiver.queue.enqueue import Enqueuer
 from receiver.responses import json_answer
 from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
-from receiver.webhooks.endpoint import WebhookEndpoint
-from receiver.webhooks.tenants import TENANT_PREFIX
+from receiver.webhooks.endpoint import WebhookDispatch, WebhookEndpoint
 from receiver.webhooks.wire import BoundedBodies, ReadDeadlines
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("nopoll.app")
 
-_PREFIX = "/webhooks/"
-
 
 def _body_cap(path: str) -> int:
     """The most of a request body a route reads: the admin API's own caps, else 64 KiB
     (the ``/ui`` forms'; no other route reads a body)."""
     return ADMIN_BODY_CAPS.get(path, MAX_FORM)
-
-
-class _Dispatch:
-    """POST /webhooks/<name> and /webhooks/t/<token> go to the endpoint; everything else
-    to Starlette, its bodies bounded as a callback's (:class:`BoundedBodies`)."""
-
-    def __init__(self, webhooks: WebhookEndpoint, app: Starlette, body_timeout_s: float) -> None:
-        self.webhooks, self.starlette = webhooks, app
-        self.app = BoundedBodies(app, _body_cap, ReadDeadlines(body_timeout_s))
-
-    @property
-    def routes(self) -> list[Any]:
-        """The Starlette routes (the webhook route among them), for introspection."""
-        return list(self.starlette.routes)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"].startswith(_PREFIX)
-        ):
-            if "/" not in scope["path"][len(_PREFIX) :]:
-                await self.webhooks(scope, receive, send)
-                return
-            if scope["path"].startswith(TENANT_PREFIX):
-                await self.webhooks.tenant(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def _not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
@@ -110,7 +79,7 @@ def create_app(
         redis, dedupe_ttl_s=settings.dedupe_ttl_s, job_expiry_s=settings.job_expiry_s
     )
     routes = [
-        # POSTs never reach this route (see _Dispatch); other methods get Starlette's 405.
+        # POSTs never reach this route (see WebhookDispatch); other methods get Starlette's 405.
         Route("/webhooks/{provider}", _not_post, methods=["POST"]),
         Route("/webhooks/t/{token}", _not_post, methods=["POST"]),
         Route("/healthz", _healthz, methods=["GET"]),
@@ -125,5 +94,5 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
-    webhooks = WebhookEndpoint(settings, enqueuer, metrics)
-    return _Dispatch(webhooks, starlette, settings.api.body_timeout_s)
+    bounded = BoundedBodies(starlette, _body_cap, ReadDeadlines(settings.api.body_timeout_s))
+    return WebhookDispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette, bounded)

@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 from redis.exceptions import RedisError
-from starlette.types import Receive, Scope, Send
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
@@ -48,7 +49,7 @@ from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpo
 from receiver.webhooks.verify import Verifier
 from receiver.webhooks.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
 
-__all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint"]
+__all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookDispatch", "WebhookEndpoint"]
 
 log = logging.getLogger("nopoll.app")
 
@@ -273,3 +274,31 @@ def _job(
         function, job_id, queue = FETCH_BATCH, batch_job_id(scope, object_id), BATCHES_QUEUE
         kwargs.update(batch_id=object_id, event_type=event_type)
     return CallbackJob(scope, webhook_id, function, job_id, kwargs, queue)
+
+
+class WebhookDispatch:
+    """POST /webhooks/<name> and /webhooks/t/<token> go to the endpoint; everything else
+    to ``app``: the Starlette app ``starlette``, its bodies bounded as a callback's
+    (:class:`receiver.webhooks.wire.BoundedBodies`)."""
+
+    def __init__(self, webhooks: WebhookEndpoint, starlette: Starlette, app: ASGIApp) -> None:
+        self.webhooks, self.starlette, self.app = webhooks, starlette, app
+
+    @property
+    def routes(self) -> list[Any]:
+        """The Starlette routes (the webhook route among them), for introspection."""
+        return list(self.starlette.routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"].startswith(_PREFIX)
+        ):
+            if "/" not in scope["path"][len(_PREFIX) :]:
+                await self.webhooks(scope, receive, send)
+                return
+            if scope["path"].startswith(TENANT_PREFIX):
+                await self.webhooks.tenant(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
