@@ -13,7 +13,6 @@ stack, about a third of the server's CPU per callback. Everything else is Starle
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -47,7 +46,14 @@ from receiver.redis_link import RedisLink
 from receiver.webhooks.limits import WebhookLimits, client_address
 from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
 from receiver.webhooks.verify import Verifier
-from receiver.webhooks.wire import ReadDeadlines, Reply, Then, answer_and_close, callback_headers
+from receiver.webhooks.wire import (
+    ReadDeadlines,
+    Reply,
+    Then,
+    answer_and_close,
+    callback_headers,
+    read_body,
+)
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookDispatch", "WebhookEndpoint"]
 
@@ -162,7 +168,7 @@ class WebhookEndpoint:
                 reason = "unknown provider"
             raise Reply(404, {"error": reason}, then=Then.DRAIN_AND_CLOSE)
         headers, declared = callback_headers(scope["headers"])
-        body = await self._read_body(declared, receive)
+        body = await read_body(receive, declared, self._max_body, self._too_large, self._deadlines)
 
         started = time.perf_counter()
         try:
@@ -217,41 +223,6 @@ class WebhookEndpoint:
         if not self._link.up:
             self._link.back()
         return outcome
-
-    async def _read_body(self, declared: bytes | None, receive: Receive) -> bytes:
-        limit = self._max_body
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise Reply(413, {"error": self._too_large}, then=Then.DRAIN_AND_CLOSE)
-        chunks: list[bytes] = []
-        size = 0
-        task = asyncio.current_task()
-        assert task is not None
-        self._deadlines.start(task)
-        try:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    reason = "client disconnected before sending the whole body"
-                    raise Reply(400, {"error": reason})
-                chunk: bytes = message.get("body", b"")
-                more: bool = message.get("more_body", False)
-                size += len(chunk)
-                if size > limit:
-                    then = Then.DRAIN_AND_CLOSE if more else Then.KEEP_ALIVE
-                    raise Reply(413, {"error": self._too_large}, then=then)
-                if not more:
-                    if not chunks:
-                        return chunk
-                    chunks.append(chunk)
-                    return b"".join(chunks)
-                chunks.append(chunk)
-        except asyncio.CancelledError:
-            if not self._deadlines.expired(task):
-                raise
-            reason = f"body did not arrive whole within {self._deadlines.timeout_s:g} s"
-            raise Reply(408, {"error": reason}, then=Then.CLOSE) from None
-        finally:
-            self._deadlines.stop(task)
 
 
 def _job(
