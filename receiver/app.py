@@ -8,7 +8,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,7 +23,7 @@ from receiver.fanout.health import metrics_page as _metrics_page
 from receiver.fanout.health import readiness_page as _readiness
 from receiver.metrics import Metrics
 from receiver.queue.enqueue import Enqueuer
-from receiver.responses import json_answer
+from receiver.responses import json_answer, json_error
 from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
 from receiver.webhooks.endpoint import WebhookDispatch, WebhookEndpoint
@@ -52,8 +51,7 @@ async def _healthz(request: Request) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 and 405 (a path or method nopoll does not serve), as JSON."""
     assert isinstance(exc, HTTPException)
-    payload = orjson.dumps({"error": exc.detail})
-    return Response(payload, exc.status_code, exc.headers, media_type="application/json")
+    return json_error(exc.status_code, exc.detail, exc.headers)
 
 
 async def _client_left(request: Request, exc: Exception) -> Response:

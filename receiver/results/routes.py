@@ -56,14 +56,13 @@ __all__ = ["results_routes"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KINDS = frozenset({"response", "batch_row", "batch"})
 _STATUSES = frozenset(STATUSES)
-_NOT_LANDED = orjson.dumps({"error": "not landed"})
 _PING_S = 15
 _SEND_TIMEOUT_S = 30
 _RETRY_AFTER_S = 5
 
 
 def _not_landed() -> Response:
-    return Response(_NOT_LANDED, 404, media_type="application/json")
+    return json_error(404, "not landed")
 
 
 def results_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
