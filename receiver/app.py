@@ -1,334 +1,43 @@
-"""The web app: ``POST /webhooks/{provider}`` (and a tenant's ``/webhooks/t/{token}``),
-health, readiness and metrics.
-
-A callback gets a 2xx only once its job is durably in Redis; anything else tells the
-provider to retry. Status codes are docs/http.md's table; every 4xx body says why, and
-nothing a client sends can produce a 500. How the request itself is read (repeated
-headers, early answers, the body deadline) is :mod:`receiver.webhooks.wire`. While Redis is down
-callbacks answer 503; that is logged once when it starts and once when it ends.
-
-The webhook route is the hot path, so it is a plain ASGI endpoint (:class:`WebhookEndpoint`)
-in front of the Starlette app: no per-request Request object, routing table or middleware
-stack, about a third of the server's CPU per callback. Everything else is Starlette.
-"""
+"""The web app's composition root: the webhook endpoint (:mod:`receiver.webhooks.endpoint`)
+in front of the Starlette app (health, readiness, metrics, the admin and results APIs and
+``/ui``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import re
-import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from nopoll.envelope import now_rfc3339
-from nopoll.exceptions import VerificationError
 from receiver.admin.routes import BODY_CAPS as ADMIN_BODY_CAPS
 from receiver.admin.routes import admin_routes
-from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
 from receiver.fanout.health import metrics_page as _metrics_page
 from receiver.fanout.health import readiness_page as _readiness
-from receiver.logs import Throttle
 from receiver.metrics import Metrics
-from receiver.providers import safe_id
-from receiver.queue.enqueue import (
-    BATCHES_QUEUE,
-    FETCH_BATCH,
-    FETCH_RESPONSE,
-    JOBS_QUEUE,
-    CallbackJob,
-    EnqueueOutcome,
-    Enqueuer,
-    QueueBusy,
-    batch_job_id,
-    response_job_id,
-)
-from receiver.redis_link import RedisLink
-from receiver.responses import json_answer
+from receiver.queue.enqueue import Enqueuer
+from receiver.responses import json_answer, json_error
 from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
-from receiver.webhooks.limits import WebhookLimits, client_address
-from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
-from receiver.webhooks.verify import Verifier
-from receiver.webhooks.wire import (
-    BoundedBodies,
-    ReadDeadlines,
-    Reply,
-    Then,
-    answer_and_close,
-    callback_headers,
-)
+from receiver.webhooks.endpoint import WebhookDispatch, WebhookEndpoint
+from receiver.webhooks.wire import BoundedBodies, ReadDeadlines
 
-__all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookEndpoint", "create_app"]
+__all__ = ["create_app"]
 
 log = logging.getLogger("nopoll.app")
-
-RESPONSE_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-)
-BATCH_EVENTS = frozenset({"batch.completed", "batch.failed", "batch.cancelled", "batch.expired"})
-_WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,256}")
-_PREFIX = "/webhooks/"
-_CONTENT_TYPE = (b"content-type", b"application/json")
-
-
-class WebhookEndpoint:
-    """ASGI endpoint for ``POST /webhooks/{provider}``: verify, parse, enqueue, answer.
-    :meth:`tenant` serves a tenant's ``POST /webhooks/t/{token}`` the same way."""
-
-    def __init__(self, settings: Settings, enqueuer: Enqueuer, metrics: Metrics) -> None:
-        self._verifiers = {
-            name: Verifier(cfg.secret_keys(), cfg.tolerance_s)
-            for name, cfg in settings.providers.items()
-            if cfg.webhook_secrets
-        }
-        # Configured, but sends no callbacks (results come by polling): a clear 404.
-        self._no_callbacks = {n for n, cfg in settings.providers.items() if not cfg.webhook_secrets}
-        self._enqueuer = enqueuer
-        self._max_body = settings.max_body_bytes
-        self._too_large = f"body is larger than {settings.max_body_bytes} bytes"
-        self._deadlines = ReadDeadlines(settings.api.body_timeout_s)
-        self._callbacks = metrics.callbacks
-        self._verify_seconds = metrics.verify_seconds
-        self._enqueue_seconds = metrics.enqueue_seconds
-        self._tenants = TenantEndpoints(settings)
-        self._accepted = {
-            p: metrics.callbacks.labels(p, "accepted")
-            for p in (*self._verifiers, *self._tenants.providers)
-        }
-        self._link = RedisLink("api")
-        self._rejections = Throttle(log)
-        limits = WebhookLimits(settings.api)
-        self._limits = limits if limits.enabled else None
-
-    async def __call__(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: TenantEndpoint | None = None
-    ) -> None:
-        if endpoint is None:  # POST /webhooks/{provider}: the hot path, nothing more to do
-            provider, tenant = scope["path"][len(_PREFIX) :], DEFAULT_TENANT
-            verifier = self._verifiers.get(provider)
-        else:
-            provider, tenant, verifier = endpoint.provider, endpoint.tenant, endpoint.verifier
-        try:
-            status, payload = await self._handle(provider, tenant, verifier, scope, receive)
-        except Reply as reply:
-            label = provider if provider in self._accepted else "unknown"
-            self._callbacks.labels(label, reply.outcome).inc()
-            if reply.status >= 400:
-                where = provider if tenant == DEFAULT_TENANT else f"t/... ({tenant}, {provider})"
-                self._log_rejection(label, where, scope, reply)
-            if reply.then is not Then.KEEP_ALIVE:
-                await answer_and_close(reply, receive, send)
-                return
-            status, payload = reply.status, reply.payload
-        body = orjson.dumps(payload)
-        headers = [_CONTENT_TYPE, (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def tenant(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST /webhooks/t/{token}``: a token that is not genuine is 404 at once, before
-        the body is read or Redis is touched; else as ``/webhooks/{provider}``, with the
-        tenant's secrets."""
-        try:
-            if self._limits is not None:  # before the token costs an HMAC
-                self._limits.check_client(client_address(scope))
-            endpoint = self._tenants.resolve(scope["path"][len(TENANT_PREFIX) :])
-            if endpoint is None:
-                raise Reply(404, {"error": "unknown endpoint"}, then=Then.DRAIN_AND_CLOSE)
-        except Reply as reply:
-            self._callbacks.labels("unknown", reply.outcome).inc()
-            self._log_rejection("unknown", "t/...", scope, reply)
-            await answer_and_close(reply, receive, send)
-            return
-        await self(scope, receive, send, endpoint)
-
-    def _log_rejection(self, label: str, where: str, scope: Scope, reply: Reply) -> None:
-        """One line per provider and status every 10 s at most, with the reason (a tenant
-        endpoint's token is not logged: it is the endpoint's address)."""
-        self._rejections.log(
-            logging.WARNING,
-            (label, reply.status),
-            "callback to /webhooks/%s answered %d: %s (from %s)",
-            where[:160],
-            reply.status,
-            reply.payload.get("error") or reply.payload.get("reason"),
-            client_address(scope),
-        )
-
-    async def _handle(
-        self, provider: str, tenant: str, verifier: Verifier | None, scope: Scope, receive: Receive
-    ) -> tuple[int, dict[str, Any]]:
-        if self._limits is not None:
-            if tenant == DEFAULT_TENANT:  # a tenant's address was counted by tenant()
-                self._limits.check_client(client_address(scope))
-            self._limits.check_provider(provider)
-        if verifier is None:
-            if tenant != DEFAULT_TENANT:
-                reason = "this endpoint takes no callbacks (no webhook_secrets)"
-            elif provider in self._no_callbacks:
-                reason = f"provider {provider!r} takes no callbacks (it has no webhook_secrets)"
-            else:
-                reason = "unknown provider"
-            raise Reply(404, {"error": reason}, then=Then.DRAIN_AND_CLOSE)
-        headers, declared = callback_headers(scope["headers"])
-        body = await self._read_body(declared, receive)
-
-        started = time.perf_counter()
-        try:
-            webhook_id = verifier.verify(headers, body)
-        except VerificationError as exc:
-            raise Reply(401, {"error": str(exc)}) from None
-        finally:
-            self._verify_seconds.observe(time.perf_counter() - started)
-        if not _WEBHOOK_ID.fullmatch(webhook_id):
-            raise Reply(400, {"error": "webhook-id must be 1-256 printable ASCII characters"})
-
-        try:
-            event = orjson.loads(body)  # orjson rejects invalid UTF-8
-        except orjson.JSONDecodeError:
-            raise Reply(400, {"error": "body is not UTF-8 JSON"}) from None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise Reply(400, {"error": "body must be a JSON object with a string 'type'"})
-        event_type = event["type"]
-        if event_type not in RESPONSE_EVENTS and event_type not in BATCH_EVENTS:
-            reason = f"event type {event_type!r} is not handled"
-            log.debug("callback %s to /webhooks/%s ignored: %s", webhook_id, provider, reason)
-            raise Reply(202, {"status": "ignored", "reason": reason}, "ignored")
-        data = event.get("data")
-        object_id = data.get("id") if isinstance(data, dict) else None
-        if not safe_id(object_id):
-            raise Reply(400, {"error": "data.id must match [A-Za-z0-9_.:-]{1,256}"})
-        assert isinstance(object_id, str)
-
-        outcome = await self._enqueue(_job(provider, webhook_id, event_type, object_id, tenant))
-        if outcome is EnqueueOutcome.DUPLICATE:
-            raise Reply(200, {"status": "duplicate"}, "duplicate")
-        self._accepted[provider].inc()
-        status = "queued" if outcome is EnqueueOutcome.ENQUEUED else "already_queued"
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("callback %s: %s %s %s", webhook_id, event_type, object_id, status)
-        return 202, {"status": status, "id": object_id}
-
-    async def _enqueue(self, job: CallbackJob) -> EnqueueOutcome:
-        """Queue the job durably; Redis down, or a flood already waiting for it, is a 503."""
-        started = time.perf_counter()
-        try:
-            outcome = await self._enqueuer.enqueue(job)
-        except (RedisError, OSError) as exc:
-            self._link.lost(exc)  # logged once per outage, not once per callback
-            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
-        except QueueBusy:  # too many callbacks wait for Redis already: shed, do not queue
-            raise Reply(503, {"error": "queue busy, retry later"}, "unavailable") from None
-        except Exception:  # a bug of ours must not look like the client's fault, nor lose it
-            log.exception("enqueue failed unexpectedly, answering 503")
-            raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None
-        self._enqueue_seconds.observe(time.perf_counter() - started)
-        if not self._link.up:
-            self._link.back()
-        return outcome
-
-    async def _read_body(self, declared: bytes | None, receive: Receive) -> bytes:
-        limit = self._max_body
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise Reply(413, {"error": self._too_large}, then=Then.DRAIN_AND_CLOSE)
-        chunks: list[bytes] = []
-        size = 0
-        task = asyncio.current_task()
-        assert task is not None
-        self._deadlines.start(task)
-        try:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    reason = "client disconnected before sending the whole body"
-                    raise Reply(400, {"error": reason})
-                chunk: bytes = message.get("body", b"")
-                more: bool = message.get("more_body", False)
-                size += len(chunk)
-                if size > limit:
-                    then = Then.DRAIN_AND_CLOSE if more else Then.KEEP_ALIVE
-                    raise Reply(413, {"error": self._too_large}, then=then)
-                if not more:
-                    if not chunks:
-                        return chunk
-                    chunks.append(chunk)
-                    return b"".join(chunks)
-                chunks.append(chunk)
-        except asyncio.CancelledError:
-            if not self._deadlines.expired(task):
-                raise
-            reason = f"body did not arrive whole within {self._deadlines.timeout_s:g} s"
-            raise Reply(408, {"error": reason}, then=Then.CLOSE) from None
-        finally:
-            self._deadlines.stop(task)
-
-
-def _job(
-    provider: str, webhook_id: str, event_type: str, object_id: str, tenant: str = DEFAULT_TENANT
-) -> CallbackJob:
-    """The fetch job a callback asks for: a response's on the short queue, a batch's on
-    the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
-    kwargs: dict[str, Any] = {
-        "provider": provider,
-        "event_id": webhook_id,
-        "received_at": now_rfc3339(),
-    }
-    scope = provider
-    if tenant != DEFAULT_TENANT:
-        kwargs["tenant"], scope = tenant, scoped(provider, tenant)
-    if event_type in RESPONSE_EVENTS:
-        function, job_id, queue = FETCH_RESPONSE, response_job_id(scope, object_id), JOBS_QUEUE
-        kwargs["response_id"] = object_id
-    else:
-        function, job_id, queue = FETCH_BATCH, batch_job_id(scope, object_id), BATCHES_QUEUE
-        kwargs.update(batch_id=object_id, event_type=event_type)
-    return CallbackJob(scope, webhook_id, function, job_id, kwargs, queue)
 
 
 def _body_cap(path: str) -> int:
     """The most of a request body a route reads: the admin API's own caps, else 64 KiB
     (the ``/ui`` forms'; no other route reads a body)."""
     return ADMIN_BODY_CAPS.get(path, MAX_FORM)
-
-
-class _Dispatch:
-    """POST /webhooks/<name> and /webhooks/t/<token> go to the endpoint; everything else
-    to Starlette, its bodies bounded as a callback's (:class:`BoundedBodies`)."""
-
-    def __init__(self, webhooks: WebhookEndpoint, app: Starlette, body_timeout_s: float) -> None:
-        self.webhooks, self.starlette = webhooks, app
-        self.app = BoundedBodies(app, _body_cap, ReadDeadlines(body_timeout_s))
-
-    @property
-    def routes(self) -> list[Any]:
-        """The Starlette routes (the webhook route among them), for introspection."""
-        return list(self.starlette.routes)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"].startswith(_PREFIX)
-        ):
-            if "/" not in scope["path"][len(_PREFIX) :]:
-                await self.webhooks(scope, receive, send)
-                return
-            if scope["path"].startswith(TENANT_PREFIX):
-                await self.webhooks.tenant(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def _not_post(request: Request) -> Response:  # pragma: no cover - Starlette answers 405
@@ -342,8 +51,7 @@ async def _healthz(request: Request) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 and 405 (a path or method nopoll does not serve), as JSON."""
     assert isinstance(exc, HTTPException)
-    payload = orjson.dumps({"error": exc.detail})
-    return Response(payload, exc.status_code, exc.headers, media_type="application/json")
+    return json_error(exc.status_code, exc.detail, exc.headers)
 
 
 async def _client_left(request: Request, exc: Exception) -> Response:
@@ -369,7 +77,7 @@ def create_app(
         redis, dedupe_ttl_s=settings.dedupe_ttl_s, job_expiry_s=settings.job_expiry_s
     )
     routes = [
-        # POSTs never reach this route (see _Dispatch); other methods get Starlette's 405.
+        # POSTs never reach this route (see WebhookDispatch); other methods get Starlette's 405.
         Route("/webhooks/{provider}", _not_post, methods=["POST"]),
         Route("/webhooks/t/{token}", _not_post, methods=["POST"]),
         Route("/healthz", _healthz, methods=["GET"]),
@@ -384,5 +92,5 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
-    webhooks = WebhookEndpoint(settings, enqueuer, metrics)
-    return _Dispatch(webhooks, starlette, settings.api.body_timeout_s)
+    bounded = BoundedBodies(starlette, _body_cap, ReadDeadlines(settings.api.body_timeout_s))
+    return WebhookDispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette, bounded)

@@ -1,6 +1,12 @@
 """Bearer tokens: who is asking. One check for the admin API (``admin_tokens``), the
 results API (``consumer_tokens``) and ``/ui``'s login form.
 
+The two APIs hold their routes behind :func:`bearer_auth`: Starlette's
+``AuthenticationMiddleware`` with :class:`BearerTokens`, the one
+``AuthenticationBackend``; the route finds its :class:`TokenUser` in ``request.user``.
+With no token of the role configured, the routes answer 404 ``not found``, as if they did
+not exist. The login form checks its one typed token with :meth:`TokenBook.identify`.
+
 :class:`TokenBook` hashes every configured token once (SHA-256). A presented token is
 hashed too and compared with every digest of the role, each time, with
 ``hmac.compare_digest``: equal lengths and no early exit, so timing tells neither a
@@ -22,14 +28,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import orjson
 from pydantic import SecretStr
+from starlette.authentication import (
+    AuthCredentials,
+    AuthenticationBackend,
+    AuthenticationError,
+    BaseUser,
+)
 from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from receiver.config.settings import ConsumerToken, Settings
+from receiver.responses import json_error
 
-__all__ = ["Holder", "Refusal", "Role", "TokenBook"]
+__all__ = [
+    "BearerTokens",
+    "Holder",
+    "Refusal",
+    "Role",
+    "TokenBook",
+    "TokenUser",
+    "bearer_auth",
+]
 
 Role = Literal["admin", "consumer"]
 _REALM: dict[Role, str] = {"admin": "nopoll admin", "consumer": "nopoll results"}
@@ -56,12 +79,7 @@ class Refusal:
 
     def response(self) -> Response:
         """The 401 to answer: ``{"error": reason}`` with the challenge."""
-        return Response(
-            orjson.dumps({"error": self.reason}),
-            401,
-            {"www-authenticate": self.challenge},
-            media_type="application/json",
-        )
+        return json_error(401, self.reason, {"www-authenticate": self.challenge})
 
 
 def _digest(token: str) -> bytes:
@@ -132,3 +150,61 @@ class TokenBook:
         if holder is None:
             return refused(f"Authorization: not a valid {role} bearer token", "invalid_token")
         return holder
+
+
+class TokenUser(BaseUser):
+    """``request.user`` behind :func:`bearer_auth`: the :class:`Holder` of the token."""
+
+    def __init__(self, holder: Holder) -> None:
+        self.holder = holder
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.identity
+
+    @property
+    def identity(self) -> str:
+        """The role and the token's place in its list (never the token)."""
+        return f"{self.holder.role}:{self.holder.index}"
+
+
+class _Refused(AuthenticationError):
+    """Raised by :class:`BearerTokens` with the answer to give."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class BearerTokens(AuthenticationBackend):
+    """The bearer-token check of one role's routes, as a Starlette authentication backend:
+    a 404 when no token of the role is configured, the :class:`Refusal` 401 for a missing,
+    malformed or wrong token, else the :class:`TokenUser` with the role as its scope."""
+
+    def __init__(self, book: TokenBook, role: Role) -> None:
+        self.book, self.role = book, role
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser]:
+        if not self.book.configured(self.role):
+            raise _Refused(json_error(404, "not found"))
+        holder = self.book.authenticate(conn.headers, self.role)
+        if isinstance(holder, Refusal):
+            raise _Refused(holder.response())
+        return AuthCredentials([self.role]), TokenUser(holder)
+
+
+def _refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:
+    assert isinstance(exc, _Refused)
+    return exc.response
+
+
+def bearer_auth(book: TokenBook, role: Role) -> list[Middleware]:
+    """The middleware of a route that takes ``role``'s bearer tokens (``Route(...,
+    middleware=bearer_auth(book, role))``): it answers before the route reads anything."""
+    return [
+        Middleware(AuthenticationMiddleware, backend=BearerTokens(book, role), on_error=_refused)
+    ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -11,11 +12,11 @@ from starlette.responses import Response
 __all__ = ["ERROR_RESPONSE", "json_answer", "json_error"]
 
 
-def json_answer(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+def json_answer(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status, headers, media_type="application/json")
 
 
-def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     return json_answer(status, {"error": message}, headers)
 
 

@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -44,6 +43,7 @@ from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue._arq import stop_workers, wait_stopped
 from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems
+from receiver.responses import json_answer
 from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
 __all__ = ["api_server_config", "redis_url_for", "run"]
@@ -253,7 +253,7 @@ def worker_health_app(
             "ok": ok,
             "poll_loop_age_s": {q: round(a, 3) if a is not None else None for q, a in ages.items()},
         }
-        return Response(orjson.dumps(body), 200 if ok else 503, media_type="application/json")
+        return json_answer(200 if ok else 503, body)
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -8,18 +8,19 @@ through :class:`receiver.console.Console`, as the status page does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.exceptions import RedisError
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from receiver.admin._http import read_model
+from receiver.admin._http import page_params, read_model
 from receiver.console import MAX_OFFSET, Console
-from receiver.responses import json_answer, json_error
+from receiver.responses import ERROR_RESPONSE, json_answer, json_error
 
 __all__ = ["MAX_BODY", "OPS_OPENAPI", "ReplayRequest", "ops_routes"]
 
@@ -43,13 +44,11 @@ class ReplayRequest(BaseModel):
         return self
 
 
-def ops_routes(console: Console, refused: Callable[[Request], Response | None]) -> list[BaseRoute]:
-    """The routes, each behind the admin token check ``refused``."""
+def ops_routes(console: Console, admins: Sequence[Middleware]) -> list[BaseRoute]:
+    """The routes, each behind the admin token check ``admins`` (a route middleware)."""
 
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
-            if (denied := refused(request)) is not None:
-                return denied
             try:
                 result: Response = await handler(request)
             except (RedisError, OSError):
@@ -66,13 +65,10 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
 
     async def letters(request: Request) -> Response:
         q = request.query_params
-        try:
-            offset = int(q.get("offset", "0"))
-            limit = int(q.get("limit", "50"))
-        except ValueError:
-            return json_error(400, "offset and limit: must be whole numbers")
-        if not 1 <= limit <= 1000:
-            return json_error(400, "limit: must be 1 to 1000")
+        page = page_params(q, "offset", 0, 50)
+        if isinstance(page, Response):
+            return page
+        offset, limit = page
         if not 0 <= offset <= MAX_OFFSET:
             return json_error(400, f"offset: must be 0 to {MAX_OFFSET}")
         sink = q.get("sink")
@@ -81,7 +77,7 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
         return json_answer(200, await console.dead_letters(offset=offset, limit=limit, sink=sink))
 
     async def replay(request: Request) -> Response:
-        body = await read_model(request, ReplayRequest, MAX_BODY)
+        body = await read_model(request, ReplayRequest)
         if isinstance(body, Response):
             return body
         if body.sink is not None and body.sink not in console.sink_names():
@@ -89,21 +85,14 @@ def ops_routes(console: Console, refused: Callable[[Request], Response | None]) 
         return json_answer(200, await console.replay(ids=body.ids, sink=body.sink))
 
     return [
-        Route("/admin/v1/overview", guarded(overview), methods=["GET"]),
-        Route("/admin/v1/batches", guarded(batches), methods=["GET"]),
-        Route("/admin/v1/deadletters", guarded(letters), methods=["GET"]),
-        Route("/admin/v1/deadletters/replay", guarded(replay), methods=["POST"]),
+        Route("/admin/v1/overview", guarded(overview), methods=["GET"], middleware=admins),
+        Route("/admin/v1/batches", guarded(batches), methods=["GET"], middleware=admins),
+        Route("/admin/v1/deadletters", guarded(letters), methods=["GET"], middleware=admins),
+        Route("/admin/v1/deadletters/replay", guarded(replay), methods=["POST"], middleware=admins),
     ]
 
 
-_WHY = {
-    "description": "why",
-    "content": {
-        "application/json": {
-            "schema": {"type": "object", "properties": {"error": {"type": "string"}}}
-        }
-    },
-}
+_WHY = ERROR_RESPONSE
 _AUTH = {"401": _WHY, "404": {"description": "no admin token is configured"}, "503": _WHY}
 
 

@@ -2,7 +2,7 @@
 (:mod:`receiver.admin.submit`); the overview, batches and dead letters
 (:mod:`receiver.admin.ops`).
 
-Bearer tokens from ``admin_tokens``, checked by :class:`receiver.auth.TokenBook`; with
+Bearer tokens from ``admin_tokens``, checked by :func:`receiver.auth.bearer_auth`; with
 none configured every ``/admin/v1`` route answers 404, as if it did not exist. A missing,
 malformed or wrong token is 401 saying why. Bad input is a 4xx whose ``error`` names the
 field; nothing a client sends gives a 500. ``GET /admin/v1/openapi.json`` describes the routes.
@@ -13,20 +13,20 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from receiver.admin._http import read_capped
+from receiver.admin._http import account_problem, page_params, read_model
 from receiver.admin.ops import MAX_BODY as _REPLAY_MAX_BODY
 from receiver.admin.ops import OPS_OPENAPI, ReplayRequest, ops_routes
 from receiver.admin.submit import MAX_BODY as _SUBMIT_MAX_BODY
 from receiver.admin.submit import SUBMIT_OPENAPI, SubmitRequest, submit_endpoint
-from receiver.auth import Refusal, TokenBook
-from receiver.config.accounts import DEFAULT_TENANT, tenant_problem
+from receiver.auth import TokenBook, bearer_auth
+from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.console import Console
 from receiver.responses import ERROR_RESPONSE, json_answer, json_error
@@ -75,44 +75,35 @@ class WatchAnswer(BaseModel):
 def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
     """The ``/admin/v1`` routes (all of them 404 when no admin token is configured)."""
     api = _AdminApi(settings, redis)
+    admins = bearer_auth(TokenBook.of(settings), "admin")
+    submit = submit_endpoint(settings, redis)
     return [
-        *ops_routes(Console(settings, redis), api.refused),
-        Route("/admin/v1/watches", api.add, methods=["POST"]),
-        Route("/admin/v1/watches", api.listing, methods=["GET"]),
-        Route("/admin/v1/watches/{provider}/{kind}/{id:path}", api.remove, methods=["DELETE"]),
-        Route("/admin/v1/openapi.json", api.openapi, methods=["GET"]),
-        Route("/admin/v1/submit", submit_endpoint(settings, redis, api.refused), methods=["POST"]),
+        *ops_routes(Console(settings, redis), admins),
+        Route("/admin/v1/watches", api.add, methods=["POST"], middleware=admins),
+        Route("/admin/v1/watches", api.listing, methods=["GET"], middleware=admins),
+        Route(
+            "/admin/v1/watches/{provider}/{kind}/{id:path}",
+            api.remove,
+            methods=["DELETE"],
+            middleware=admins,
+        ),
+        Route("/admin/v1/openapi.json", api.openapi, methods=["GET"], middleware=admins),
+        Route("/admin/v1/submit", submit, methods=["POST"], middleware=admins),
     ]
 
 
 class _AdminApi:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
-        self.tokens = TokenBook.of(settings)
         self.store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
 
-    def refused(self, request: Request) -> Response | None:
-        if not self.tokens.configured("admin"):
-            return json_error(404, "not found")
-        holder = self.tokens.authenticate(request.headers, "admin")
-        return holder.response() if isinstance(holder, Refusal) else None
-
     async def add(self, request: Request) -> Response:
-        if (denied := self.refused(request)) is not None:
-            return denied
-        raw = await read_capped(request, _MAX_BODY)
-        if raw is None:
-            return json_error(413, f"body: larger than {_MAX_BODY} bytes (at most {_MAX_IDS} ids)")
-        try:
-            body = WatchRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return json_error(400, _first_error(exc))
-        provider = self.settings.providers.get(body.provider)
-        if provider is None:
-            known = ", ".join(sorted(self.settings.providers)) or "none"
-            return json_error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
-        if (problem := tenant_problem(self.settings, body.tenant, body.provider)) is not None:
-            return json_error(400, f"tenant: {problem}")
+        body = await read_model(request, WatchRequest)
+        if isinstance(body, Response):
+            return body
+        if (problem := account_problem(self.settings, body.provider, body.tenant)) is not None:
+            return problem
+        provider = self.settings.providers[body.provider]
         try:
             done = await register_many(
                 self.store,
@@ -132,8 +123,6 @@ class _AdminApi:
         )
 
     async def listing(self, request: Request) -> Response:
-        if (denied := self.refused(request)) is not None:
-            return denied
         q = request.query_params
         if (kind := q.get("kind")) not in (None, "response", "batch"):
             return json_error(400, "kind: must be response or batch")
@@ -145,13 +134,10 @@ class _AdminApi:
         tenant = q.get("tenant", DEFAULT_TENANT)
         if tenant != _ALL_TENANTS and not _TENANT.fullmatch(tenant):
             return json_error(400, f"tenant: {_TENANT_RULE}, or * for every tenant")
-        try:
-            cursor = int(q.get("cursor", "0"))
-            limit = int(q.get("limit", "100"))
-        except ValueError:
-            return json_error(400, "cursor and limit: must be whole numbers")
-        if not 1 <= limit <= 1000:
-            return json_error(400, "limit: must be 1 to 1000")
+        page = page_params(q, "cursor", 0, 100)
+        if isinstance(page, Response):
+            return page
+        cursor, limit = page
         if not 0 <= cursor < 2**64:  # a Redis SCAN cursor is an unsigned 64-bit number
             return json_error(400, "cursor: must be a next_cursor this listing gave, or 0")
         try:
@@ -171,8 +157,6 @@ class _AdminApi:
         )
 
     async def remove(self, request: Request) -> Response:
-        if (denied := self.refused(request)) is not None:
-            return denied
         p = request.path_params
         if p["kind"] not in ("response", "batch"):
             return json_error(400, "kind: must be response or batch")
@@ -186,23 +170,10 @@ class _AdminApi:
         return Response(status_code=204) if deleted else json_error(404, "no such watch")
 
     async def openapi(self, request: Request) -> Response:
-        if (denied := self.refused(request)) is not None:
-            return denied
         return json_answer(200, OPENAPI)
 
 
 _TENANT_RULE = "must be default or a tenant name ([A-Za-z0-9_-]{1,64})"
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_input=False, include_url=False)[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
-    message = str(err["msg"])
-    if err["type"] == "json_invalid":
-        return "body: not valid JSON"
-    if err["type"] == "extra_forbidden":
-        message = "unknown field"
-    return f"{where}: {message}"
 
 
 def _params(*names: str) -> list[dict[str, Any]]:

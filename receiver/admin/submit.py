@@ -21,8 +21,8 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from receiver.admin._http import read_model
-from receiver.config.accounts import tenant_problem, tenant_provider
+from receiver.admin._http import account_problem, read_model
+from receiver.config.accounts import tenant_provider
 from receiver.config.settings import Settings
 from receiver.responses import json_answer, json_error
 
@@ -71,23 +71,15 @@ def digest_of(items: list[dict[str, Any]], kind: str) -> str:
     return digest.hexdigest()
 
 
-def submit_endpoint(
-    settings: Settings, redis: Redis, refused: Callable[[Request], Response | None]
-) -> Callable[[Request], Awaitable[Response]]:
-    """The route's endpoint; ``refused(request)`` is the admin API's token check."""
+def submit_endpoint(settings: Settings, redis: Redis) -> Callable[[Request], Awaitable[Response]]:
+    """The route's endpoint (behind the admin API's token check, a route middleware)."""
 
     async def submit(request: Request) -> Response:
-        if (denied := refused(request)) is not None:
-            return denied
-        body = await read_model(request, SubmitRequest, MAX_BODY)
+        body = await read_model(request, SubmitRequest)
         if isinstance(body, Response):
             return body
-        config = settings.providers.get(body.provider)
-        if config is None:
-            known = ", ".join(sorted(settings.providers)) or "none"
-            return json_error(400, f"provider: unknown provider {body.provider!r} (known: {known})")
-        if (problem := tenant_problem(settings, body.tenant, body.provider)) is not None:
-            return json_error(400, f"tenant: {problem}")
+        if (problem := account_problem(settings, body.provider, body.tenant)) is not None:
+            return problem
         try:
             return await _run(settings, redis, body)
         except (RedisError, OSError):

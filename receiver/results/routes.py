@@ -9,7 +9,7 @@
   (:mod:`receiver.results.stream`).
 - ``GET /openapi.json``: one public OpenAPI document for ``/v1`` and ``/admin/v1``.
 
-Bearer tokens from ``consumer_tokens``, checked by :class:`receiver.auth.TokenBook`; with
+Bearer tokens from ``consumer_tokens``, checked by :func:`receiver.auth.bearer_auth`; with
 none configured every ``/v1`` route answers 404. Held requests (waits and streams) are
 capped per token (``results.max_held_per_token``) and per process (``results.max_held``,
 below ``api.limit_concurrency`` by ``api.reserved_for_webhooks``): beyond, 429 with
@@ -34,7 +34,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
 from nopoll.status import STATUSES
-from receiver.auth import Refusal, TokenBook
+from receiver.auth import TokenBook, TokenUser, bearer_auth
 from receiver.config.settings import ConsumerToken, Settings
 from receiver.responses import json_error
 from receiver.results.openapi import openapi_document
@@ -56,28 +56,28 @@ __all__ = ["results_routes"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KINDS = frozenset({"response", "batch_row", "batch"})
 _STATUSES = frozenset(STATUSES)
-_NOT_LANDED = orjson.dumps({"error": "not landed"})
 _PING_S = 15
 _SEND_TIMEOUT_S = 30
 _RETRY_AFTER_S = 5
 
 
 def _not_landed() -> Response:
-    return Response(_NOT_LANDED, 404, media_type="application/json")
+    return json_error(404, "not landed")
 
 
 def results_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
     """The ``/v1`` routes and ``/openapi.json`` (the /v1 routes answer 404 when no
     consumer token is configured)."""
     api = _ResultsApi(settings, redis)
+    consumers = bearer_auth(TokenBook.of(settings), "consumer")
     document = orjson.dumps(openapi_document(settings.results.max_wait_s))
 
     async def openapi(request: Request) -> Response:
         return Response(document, media_type="application/json")
 
     return [
-        Route("/v1/results/stream", api.stream, methods=["GET"]),
-        Route("/v1/results/{provider}/{key:path}", api.get, methods=["GET"]),
+        Route("/v1/results/stream", api.stream, methods=["GET"], middleware=consumers),
+        Route("/v1/results/{provider}/{key:path}", api.get, methods=["GET"], middleware=consumers),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
 
@@ -87,24 +87,18 @@ class _ResultsApi:
         self.redis = redis
         self.max_wait_s = settings.results.max_wait_s
         self.consumers = settings.consumer_tokens
-        self.tokens = TokenBook.of(settings)
         self.landings = Landings(redis)
         self.hub = StreamHub(redis)
         self.held = _HeldRequests(settings.results.max_held, settings.results.max_held_per_token)
 
-    def consumer(self, request: Request) -> ConsumerToken | Response:
-        """The consumer token of the request, or the answer refusing it."""
-        if not self.tokens.configured("consumer"):
-            return json_error(404, "not found")
-        holder = self.tokens.authenticate(request.headers, "consumer")
-        if isinstance(holder, Refusal):
-            return holder.response()
-        return self.consumers[holder.index]
+    def consumer(self, request: Request) -> ConsumerToken:
+        """The consumer token of the request (checked by :func:`bearer_auth`)."""
+        user = request.user
+        assert isinstance(user, TokenUser)
+        return self.consumers[user.holder.index]
 
     async def get(self, request: Request) -> Response:
         consumer = self.consumer(request)
-        if isinstance(consumer, Response):
-            return consumer
         query = request.query_params
         wait_s: float | None = None
         if "wait" in query:
@@ -155,8 +149,6 @@ class _ResultsApi:
 
     async def stream(self, request: Request) -> Response:
         consumer = self.consumer(request)
-        if isinstance(consumer, Response):
-            return consumer
         query = request.query_params
         values: dict[str, frozenset[bytes] | None] = {}
         for field, allowed in (

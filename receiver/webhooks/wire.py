@@ -5,8 +5,9 @@ What a client sends is read here, within bounds: the Standard Webhooks headers (
 ones included), a body that must arrive whole within a deadline, and an answer given while
 the client is still sending (413, 404, ...) that stays readable: the rest of the body is
 read and dropped, within a bound, before the connection closes, instead of resetting it
-under the client. Every other route's body (the ``/ui`` forms, the admin API's POSTs) is
-held to the same cap-as-read and deadline by :class:`BoundedBodies`.
+under the client. One reader, :func:`read_body`, reads every body: a callback's, and every
+other route's (the ``/ui`` forms, the admin API's POSTs) through :class:`BoundedBodies`,
+held to the same cap-as-read and deadline.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "answer_and_close",
     "callback_headers",
     "drain_body",
+    "read_body",
 ]
 
 _CONTENT_TYPE = (b"content-type", b"application/json")
@@ -182,22 +184,83 @@ async def drain_body(receive: Receive) -> None:
                 dropped += len(message.get("body", b""))
 
 
-class BoundedBodies:
-    """ASGI middleware for every route but the webhooks': the request body, as the app
-    reads it, within the same bounds as a callback's.
+async def read_body(
+    receive: Receive, declared: bytes | None, limit: int, too_large: str, deadlines: ReadDeadlines
+) -> bytes:
+    """The whole request body, or the :class:`Reply` that ends the request: 413
+    (``too_large``) for a declared Content-Length over ``limit`` before anything is read,
+    or for the count passing it as the body arrives; 408 once it has not arrived whole
+    within ``deadlines.timeout_s``; 400 when the client leaves first. Every body nopoll
+    reads is read here: a callback's, and every other route's through :class:`BoundedBodies`.
+    """
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Reply(413, {"error": too_large}, then=Then.DRAIN_AND_CLOSE)
+    chunks: list[bytes] = []
+    size = 0
+    task = asyncio.current_task()
+    assert task is not None
+    deadlines.start(task)
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                reason = "client disconnected before sending the whole body"
+                raise Reply(400, {"error": reason})
+            chunk: bytes = message.get("body", b"")
+            more: bool = message.get("more_body", False)
+            size += len(chunk)
+            if size > limit:
+                then = Then.DRAIN_AND_CLOSE if more else Then.KEEP_ALIVE
+                raise Reply(413, {"error": too_large}, then=then)
+            if not more:
+                if not chunks:
+                    return chunk
+                chunks.append(chunk)
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except asyncio.CancelledError:
+        if not deadlines.expired(task):
+            raise
+        reason = f"body did not arrive whole within {deadlines.timeout_s:g} s"
+        raise Reply(408, {"error": reason}, then=Then.CLOSE) from None
+    finally:
+        deadlines.stop(task)
 
-    - Counted as it arrives: a declared ``Content-Length`` over the path's cap is 413 at
-      the app's first read, and so is the count passing the cap, Content-Length or not.
+
+class _Untimed(ReadDeadlines):
+    """No deadline: for a read made outside the request's own task (a GET's watcher that
+    waits for the client to go away)."""
+
+    __slots__ = ()
+
+    def start(self, task: asyncio.Task[Any]) -> None:
+        pass
+
+    def expired(self, task: asyncio.Task[Any]) -> bool:
+        return False
+
+
+_UNTIMED = _Untimed(0.0)
+
+
+class BoundedBodies:
+    """ASGI middleware for every route but the webhooks': the request body, read by
+    :func:`read_body` as a callback's is, within the same bounds.
+
+    - At the app's first read, the whole body is read and handed to the app as one
+      message: a declared ``Content-Length`` over the path's cap is 413 at once, and so is
+      the count passing the cap, Content-Length or not.
     - Due whole within ``deadlines.timeout_s`` of the app's first read, else 408 and the
       connection closes.
-    - An answer the app gives before reading the whole body (a 404, 405 or 401, say) is
-      held open while the rest is read and dropped (bounded), so the client reads it
-      instead of a connection reset.
+    - An answer the app gives before reading the body (a 404, 405 or 401, say) is held
+      open while the rest is read and dropped (bounded), so the client reads it instead
+      of a connection reset.
 
     The bounds apply only once the app reads: a route that answers first (a wrong token)
     never makes a client's body be read, and a GET that waits for the client to go away
     is not timed. A refusal is raised from ``receive`` and ends the app's request; what
-    the app (or Starlette's error handler) sends after it is dropped.
+    the app (or Starlette's error handler) sends after it is dropped. A client that leaves
+    mid-body is passed on to the app as the disconnect it is.
     """
 
     def __init__(
@@ -213,31 +276,27 @@ class BoundedBodies:
         task = asyncio.current_task()
         assert task is not None
         deadlines = self._deadlines
-        size = 0
-        read_all = reading = answered = False
+        reading = read_all = answered = False
         refusal: Reply | None = None
 
         async def bounded() -> Message:
-            nonlocal size, read_all, reading, refusal
-            if read_all:  # the body is in: what follows is the client going away
+            nonlocal reading, read_all, refusal
+            if reading:  # the body is in: what follows is the client going away
                 return await receive()
-            if not reading:
-                reading = True
-                if _declared(scope["headers"]) > cap:
-                    refusal = _too_large(cap, Then.DRAIN_AND_CLOSE)
-                    raise refusal
-                if asyncio.current_task() is task:
-                    deadlines.start(task)
-            message = await receive()
-            more = message["type"] == "http.request" and message.get("more_body", False)
-            if not more:
-                read_all = True
-                deadlines.stop(task)
-            size += len(message.get("body", b""))
-            if size > cap:
-                refusal = _too_large(cap, Then.DRAIN_AND_CLOSE if more else Then.CLOSE)
-                raise refusal
-            return message
+            reading = True
+            timed = deadlines if asyncio.current_task() is task else _UNTIMED
+            declared = _declared(scope["headers"])
+            try:
+                body = await read_body(receive, declared, cap, _too_large(cap), timed)
+            except Reply as reply:
+                if reply.status == 400:  # the client left: the app sees it leave
+                    return {"type": "http.disconnect"}
+                if reply.then is Then.KEEP_ALIVE:  # the app's request ends here, and so
+                    reply.then = Then.CLOSE  # does the connection
+                refusal = reply
+                raise
+            read_all = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
         async def holding(message: Message) -> None:
             nonlocal answered
@@ -270,13 +329,13 @@ class BoundedBodies:
             await answer_and_close(refusal, receive, send)
 
 
-def _declared(headers: Iterable[tuple[bytes, bytes]]) -> int:
-    """The declared Content-Length, 0 when there is none (uvicorn refuses a malformed one)."""
+def _declared(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The declared Content-Length, if any (uvicorn refuses a malformed one)."""
     for name, value in headers:
         if name == b"content-length":
-            return int(value) if value.isdigit() else 0
-    return 0
+            return value
+    return None
 
 
-def _too_large(cap: int, then: Then) -> Reply:
-    return Reply(413, {"error": f"body: larger than {cap} bytes"}, then=then)
+def _too_large(cap: int) -> str:
+    return f"body: larger than {cap} bytes"

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from receiver.app import _job
 from receiver.demo.simulator import make_response
 from receiver.metrics import Metrics
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
+from receiver.webhooks.endpoint import _job
 from receiver.worker.fetch import FetchBatch, FetchResponse, land_response
 from receiver.worker.state import build_state
 

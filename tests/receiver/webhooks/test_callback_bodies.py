@@ -7,9 +7,7 @@ arrive whole within ``api.body_timeout_s`` is a 408.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
-import logging
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -220,57 +218,3 @@ async def test_each_stalled_body_gets_its_own_deadline(server):
     for status, elapsed in await asyncio.gather(*tasks):
         assert status == 408
         assert BODY_TIMEOUT_S * 0.8 < elapsed < BODY_TIMEOUT_S + 1
-
-
-async def test_a_trickled_body_is_408_after_the_whole_body_deadline(server):
-    """A byte every 50 ms keeps the connection busy but never finishes: the deadline is for
-    the whole body, not between chunks."""
-    reader, writer = await connect(server)
-    answer = asyncio.create_task(reader.read())
-    started = time.monotonic()
-    try:
-        writer.write(
-            b"POST /webhooks/sim HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
-        )
-        for _ in range(200):  # at most 10 s
-            if answer.done():
-                break
-            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-                writer.write(b"1\r\n \r\n")
-                await writer.drain()
-            await asyncio.sleep(0.05)
-        elapsed = time.monotonic() - started
-        raw = await asyncio.wait_for(answer, 5)
-    finally:
-        answer.cancel()
-        writer.transport.abort()
-    status, payload = parse_response(raw)
-    assert status == 408, raw[:200]
-    assert "0.5 s" in payload["error"]
-    assert elapsed < 4
-
-
-@pytest.mark.parametrize(
-    "path", ["/ui/login", "/admin/v1/watches", "/admin/v1/submit", "/admin/v1/deadletters/replay"]
-)
-async def test_a_client_that_leaves_mid_body_is_no_error(make_settings, redis_url, caplog, path):
-    """A POST whose client closes the connection after half its body simply ends: nothing
-    is logged as a warning or an error, and the server serves the next request."""
-    settings = make_settings(redis_url=redis_url, admin_tokens=["admin-token-0123456789"])
-    caplog.set_level(logging.DEBUG)
-    async with running_api(settings, redis_url) as (base, _):
-        reader, writer = await connect(base)
-        head = (
-            f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer admin-token-0123456789\r\n"
-            "content-type: application/x-www-form-urlencoded\r\ncontent-length: 1000\r\n\r\n"
-        )
-        writer.write(head.encode() + b"a" * 500)
-        await writer.drain()
-        await asyncio.sleep(0.2)  # the server is reading the body
-        writer.close()
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # no answer, just the end
-        await asyncio.sleep(0.2)  # the server has seen the disconnect
-        async with httpx.AsyncClient(base_url=base, timeout=5) as client:
-            assert (await client.get("/healthz")).status_code == 200
-    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
-    assert not loud, [(r.name, r.levelname, r.getMessage(), r.exc_info) for r in loud]
