@@ -1,4 +1,5 @@
-"""The dialect contract: fetch one response; list a batch's rows as an async stream.
+"""The dialect contract: fetch one response; fetch a batch object; list a batch's rows as an
+async stream.
 
 A dialect turns one provider family's API into :class:`~nopoll.envelope.BatchRow`
 chunks. Chunks are numbered and their contents are deterministic for a given batch
@@ -54,6 +55,13 @@ class Dialect(Protocol):
 
     async def fetch_response(self, response_id: str) -> dict[str, Any]:
         """The finished Responses object for ``response_id``."""
+        ...
+
+    async def fetch_batch_object(
+        self, batch_id: str, *, attempts: int | None = None
+    ) -> dict[str, Any]:
+        """The batch object for ``batch_id`` (after checking the id is safe), tried up to
+        ``attempts`` times (default ``http.attempts``): what a watch polls."""
         ...
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
