@@ -53,6 +53,8 @@ class Dialect(Protocol):
 
     client: ProviderClient
 
+    def __init__(self, client: ProviderClient) -> None: ...
+
     async def fetch_response(self, response_id: str) -> dict[str, Any]:
         """The finished Responses object for ``response_id``."""
         ...
