@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import orjson
 
@@ -22,6 +22,7 @@ from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.status import row_status, unknown_status
 from nopoll.wire import safe_id
+from receiver.providers.batch_input import BatchInput, CreateCall, check_lines
 from receiver.providers.client import ProviderClient
 
 __all__ = [
@@ -70,6 +71,24 @@ class Dialect(Protocol):
         """Every row of the batch, in numbered chunks; fills ``fetch.batch``."""
         ...
 
+    whole_file_record: ClassVar[str | None]
+    """The record of the call that creates a ``submit --batch`` file's last batch, when
+    one call does (a rerun that finds it recorded sends nothing and reads nothing); None
+    when only reading the file tells how many batches it makes."""
+
+    @classmethod
+    def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
+        """A ``submit --batch`` file's lines checked (``dialect``: the configured name, for
+        messages) and kept in the shape the create calls send."""
+        ...
+
+    def create_calls(
+        self, batch: BatchInput, name: str, digest: str, created: Mapping[str, str]
+    ) -> Iterator[CreateCall]:
+        """The POSTs that create the file's batches, in order; ``name`` is the file's,
+        ``digest`` its hash; ``created`` holds the ids of the calls before (by record)."""
+        ...
+
 
 async def chunk_rows(
     lines: AsyncIterator[bytes], fetch: BatchFetch, parse: Any
@@ -111,7 +130,15 @@ def loads_obj(value: Any) -> dict[str, Any] | None:
 
 
 class ResponsesDialect:
-    """Single responses: ``GET {base_url}/responses/{id}``, the same for every dialect."""
+    """Single responses: ``GET {base_url}/responses/{id}``, the same for every dialect; and
+    ``POST {base_url}/batches`` with the requests inline, as Sail and Valar take it (``{"endpoint",
+    "label", "requests": [{"custom_id", "params": body}]}``)."""
+
+    row_limit: ClassVar[int] = 100_000
+    """Rows per batch the provider documents (or accepts)."""
+    request_part: ClassVar[str] = "params"
+    """Where a request's body goes in an item of ``requests``."""
+    whole_file_record: ClassVar[str | None] = "batch"
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client
@@ -142,6 +169,27 @@ class ResponsesDialect:
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         raise NotImplementedError
+
+    @classmethod
+    def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
+        return check_lines(lines, dialect, cls.row_limit, cls._add_row)
+
+    @classmethod
+    def _add_row(cls, batch: BatchInput, row: dict[str, Any]) -> None:
+        item = orjson.dumps({"custom_id": row["custom_id"], cls.request_part: row["body"]})
+        batch.requests += (b"," if batch.rows > 1 else b"") + item
+
+    def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
+        """The create body up to the ``requests`` array's items."""
+        label = orjson.dumps(f"nopoll {name} {digest[:12]}")
+        endpoint = orjson.dumps(batch.endpoint)
+        return b'{"endpoint":' + endpoint + b',"label":' + label + b',"requests":['
+
+    def create_calls(
+        self, batch: BatchInput, name: str, digest: str, created: Mapping[str, str]
+    ) -> Iterator[CreateCall]:
+        content = self._batch_head(batch, name, digest) + bytes(batch.requests) + b"]}"
+        yield CreateCall("batch", "batches", content)
 
 
 def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:

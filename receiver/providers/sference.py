@@ -20,6 +20,7 @@ from receiver.providers.base import (
     chunk_rows,
     loads_obj,
 )
+from receiver.providers.batch_input import BatchInput
 
 __all__ = ["SferenceDialect", "parse_line"]
 
@@ -48,7 +49,13 @@ def parse_line(index: int, line: bytes) -> BatchRow:
 
 
 class SferenceDialect(ResponsesDialect):
-    """sference: ``results.jsonl`` rows."""
+    """sference: ``results.jsonl`` rows; created with ``POST /batches {"window": "24h",
+    "requests": [{"custom_id", "body"}]}``."""
+
+    request_part = "body"
+
+    def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
+        return b'{"window":"24h","requests":['
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         fetch.batch = await self.fetch_batch_object(fetch.batch_id)
