@@ -33,7 +33,7 @@ from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.status import row_status, unknown_status
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, chunk_rows
+from receiver.providers.base import BatchFetch, Chunk, chunk_rows, line_object
 from receiver.providers.batch_input import MAX_LISTED, BadLine, BatchInput, CreateCall
 from receiver.providers.client import ProviderClient
 
@@ -88,16 +88,10 @@ def _error_of(result: dict[str, Any]) -> dict[str, Any]:
 
 def parse_line(index: int, line: bytes) -> BatchRow:
     """One line of a Message Batch's results."""
-    try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        return BatchRow(
-            index, None, "failed", error={"code": "bad_line", "message": "not a JSON object"}
-        )
-    raw_id = data.get("custom_id")
-    custom_id = raw_id if isinstance(raw_id, str) else None
+    parsed = line_object(index, line)
+    if isinstance(parsed, BatchRow):
+        return parsed
+    data, custom_id = parsed
     result = data.get("result")
     if not isinstance(result, dict):
         error = {"code": "bad_line", "message": "the line has no result object"}

@@ -31,6 +31,7 @@ __all__ = [
     "ResponsesDialect",
     "chunk_rows",
     "id_chunks",
+    "line_object",
     "loads_obj",
     "rows_by_custom_id",
 ]
@@ -117,6 +118,25 @@ def id_chunks(ids: Iterable[str], fetch: BatchFetch) -> list[tuple[int, list[tup
         part = ordered[start : start + fetch.chunk_size]
         out.append((start // fetch.chunk_size, [(start + i, cid) for i, cid in enumerate(part)]))
     return out
+
+
+def line_object(
+    index: int,
+    line: bytes,
+    not_json: str = "not a JSON object",
+    not_object: str = "not a JSON object",
+) -> tuple[dict[str, Any], str | None] | BatchRow:
+    """A results line as its JSON object and its ``custom_id`` (None unless a string); or,
+    when the line is no JSON object, the failed row it is (``bad_line``, with the message
+    the dialect gives)."""
+    try:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return BatchRow(index, None, "failed", error={"code": "bad_line", "message": not_json})
+    if not isinstance(data, dict):
+        return BatchRow(index, None, "failed", error={"code": "bad_line", "message": not_object})
+    custom_id = data.get("custom_id")
+    return data, custom_id if isinstance(custom_id, str) else None
 
 
 def loads_obj(value: Any) -> dict[str, Any] | None:

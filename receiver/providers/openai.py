@@ -17,7 +17,13 @@ import orjson
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, ResponsesDialect, chunk_rows
+from receiver.providers.base import (
+    BatchFetch,
+    Chunk,
+    ResponsesDialect,
+    chunk_rows,
+    line_object,
+)
 from receiver.providers.batch_input import BatchInput, CreateCall
 
 __all__ = ["OpenAIDialect", "parse_line"]
@@ -25,16 +31,10 @@ __all__ = ["OpenAIDialect", "parse_line"]
 
 def parse_line(index: int, line: bytes) -> BatchRow:
     """One line of an OpenAI batch output or error file."""
-    try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return BatchRow(index, None, "failed", error={"code": "bad_line", "message": "not JSON"})
-    if not isinstance(data, dict):
-        return BatchRow(
-            index, None, "failed", error={"code": "bad_line", "message": "not an object"}
-        )
-    custom_id = data.get("custom_id")
-    custom_id = custom_id if isinstance(custom_id, str) else None
+    parsed = line_object(index, line, "not JSON", "not an object")
+    if isinstance(parsed, BatchRow):
+        return parsed
+    data, custom_id = parsed
     raw_response = data.get("response")
     response: dict[str, Any] = raw_response if isinstance(raw_response, dict) else {}
     raw_body = response.get("body")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orjson
-
 from nopoll.envelope import BatchRow
 from nopoll.status import row_status, unknown_status
 from receiver.providers.base import (
@@ -18,6 +16,7 @@ from receiver.providers.base import (
     Chunk,
     ResponsesDialect,
     chunk_rows,
+    line_object,
     loads_obj,
 )
 from receiver.providers.batch_input import BatchInput
@@ -27,15 +26,10 @@ __all__ = ["SferenceDialect", "parse_line"]
 
 def parse_line(index: int, line: bytes) -> BatchRow:
     """One line of ``results.jsonl``."""
-    try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        return BatchRow(
-            index, None, "failed", error={"code": "bad_line", "message": "not a JSON object"}
-        )
-    custom_id = data.get("custom_id")
+    parsed = line_object(index, line)
+    if isinstance(parsed, BatchRow):
+        return parsed
+    data, custom_id = parsed
     body = loads_obj(data.get("result_json"))
     error = loads_obj(data.get("error_json"))
     raw = data.get("status")
@@ -43,9 +37,7 @@ def parse_line(index: int, line: bytes) -> BatchRow:
     error = error or unknown_status(raw)
     if error is None and body is None and not isinstance(raw, str):
         error = {"code": "no_result", "message": "the line has no result_json and no error_json"}
-    return BatchRow(
-        index, custom_id if isinstance(custom_id, str) else None, status, body=body, error=error
-    )
+    return BatchRow(index, custom_id, status, body=body, error=error)
 
 
 class SferenceDialect(ResponsesDialect):
