@@ -30,10 +30,10 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
     from receiver.watches.store import WatchStore
 
     provider = provider_for(settings, args.provider, args.tenant)
-    if provider.dialect == "anthropic" and not args.batch:
+    if not provider.dialect_info.single_responses and not args.batch:
         print(
-            f"nopoll: {args.provider} speaks Anthropic's Message Batches, which has no single "
-            "background requests: submit the file with --batch",
+            f"nopoll: {args.provider} speaks the {provider.dialect} dialect, which has batches "
+            "only (no single background requests): submit the file with --batch",
             file=sys.stderr,
         )
         return 2

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from nopoll.exceptions import ConfigError
 from receiver.cli._common import add_config_option, config_path
-from receiver.config.settings import DIALECTS, WEBHOOK_DIALECTS, load_settings
+from receiver.config.dialects import DIALECTS
+from receiver.config.settings import load_settings
 from receiver.providers import safe_id
 
 if TYPE_CHECKING:
@@ -59,13 +60,14 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
     """What to paste: ``secret`` is None for a dialect whose provider sends no webhooks
     (its results are polled: no secret, no send-test, a submit to try instead)."""
     name, dialect, batches = args.name, args.dialect, args.batch
+    batches_only = not DIALECTS[dialect].single_responses  # no single responses to fetch
     var = name.upper()
     served = "; ".join(f"batch {b} ({n} rows)" for b, n in batches)
     lines = [
         f"provider simulator ({dialect} dialect) at {base_url}",
         (
             "every Message Batch submitted to it ends at once"
-            if dialect == "anthropic"
+            if batches_only
             else "every resp_... id answers a generated completed response"
         )
         + (f"; {served}" if served else ""),
@@ -111,7 +113,7 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
             f"nopoll send-test --config nopoll.yaml {name} --batch-id {b}" for b, _ in batches
         ]
     else:
-        if batches_only := dialect == "anthropic":  # Message Batches: no single responses
+        if batches_only:  # Message Batches: a native line
             line = (
                 '{"custom_id": "row-1", "params": {"model": "m-1", "max_tokens": 64, '
                 '"messages": [{"role": "user", "content": "hello"}]}}'
@@ -151,7 +153,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     api_key = "sk-sim-" + secrets.token_hex(20)
     secret: str | None = None
-    if args.dialect in WEBHOOK_DIALECTS:
+    if DIALECTS[args.dialect].sends_callbacks:
         secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     try:
         sim = ProviderSimulator(
@@ -176,7 +178,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     }
     try:
         with sim:
-            base_url = sim.host_url if args.dialect == "anthropic" else sim.base_url
+            base_url = sim.host_url + DIALECTS[args.dialect].base_path
             print(_instructions(args, base_url, api_key, secret))
             print(flush=True)
             while not stop.wait(0.5):

@@ -1,6 +1,7 @@
 """The nopoll configuration: one typed :class:`Settings`, loaded once at start-up by
 :func:`load_settings` (see :mod:`receiver.config.settings`)."""
 
+from receiver.config.dialects import DIALECTS, DialectInfo
 from receiver.config.sections import (
     ApiConfig,
     HttpConfig,
@@ -8,7 +9,6 @@ from receiver.config.sections import (
     WatchConfig,
 )
 from receiver.config.settings import (
-    DIALECTS,
     WEBHOOK_DIALECTS,
     ProviderConfig,
     RouteConfig,
@@ -23,6 +23,7 @@ __all__ = [
     "WEBHOOK_DIALECTS",
     "ApiConfig",
     "ConsumerToken",
+    "DialectInfo",
     "HttpConfig",
     "ProviderConfig",
     "RetryConfig",

@@ -23,18 +23,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
+from receiver.config.dialects import DIALECTS, DialectInfo, known_dialect
 from receiver.config.sections import (
     ApiConfig,
     BatchConfig,
@@ -87,10 +90,9 @@ __all__ = [
     "redact_url",
 ]
 
-DIALECTS = ("openai", "sference", "sail", "valar", "anthropic")
-WEBHOOK_DIALECTS = ("openai", "sference")
-"""The dialects whose providers send signed callbacks (Sail and Valar send none: nopoll
-polls their results, see docs/watches.md)."""
+WEBHOOK_DIALECTS = tuple(name for name, info in DIALECTS.items() if info.sends_callbacks)
+"""The dialects whose providers send signed callbacks (the others send none: nopoll polls
+their results, see docs/watches.md)."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DATA_DIR = "./nopoll-data"
 
@@ -112,7 +114,12 @@ class ProviderConfig(ConfigModel):
     ``/webhooks/<name>`` answers 404 for it.
     """
 
-    dialect: Literal["openai", "sference", "sail", "valar", "anthropic"]
+    dialect: Annotated[
+        str,
+        BeforeValidator(known_dialect),
+        WithJsonSchema({"enum": list(DIALECTS), "type": "string", "title": "Dialect"}),
+    ]
+    """A row of :data:`~receiver.config.dialects.DIALECTS`."""
     base_url: str
     api_key: SecretStr | None = None
     api_version: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
@@ -144,14 +151,21 @@ class ProviderConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _callbacks(self) -> ProviderConfig:
-        if self.webhook_secrets and self.dialect == "anthropic":
+        info = DIALECTS[self.dialect]
+        if self.webhook_secrets and not info.takes_webhook_secrets:
             raise ValueError(
                 f"webhook_secrets: the {self.dialect} dialect sends no callbacks (its "
                 "results are polled); leave webhook_secrets out"
             )
-        if self.api_version is not None and self.dialect != "anthropic":
-            raise ValueError("api_version: only the anthropic dialect has one")
+        if self.api_version is not None and not info.takes_api_version:
+            having = [name for name, row in DIALECTS.items() if row.takes_api_version]
+            raise ValueError(f"api_version: only the {' and '.join(having)} dialect has one")
         return self
+
+    @property
+    def dialect_info(self) -> DialectInfo:
+        """This provider's row of the dialect table."""
+        return DIALECTS[self.dialect]
 
     def secret_keys(self) -> list[bytes]:
         """The HMAC keys of every accepted webhook secret (several while rotating)."""

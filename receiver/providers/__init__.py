@@ -1,6 +1,7 @@
 """Provider dialects: one module per provider family, one shared client.
 
-Adding a provider is adding a module and a row in :data:`DIALECTS`.
+Adding a provider is adding a module and a row in :data:`DIALECTS` (the table of
+:mod:`receiver.config.dialects`, which the configuration checks ``dialect:`` against).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from nopoll.wire import SAFE_ID, safe_id
+from receiver.config.dialects import DIALECTS
 from receiver.providers.base import BatchFetch, Dialect, ResponsesDialect
 from receiver.providers.client import ProviderClient
 
@@ -19,21 +21,18 @@ __all__ = [
     "ProviderClient",
     "ResponsesDialect",
     "dialect_for",
+    "dialect_type",
     "safe_id",
 ]
 
-DIALECTS: dict[str, str] = {
-    "openai": "receiver.providers.openai:OpenAIDialect",
-    "sference": "receiver.providers.sference:SferenceDialect",
-    "sail": "receiver.providers.sail:SailDialect",
-    "valar": "receiver.providers.valar:ValarDialect",
-    "anthropic": "receiver.providers.anthropic:AnthropicDialect",
-}
+
+def dialect_type(name: str) -> type[Dialect]:
+    """The dialect class for a configured ``dialect:`` name (its module imported now)."""
+    module_name, _, attr = DIALECTS[name].implementation.partition(":")
+    cls: type[Dialect] = getattr(importlib.import_module(module_name), attr)
+    return cls
 
 
 def dialect_for(name: str, client: ProviderClient) -> Dialect:
     """The dialect object for a configured ``dialect:`` name."""
-    module_name, _, attr = DIALECTS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    dialect: Dialect = cls(client)
-    return dialect
+    return dialect_type(name)(client)

@@ -13,15 +13,19 @@ Authentication is the official SDK's: ``Authorization: Bearer`` with ``anthropic
 reference's older form, e.g. ``2023-06-01``).
 
 The create side (``nopoll submit --batch``) is :func:`batch_request` (one line of the file
-as one ``{"custom_id", "params"}`` request, from OpenAI batch-input or native lines) and
-:func:`split` (requests into batches under the API's limits).
+as one ``{"custom_id", "params"}`` request, from OpenAI batch-input or native lines; any bad
+line refuses the file, custom_ids unique across it) and :func:`split` (requests, in file
+order, into batches under the API's limits: 100,000 requests, 256 MB per create body), each
+created with ``POST /v1/messages/batches`` under a record (and Idempotency-Key) of its own,
+``batch:<part>``: a rerun creates only the parts not recorded yet. The file is read twice
+(check, then build) and one part is held at a time.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import orjson
 
@@ -29,7 +33,8 @@ from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.status import row_status, unknown_status
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, chunk_rows
+from receiver.providers.base import BatchFetch, Chunk, chunk_rows, line_object
+from receiver.providers.batch_input import MAX_LISTED, BadLine, BatchInput, CreateCall
 from receiver.providers.client import ProviderClient
 
 __all__ = [
@@ -83,16 +88,10 @@ def _error_of(result: dict[str, Any]) -> dict[str, Any]:
 
 def parse_line(index: int, line: bytes) -> BatchRow:
     """One line of a Message Batch's results."""
-    try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        return BatchRow(
-            index, None, "failed", error={"code": "bad_line", "message": "not a JSON object"}
-        )
-    raw_id = data.get("custom_id")
-    custom_id = raw_id if isinstance(raw_id, str) else None
+    parsed = line_object(index, line)
+    if isinstance(parsed, BatchRow):
+        return parsed
+    data, custom_id = parsed
     result = data.get("result")
     if not isinstance(result, dict):
         error = {"code": "bad_line", "message": "the line has no result object"}
@@ -111,7 +110,12 @@ def parse_line(index: int, line: bytes) -> BatchRow:
 
 
 class AnthropicDialect:
-    """Anthropic Message Batches: poll the batch, then stream ``results_url``."""
+    """Anthropic Message Batches: poll the batch, then stream ``results_url``; a ``submit
+    --batch`` file becomes as many batches as the API's limits need (see the module docs)."""
+
+    max_requests: ClassVar[int] = MAX_REQUESTS
+    max_bytes: ClassVar[int] = MAX_BATCH_BYTES
+    whole_file_record: ClassVar[str | None] = None
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client
@@ -169,6 +173,45 @@ class AnthropicDialect:
             )
         async for chunk in chunk_rows(self.client.stream_lines(url), fetch, parse_line):
             yield chunk
+
+    @classmethod
+    def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
+        """Every line checked (:func:`batch_request`, custom_ids unique across the file,
+        each request within a whole batch's bytes); the lines are kept, to be read again
+        by :meth:`create_calls` (a one-shot iterator is kept in memory)."""
+        if iter(lines) is lines:
+            lines = list(lines)
+        batch = BatchInput(lines=lines)
+        seen: dict[str, int] = {}
+        for number, item, custom_id, error in _requests(lines):
+            if item is not None and custom_id is not None:
+                first = seen.setdefault(custom_id, number)
+                if first != number:
+                    error = f"custom_id: {custom_id} is also on line {first}"
+                elif len(item) + _ENVELOPE > cls.max_bytes:
+                    error = (
+                        f"the request is larger than a whole batch may be ({cls.max_bytes:,} bytes)"
+                    )
+            if error is None:
+                batch.rows += 1
+                continue
+            batch.problems += 1
+            if len(batch.rejected) < MAX_LISTED:
+                batch.rejected.append(BadLine(number, custom_id, error))
+        if not batch.rows and not batch.rejected:
+            batch.rejected.append(BadLine(0, None, "the file holds no lines"))
+            batch.problems += 1
+        return batch
+
+    def create_calls(
+        self, batch: BatchInput, name: str, digest: str, created: Mapping[str, str]
+    ) -> Iterator[CreateCall]:
+        """``POST /v1/messages/batches`` for each part of the file, in file order, built
+        only when it is sent (one part in memory at a time)."""
+        items = (item for _, item, _, _ in _requests(batch.lines) if item is not None)
+        groups = split(items, max_requests=self.max_requests, max_bytes=self.max_bytes)
+        for part, group in enumerate(groups):
+            yield CreateCall(f"batch:{part}", BATCHES_PATH, create_body(group))
 
 
 # --- the create side: nopoll submit --batch ---------------------------------------------
@@ -275,6 +318,21 @@ def batch_request(row: Any) -> tuple[dict[str, Any] | None, str | None, str | No
 
 _HEAD = b'{"requests":['
 _TAIL = b"]}"
+_ENVELOPE = len(_HEAD + _TAIL)
+
+
+def _requests(
+    lines: Iterable[tuple[int, bytes]],
+) -> Iterator[tuple[int, bytes | None, str | None, str | None]]:
+    """``(line number, serialized request or None, custom_id, error)`` for every line."""
+    for number, raw in lines:
+        try:
+            row = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            yield number, None, None, "not JSON"
+            continue
+        request, custom_id, error = batch_request(row)
+        yield number, (orjson.dumps(request) if request is not None else None), custom_id, error
 
 
 def split(

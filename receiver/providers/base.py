@@ -1,4 +1,5 @@
-"""The dialect contract: fetch one response; list a batch's rows as an async stream.
+"""The dialect contract: fetch one response; fetch a batch object; list a batch's rows as an
+async stream.
 
 A dialect turns one provider family's API into :class:`~nopoll.envelope.BatchRow`
 chunks. Chunks are numbered and their contents are deterministic for a given batch
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import orjson
 
@@ -21,6 +22,7 @@ from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.status import row_status, unknown_status
 from nopoll.wire import safe_id
+from receiver.providers.batch_input import BatchInput, CreateCall, check_lines
 from receiver.providers.client import ProviderClient
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "ResponsesDialect",
     "chunk_rows",
     "id_chunks",
+    "line_object",
     "loads_obj",
     "rows_by_custom_id",
 ]
@@ -52,12 +55,39 @@ class Dialect(Protocol):
 
     client: ProviderClient
 
+    def __init__(self, client: ProviderClient) -> None: ...
+
     async def fetch_response(self, response_id: str) -> dict[str, Any]:
         """The finished Responses object for ``response_id``."""
         ...
 
+    async def fetch_batch_object(
+        self, batch_id: str, *, attempts: int | None = None
+    ) -> dict[str, Any]:
+        """The batch object for ``batch_id`` (after checking the id is safe), tried up to
+        ``attempts`` times (default ``http.attempts``): what a watch polls."""
+        ...
+
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         """Every row of the batch, in numbered chunks; fills ``fetch.batch``."""
+        ...
+
+    whole_file_record: ClassVar[str | None]
+    """The record of the call that creates a ``submit --batch`` file's last batch, when
+    one call does (a rerun that finds it recorded sends nothing and reads nothing); None
+    when only reading the file tells how many batches it makes."""
+
+    @classmethod
+    def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
+        """A ``submit --batch`` file's lines checked (``dialect``: the configured name, for
+        messages) and kept in the shape the create calls send."""
+        ...
+
+    def create_calls(
+        self, batch: BatchInput, name: str, digest: str, created: Mapping[str, str]
+    ) -> Iterator[CreateCall]:
+        """The POSTs that create the file's batches, in order; ``name`` is the file's,
+        ``digest`` its hash; ``created`` holds the ids of the calls before (by record)."""
         ...
 
 
@@ -90,6 +120,25 @@ def id_chunks(ids: Iterable[str], fetch: BatchFetch) -> list[tuple[int, list[tup
     return out
 
 
+def line_object(
+    index: int,
+    line: bytes,
+    not_json: str = "not a JSON object",
+    not_object: str = "not a JSON object",
+) -> tuple[dict[str, Any], str | None] | BatchRow:
+    """A results line as its JSON object and its ``custom_id`` (None unless a string); or,
+    when the line is no JSON object, the failed row it is (``bad_line``, with the message
+    the dialect gives)."""
+    try:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return BatchRow(index, None, "failed", error={"code": "bad_line", "message": not_json})
+    if not isinstance(data, dict):
+        return BatchRow(index, None, "failed", error={"code": "bad_line", "message": not_object})
+    custom_id = data.get("custom_id")
+    return data, custom_id if isinstance(custom_id, str) else None
+
+
 def loads_obj(value: Any) -> dict[str, Any] | None:
     """A JSON object given as an object or as a JSON string; None otherwise."""
     if isinstance(value, (str, bytes)):
@@ -101,7 +150,15 @@ def loads_obj(value: Any) -> dict[str, Any] | None:
 
 
 class ResponsesDialect:
-    """Single responses: ``GET {base_url}/responses/{id}``, the same for every dialect."""
+    """Single responses: ``GET {base_url}/responses/{id}``, the same for every dialect; and
+    ``POST {base_url}/batches`` with the requests inline, as Sail and Valar take it (``{"endpoint",
+    "label", "requests": [{"custom_id", "params": body}]}``)."""
+
+    row_limit: ClassVar[int] = 100_000
+    """Rows per batch the provider documents (or accepts)."""
+    request_part: ClassVar[str] = "params"
+    """Where a request's body goes in an item of ``requests``."""
+    whole_file_record: ClassVar[str | None] = "batch"
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client
@@ -132,6 +189,27 @@ class ResponsesDialect:
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         raise NotImplementedError
+
+    @classmethod
+    def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
+        return check_lines(lines, dialect, cls.row_limit, cls._add_row)
+
+    @classmethod
+    def _add_row(cls, batch: BatchInput, row: dict[str, Any]) -> None:
+        item = orjson.dumps({"custom_id": row["custom_id"], cls.request_part: row["body"]})
+        batch.requests += (b"," if batch.rows > 1 else b"") + item
+
+    def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
+        """The create body up to the ``requests`` array's items."""
+        label = orjson.dumps(f"nopoll {name} {digest[:12]}")
+        endpoint = orjson.dumps(batch.endpoint)
+        return b'{"endpoint":' + endpoint + b',"label":' + label + b',"requests":['
+
+    def create_calls(
+        self, batch: BatchInput, name: str, digest: str, created: Mapping[str, str]
+    ) -> Iterator[CreateCall]:
+        content = self._batch_head(batch, name, digest) + bytes(batch.requests) + b"]}"
+        yield CreateCall("batch", "batches", content)
 
 
 def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:

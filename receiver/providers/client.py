@@ -179,6 +179,15 @@ def _origin_of(url: str) -> str:
     return f"{parsed.scheme}://{parsed.host}{port}/..."
 
 
+class _Measured:
+    """The status of a request being measured (None until it is answered)."""
+
+    __slots__ = ("status",)
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+
+
 class ProviderClient:
     """A pooled httpx client bound to one provider's ``base_url``."""
 
@@ -245,9 +254,27 @@ class ProviderClient:
         request = httpx.Request(
             "GET", self._url(path), headers=self._headers, extensions=self._extensions
         )
+        return await self._handle(request)
+
+    async def _handle(self, request: httpx.Request) -> httpx.Response:
+        """``request`` sent on the next transport in turn."""
         response = await next(self._next).handle_async_request(request)
         response.request = request
         return response
+
+    @contextlib.contextmanager
+    def _measured(self, path: str) -> Iterator[_Measured]:
+        """One request, timed and reported to ``on_request`` with the status the block sets
+        (None: it failed in transit); timeouts and network failures raise
+        :class:`TransientProviderError`."""
+        measured = _Measured()
+        started = time.perf_counter()
+        try:
+            with self._transient(path, _timeout_text, "connection failed"):
+                yield measured
+        finally:
+            if self._on_request is not None:
+                self._on_request(self.name, measured.status, time.perf_counter() - started)
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -293,25 +320,19 @@ class ProviderClient:
     async def _request(self, path: str, *, read: bool) -> tuple[httpx.Response, bytearray]:
         """One GET, measured; a 200 comes back (its body read, within the cap, when ``read``,
         else open for streaming), anything else raises, transient or not."""
-        started = time.perf_counter()
-        status: int | None = None
         content = bytearray()
         said = ""
-        try:
-            with self._transient(path, _timeout_text, "connection failed"):
-                response = await self._send(path)
-                if read or response.status_code != 200:
-                    try:
-                        if response.status_code == 200:
-                            content = await self._read_capped(response, path)
-                        else:
-                            said = await _provider_says(response)
-                    finally:
-                        await response.aclose()
-                status = response.status_code
-        finally:
-            if self._on_request is not None:
-                self._on_request(self.name, status, time.perf_counter() - started)
+        with self._measured(path) as measured:
+            response = await self._send(path)
+            if read or response.status_code != 200:
+                try:
+                    if response.status_code == 200:
+                        content = await self._read_capped(response, path)
+                    else:
+                        said = await _provider_says(response)
+                finally:
+                    await response.aclose()
+            measured.status = status = response.status_code
         if status == 200:
             return response, content
         if status in _RETRY_STATUS:
@@ -461,20 +482,13 @@ class ProviderClient:
             content=content,
             extensions=self._extensions,
         )
-        started = time.perf_counter()
-        status: int | None = None
-        try:
-            with self._transient(path, _timeout_text, "connection failed"):
-                response = await next(self._next).handle_async_request(request)
-                response.request = request
-                try:
-                    body = await self._read_capped(response, path)
-                finally:
-                    await response.aclose()
-                status = response.status_code
-        finally:
-            if self._on_request is not None:
-                self._on_request(self.name, status, time.perf_counter() - started)
+        with self._measured(path) as measured:
+            response = await self._handle(request)
+            try:
+                body = await self._read_capped(response, path)
+            finally:
+                await response.aclose()
+            measured.status = response.status_code
         return response.status_code, bytes(body), retry_after_s(response.headers)
 
     async def aclose(self) -> None:

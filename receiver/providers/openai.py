@@ -8,7 +8,8 @@ status code 200 and no error is ``completed``; any other is ``failed``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -16,23 +17,24 @@ import orjson
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, ResponsesDialect, chunk_rows
+from receiver.providers.base import (
+    BatchFetch,
+    Chunk,
+    ResponsesDialect,
+    chunk_rows,
+    line_object,
+)
+from receiver.providers.batch_input import BatchInput, CreateCall
 
 __all__ = ["OpenAIDialect", "parse_line"]
 
 
 def parse_line(index: int, line: bytes) -> BatchRow:
     """One line of an OpenAI batch output or error file."""
-    try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return BatchRow(index, None, "failed", error={"code": "bad_line", "message": "not JSON"})
-    if not isinstance(data, dict):
-        return BatchRow(
-            index, None, "failed", error={"code": "bad_line", "message": "not an object"}
-        )
-    custom_id = data.get("custom_id")
-    custom_id = custom_id if isinstance(custom_id, str) else None
+    parsed = line_object(index, line, "not JSON", "not an object")
+    if isinstance(parsed, BatchRow):
+        return parsed
+    data, custom_id = parsed
     raw_response = data.get("response")
     response: dict[str, Any] = raw_response if isinstance(raw_response, dict) else {}
     raw_body = response.get("body")
@@ -55,7 +57,38 @@ def parse_line(index: int, line: bytes) -> BatchRow:
 
 
 class OpenAIDialect(ResponsesDialect):
-    """OpenAI: output and error files of a batch."""
+    """OpenAI: output and error files of a batch; created from an uploaded file,
+    ``POST /files`` (multipart, ``purpose=batch``, the lines re-serialized) then ``POST
+    /batches {"input_file_id", "endpoint", "completion_window": "24h"}``."""
+
+    row_limit = 50_000
+
+    @classmethod
+    def _add_row(cls, batch: BatchInput, row: dict[str, Any]) -> None:
+        batch.file += orjson.dumps(row) + b"\n"
+
+    def create_calls(
+        self, batch: BatchInput, name: str, digest: str, created: Mapping[str, str]
+    ) -> Iterator[CreateCall]:
+        boundary = "nopoll" + os.urandom(12).hex()
+        content = (
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                f"--{boundary}\r\nContent-Disposition: form-data; "
+                f'name="file"; filename="{_file_name(name)}"\r\n'
+                "Content-Type: application/jsonl\r\n\r\n"
+            ).encode()
+            + bytes(batch.file)
+            + f"\r\n--{boundary}--\r\n".encode()
+        )
+        content_type = f"multipart/form-data; boundary={boundary}"
+        yield CreateCall("file", "files", content, content_type, batch=False)
+        body = {
+            "input_file_id": created["file"],
+            "endpoint": batch.endpoint,
+            "completion_window": "24h",
+        }
+        yield CreateCall("batch", "batches", orjson.dumps(body))
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         fetch.batch = await self.fetch_batch_object(fetch.batch_id)
@@ -77,3 +110,7 @@ class OpenAIDialect(ResponsesDialect):
 
         async for chunk in chunk_rows(lines(), fetch, parse_line):
             yield chunk
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:100] or "batch.jsonl"

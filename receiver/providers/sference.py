@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orjson
-
 from nopoll.envelope import BatchRow
 from nopoll.status import row_status, unknown_status
 from receiver.providers.base import (
@@ -18,23 +16,20 @@ from receiver.providers.base import (
     Chunk,
     ResponsesDialect,
     chunk_rows,
+    line_object,
     loads_obj,
 )
+from receiver.providers.batch_input import BatchInput
 
 __all__ = ["SferenceDialect", "parse_line"]
 
 
 def parse_line(index: int, line: bytes) -> BatchRow:
     """One line of ``results.jsonl``."""
-    try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        return BatchRow(
-            index, None, "failed", error={"code": "bad_line", "message": "not a JSON object"}
-        )
-    custom_id = data.get("custom_id")
+    parsed = line_object(index, line)
+    if isinstance(parsed, BatchRow):
+        return parsed
+    data, custom_id = parsed
     body = loads_obj(data.get("result_json"))
     error = loads_obj(data.get("error_json"))
     raw = data.get("status")
@@ -42,13 +37,17 @@ def parse_line(index: int, line: bytes) -> BatchRow:
     error = error or unknown_status(raw)
     if error is None and body is None and not isinstance(raw, str):
         error = {"code": "no_result", "message": "the line has no result_json and no error_json"}
-    return BatchRow(
-        index, custom_id if isinstance(custom_id, str) else None, status, body=body, error=error
-    )
+    return BatchRow(index, custom_id, status, body=body, error=error)
 
 
 class SferenceDialect(ResponsesDialect):
-    """sference: ``results.jsonl`` rows."""
+    """sference: ``results.jsonl`` rows; created with ``POST /batches {"window": "24h",
+    "requests": [{"custom_id", "body"}]}``."""
+
+    request_part = "body"
+
+    def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
+        return b'{"window":"24h","requests":['
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         fetch.batch = await self.fetch_batch_object(fetch.batch_id)

@@ -1,16 +1,14 @@
-"""One batch create call and its watch, and what a batch submit reports: shared by the
-dialects' batch submits (:mod:`receiver.submit.batch`, :mod:`receiver.submit.anthropic`)."""
+"""One batch create call and its watch, and what a batch submit reports
+(:mod:`receiver.submit.batch`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from receiver.providers.batch_input import MAX_LISTED
 from receiver.submit.creates import Rejected, Submitter, provider_reason
 
 __all__ = ["MAX_LISTED", "BatchResult", "create_batch", "watch_batch"]
-
-MAX_LISTED = 1000
-"""Bad lines listed at most (the count says how many more)."""
 
 
 @dataclass
@@ -22,7 +20,7 @@ class BatchResult:
     rejected: list[Rejected] = field(default_factory=list)
     requests: int = 0
     batch_ids: list[str] = field(default_factory=list)
-    """Every batch of the file, when it was split into several (``anthropic``)."""
+    """Every batch created for the file (several when it was split, ``anthropic``)."""
     problems: int = 0
     """Bad lines, and other reasons nothing was created (``rejected`` lists at most 1,000)."""
 

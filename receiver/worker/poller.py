@@ -172,7 +172,7 @@ class WatchPoller:
                 status = unfinished_status(obj)
             else:
                 # one try: every request a watch makes goes through the rate limit
-                obj = await dialect.fetch_batch_object(watch.id, attempts=1)  # type: ignore[attr-defined]
+                obj = await dialect.fetch_batch_object(watch.id, attempts=1)
                 status = unfinished_status(obj, "batch")
         except TransientProviderError as exc:
             outcome = "429" if exc.status == 429 else "error"

@@ -297,8 +297,9 @@ async def test_a_file_anthropic_cannot_express_is_refused_before_anything_is_sen
 async def test_a_file_over_the_limits_becomes_several_batches_each_created_once_and_watched(
     make_settings, provider_sim, redis_url, tmp_path
 ):
+    from receiver.providers.anthropic import AnthropicDialect
     from receiver.providers.client import ProviderClient
-    from receiver.submit.anthropic import submit_message_batches
+    from receiver.submit.batch import submit_batch
     from receiver.submit.creates import Submitter
 
     sim = provider_sim(api_key=KEY)
@@ -313,12 +314,9 @@ async def test_a_file_over_the_limits_becomes_several_batches_each_created_once_
     try:
         submitter = Submitter("sim", config, client, redis)
         # at most 4 requests, and at most 3 by bytes: parts of 3, 3, 3, 1
-        first = await submit_message_batches(
-            submitter, lines, "d" * 64, max_requests=4, max_bytes=3 * one + 20
-        )
-        again = await submit_message_batches(
-            submitter, lines, "d" * 64, max_requests=4, max_bytes=3 * one + 20
-        )
+        small = type("Small", (AnthropicDialect,), {"max_requests": 4, "max_bytes": 3 * one + 20})
+        first = await submit_batch(submitter, lines, "d" * 64, "f", dialect=small)
+        again = await submit_batch(submitter, lines, "d" * 64, "f", dialect=small)
         watched = [await WatchStore(redis).get("sim", "batch", b) for b in first.batch_ids]
     finally:
         await client.aclose()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from receiver.submit.batch import ROW_LIMIT, build_batch
+from receiver.providers.openai import OpenAIDialect
+from receiver.submit.batch import build_batch
 from receiver.submit.creates import create_body, idempotency_key, provider_reason
 
 
@@ -85,5 +86,5 @@ def test_every_bad_line_is_listed_and_the_row_limit_holds():
         (2, "body.model"),
         (3, "url"),
     ]
-    many = build_batch((_line(i) for i in range(ROW_LIMIT["openai"] + 1)), "openai")
+    many = build_batch((_line(i) for i in range(OpenAIDialect.row_limit + 1)), "openai")
     assert "takes at most 50,000 per batch" in many.rejected[0].error

@@ -1,0 +1,68 @@
+"""The provider dialects: one row per provider family, the one place their names are written.
+
+A row says where the dialect's implementation is (``"module:Class"`` in
+:mod:`receiver.providers`, imported only when a provider of that dialect is used) and the
+facts about its API that the configuration, the CLI and the simulator read. Adding a
+provider is adding its module in ``receiver/providers/`` and a row here. The table lives
+with the configuration because ``dialect:`` is a configuration key checked at load, and the
+configuration sits below the providers (which read their settings from it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+__all__ = ["DIALECTS", "DialectInfo", "known_dialect"]
+
+
+@dataclass(frozen=True, slots=True)
+class DialectInfo:
+    """What nopoll knows about one provider family's API."""
+
+    implementation: str
+    """``"module:Class"`` of its :class:`~receiver.providers.Dialect`."""
+    sends_callbacks: bool
+    """Its providers send signed callbacks (the simulator's do); else results are polled."""
+    takes_webhook_secrets: bool = True
+    """A provider of it may have ``webhook_secrets`` (one whose API has no callbacks at all
+    takes none)."""
+    takes_api_version: bool = False
+    """``api_version`` is a setting of its providers (a version header)."""
+    single_responses: bool = True
+    """It has single background responses (``GET /responses/{id}``, ``nopoll submit``
+    without ``--batch``); False: batches only."""
+    base_path: str = "/v1"
+    """What its ``base_url`` has after the host: OpenAI-style APIs end in ``/v1``,
+    Anthropic's SDK takes the host itself."""
+
+
+DIALECTS: dict[str, DialectInfo] = {
+    "openai": DialectInfo("receiver.providers.openai:OpenAIDialect", sends_callbacks=True),
+    "sference": DialectInfo("receiver.providers.sference:SferenceDialect", sends_callbacks=True),
+    "sail": DialectInfo("receiver.providers.sail:SailDialect", sends_callbacks=False),
+    "valar": DialectInfo("receiver.providers.valar:ValarDialect", sends_callbacks=False),
+    "anthropic": DialectInfo(
+        "receiver.providers.anthropic:AnthropicDialect",
+        sends_callbacks=False,
+        takes_webhook_secrets=False,
+        takes_api_version=True,
+        single_responses=False,
+        base_path="",
+    ),
+}
+
+_NAMES = list(DIALECTS)
+_EXPECTED = ", ".join(map(repr, _NAMES[:-1])) + f" or {_NAMES[-1]!r}"
+
+
+def known_dialect(value: Any) -> Any:
+    """A ``dialect:`` value that names a row, else the error pydantic gives a ``Literal``
+    of the names (the same type and message)."""
+    if not (isinstance(value, str) and value in DIALECTS):
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": _EXPECTED}
+        )
+    return value
