@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -147,3 +148,15 @@ def wait_ready(port: int, limit_s: float = 30) -> None:
 
 async def await_ready(port: int) -> None:
     await asyncio.to_thread(wait_ready, port)
+
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+"""The CSRF token of a status page (/ui) form."""
+
+
+async def logged_in_as(client: httpx.AsyncClient, token: str) -> None:
+    """Log ``client`` in to the status page (/ui) with an admin ``token``."""
+    page = await client.get("/ui/login")
+    csrf = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+    r = await client.post("/ui/login", data={"token": token, "csrf": csrf})
+    assert r.status_code == 303
