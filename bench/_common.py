@@ -61,6 +61,17 @@ def flush_bench_db() -> None:
         client.close()
 
 
+async def drop_table(table: str) -> None:
+    """DROP TABLE IF EXISTS ``table`` in the benchmarks' Postgres (:data:`PG_URL`)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
+    finally:
+        await conn.close()
+
+
 def redis_db13():  # type: ignore[no-untyped-def]
     """A sync client on database 13."""
     import redis

@@ -46,6 +46,7 @@ from bench._common import (
     BIN_DIR,
     PG_URL,
     REDIS_URL,
+    drop_table,
     flush_bench_db,
     free_port,
     load_note,
@@ -260,16 +261,6 @@ def signed_batch_callback() -> tuple[bytes, list[tuple[bytes, bytes]]]:
     ]
 
 
-async def drop_table() -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_URL)
-    try:
-        await conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    finally:
-        await conn.close()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=100_000)
@@ -288,7 +279,7 @@ def main() -> int:
     objects = generated("objects", 500, args.procs)
     print(f"  generated in {time.monotonic() - started:.0f} s")
     flush_bench_db()
-    asyncio.run(drop_table())
+    asyncio.run(drop_table(TABLE))
 
     tmp = Path(tempfile.mkdtemp(prefix="nopoll-bench-fuzz-"))
     failed = False

@@ -352,19 +352,9 @@ async def pg_keys() -> set[str]:
     return {row["key"] for row in rows}
 
 
-async def drop_table() -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(common.PG_URL)
-    try:
-        await conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    finally:
-        await conn.close()
-
-
 def fresh_state() -> None:
     common.flush_bench_db()
-    asyncio.run(drop_table())
+    asyncio.run(common.drop_table(TABLE))
 
 
 # --- part 1: submission rate --------------------------------------------------------------

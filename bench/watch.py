@@ -182,16 +182,6 @@ sinks:
     return path
 
 
-async def drop_table() -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(common.PG_URL)
-    try:
-        await conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    finally:
-        await conn.close()
-
-
 async def watch_rows(ids: set[str], deadline: float) -> dict[str, float]:
     """When each id's row first shows up (asked every 0.1 s until all or the deadline)."""
     import asyncpg
@@ -272,7 +262,7 @@ def part_live(args: argparse.Namespace, work: Path) -> bool:
     watch = {"first_poll_s": 1 / k, "max_interval_s": 60 / k, "rate_limit_rps": rps}
     print(f"\n== 2. live: {n} ids, clock x{k:g}, two workers, rate limit {rps:g}/s")
     common.flush_bench_db()
-    asyncio.run(drop_table())
+    asyncio.run(common.drop_table(TABLE))
     done = [t / k for t in completion_times(n, args.seed + 1)]
     ids = [f"resp_watch{i:06d}" for i in range(n)]
     start = time.time() + 12.0  # the simulator and workers are up by then (checked)

@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 import httpx
 import orjson
+from httpx_sse import aconnect_sse
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import NopollError
@@ -226,33 +227,28 @@ class ResultStream:
                 raise ResultsError(f"stream lost {failures} times in a row")
             await asyncio.sleep(random.uniform(0.5, 1.0) * min(15.0, 2.0 ** (failures - 1)))
 
-    async def _connection(self) -> AsyncGenerator[tuple[str, bytes]]:
+    async def _connection(self) -> AsyncGenerator[tuple[str, str]]:
         """(event type, data) of one connection's events; moves ``last_event_id``."""
-        headers = {"accept": "text/event-stream"}
+        headers: dict[str, str] = {}
         if self.last_event_id:
             headers["last-event-id"] = self.last_event_id
         timeout = httpx.Timeout(10.0, read=60.0)  # the server pings every 15 s
-        async with self._client.stream(
-            "GET", "/v1/results/stream", params=self._params, headers=headers, timeout=timeout
-        ) as response:
+        async with aconnect_sse(
+            self._client,
+            "GET",
+            "/v1/results/stream",
+            params=self._params,
+            headers=headers,
+            timeout=timeout,
+        ) as source:
+            response = source.response
             if response.status_code != 200:
                 await response.aread()
                 raise _failure(response)
-            event, event_id = "message", None
-            data: list[str] = []
-            async for line in response.aiter_lines():
-                if not line:
-                    if data:
-                        if event_id is not None:
-                            self.last_event_id = event_id
-                        yield event, "\n".join(data).encode()
-                    event, data, event_id = "message", [], None
-                    continue
-                name, _, value = line.partition(":")
-                value = value.removeprefix(" ")
-                if name == "data":
-                    data.append(value)
-                elif name == "event":
-                    event = value
-                elif name == "id":
-                    event_id = value
+            async with contextlib.aclosing(source.aiter_sse()) as events:  # as in _iterate
+                async for sse in events:
+                    if not sse.data:
+                        continue  # a lone ``id:`` or ``retry:`` field: nothing to hand on
+                    if sse.id:
+                        self.last_event_id = sse.id
+                    yield sse.event, sse.data

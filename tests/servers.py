@@ -201,6 +201,20 @@ class TcpProxy:
 
 
 @contextlib.asynccontextmanager
+async def redis_via_proxy(redis_url: str) -> AsyncIterator[tuple[TcpProxy, str]]:
+    """A :class:`TcpProxy` in front of ``redis_url``'s server, up, and the URL of the same
+    database through it; the proxy is down again at the end."""
+    hostport = redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.partition(":")
+    proxy = TcpProxy(host, int(port or 6379))
+    await proxy.up()
+    try:
+        yield proxy, f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
+    finally:
+        await proxy.down()
+
+
+@contextlib.asynccontextmanager
 async def running_api(
     settings: Settings, redis_url: str, *, with_worker_check: bool = False
 ) -> AsyncIterator[tuple[str, Metrics]]:

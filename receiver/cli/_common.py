@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from receiver.config.settings import ProviderConfig, Settings, load_settings
@@ -19,6 +20,7 @@ __all__ = [
     "provider_for",
     "reach",
     "run_async",
+    "run_on_deployment",
     "setup_logging",
 ]
 
@@ -92,6 +94,25 @@ def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[str,
             f"start it first ({start}), or set redis_url to the Redis your nopoll uses"
         )
     return server.url, f"the embedded Redis at {server.url}"
+
+
+def run_on_deployment(
+    args: argparse.Namespace,
+    settings: Settings,
+    work: Callable[[str, str], Coroutine[Any, Any, int]],
+) -> int:
+    """The exit status of ``work(url, where)`` run on the running nopoll's Redis (see
+    :func:`deployment_redis`); a connection to it lost midway is a NopollError naming it."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from nopoll.exceptions import NopollError
+
+    url, where = deployment_redis(args, settings)
+    try:
+        return run_async(work(url, where))
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 
 
 async def reach(redis: Any, where: str) -> None:

@@ -11,12 +11,10 @@ from typing import Any
 from receiver.cli._common import (
     add_config_option,
     add_tenant_option,
-    deployment_redis,
     load,
     provider_for,
     reach,
-    run_async,
-    unreachable,
+    run_on_deployment,
 )
 from receiver.config.settings import Settings
 
@@ -293,11 +291,6 @@ class _Bar:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    from nopoll.exceptions import NopollError
-
     settings = load(args)
     if not Path(args.file).is_file():
         print(f"nopoll submit: no such file: {args.file}", file=sys.stderr)
@@ -309,11 +302,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    url, where = deployment_redis(args, settings)
-    try:
-        return run_async(_submit(args, settings, url, where))
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
+    return run_on_deployment(args, settings, lambda url, where: _submit(args, settings, url, where))
 
 
 def register(sub: Any) -> None:

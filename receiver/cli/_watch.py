@@ -12,12 +12,10 @@ import orjson
 from receiver.cli._common import (
     add_config_option,
     add_tenant_option,
-    deployment_redis,
     load,
     provider_for,
     reach,
-    run_async,
-    unreachable,
+    run_on_deployment,
 )
 from receiver.config.settings import Settings
 
@@ -240,17 +238,8 @@ async def _wait_rows(
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    from nopoll.exceptions import NopollError
-
     settings = load(args)
-    url, where = deployment_redis(args, settings)
-    try:
-        return run_async(_watch(args, settings, url, where))
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise NopollError(f"lost {where}: {unreachable(exc)}") from None
+    return run_on_deployment(args, settings, lambda url, where: _watch(args, settings, url, where))
 
 
 def register(sub: Any) -> None:

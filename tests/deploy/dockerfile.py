@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from tests.deploy.conftest import (
+from tests.deploy.chart import (
     ROOT,
 )
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from receiver.metrics import Metrics
-from tests.deploy.conftest import Rendered, default_values, with_changes
+from tests.deploy.chart import Rendered, default_values, with_changes
 from tests.deploy.podman import require
 
 FIXTURES = Path(__file__).parent / "fixtures"

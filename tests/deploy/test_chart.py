@@ -22,7 +22,7 @@ from receiver.config.settings import (
     UiConfig,
     WorkerConfig,
 )
-from tests.deploy.conftest import (
+from tests.deploy.chart import (
     CHART,
     CUSTOM_RESOURCES,
     KUBE_VERSIONS,

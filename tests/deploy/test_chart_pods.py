@@ -18,7 +18,7 @@ from receiver.config.settings import (
 )
 from receiver.metrics import Metrics
 from receiver.runtime import worker_health_app
-from tests.deploy.conftest import (
+from tests.deploy.chart import (
     CONFIG_PATH,
     POD_KINDS,
     SCENARIOS,

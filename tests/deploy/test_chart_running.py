@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from receiver.demo.simulator import ProviderSimulator, send_callback
-from tests.deploy.conftest import Rendered
+from tests.deploy.chart import Rendered
 from tests.deploy.podman import Image, KubePlay, Pod, release_name, wait_http
 from tests.e2e.helpers import pg_rows, wait_for
 from tests.servers import free_port

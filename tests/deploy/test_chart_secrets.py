@@ -11,7 +11,7 @@ import pytest
 from receiver.config.settings import (
     load_settings,
 )
-from tests.deploy.conftest import (
+from tests.deploy.chart import (
     CHART,
     CONFIG_PATH,
     Rendered,

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from receiver.cli import _parser
-from tests.deploy.conftest import (
+from tests.deploy.chart import (
     CONFIG_PATH,
     ROOT,
     SCENARIOS,

@@ -5,7 +5,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
+from receiver.config.settings import WatchConfig
+from receiver.watches.store import WatchStore
 from tests.e2e.helpers import Processes
 from tests.e2e.losses import BATCH
 
@@ -36,3 +39,51 @@ def loss_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_pat
         return settings.model_copy(update={"providers": {"sim": provider}}), sim
 
     return make
+
+
+WATCH_FAST = {"first_poll_s": 0.3, "max_interval_s": 1.0, "rate_limit_rps": 50}
+"""How the ``watch_stack`` provider polls unless told otherwise: quickly."""
+
+
+@pytest.fixture
+async def watch_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
+    """Factory: (settings, simulator, watch store) with provider ``sim`` in ``dialect``
+    polled as :data:`WATCH_FAST` with ``watch`` over it, landing in Postgres
+    (``warehouse``) and JSONL files (``files``); without webhook secrets unless
+    ``secrets``; ``provider`` sets more of the provider's fields."""
+    clients: list[Redis] = []
+
+    def make(
+        dialect: str = "openai",
+        *,
+        secrets: bool = False,
+        provider: dict | None = None,
+        **watch,
+    ):
+        sim = provider_sim(api_key="sk-test-not-a-real-key")
+        settings = make_settings(
+            # the anthropic SDK's base_url is the server's root, the others' end in /v1
+            sim.host_url if dialect == "anthropic" else sim.base_url,
+            redis_url=redis_url,
+            sinks={
+                "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
+                "files": {"type": "jsonl", "dir": str(tmp_path / "out")},
+            },
+            batch={"chunk_size": 100, "lease_s": 2},
+        )
+        config = settings.providers["sim"].model_copy(
+            update={
+                "dialect": dialect,
+                "watch": WatchConfig(**{**WATCH_FAST, **watch}),
+                **({} if secrets else {"webhook_secrets": []}),
+                **(provider or {}),
+            }
+        )
+        settings = settings.model_copy(update={"providers": {"sim": config}})
+        client = Redis.from_url(redis_url)
+        clients.append(client)
+        return settings, sim, WatchStore(client)
+
+    yield make
+    for client in clients:
+        await client.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -66,6 +67,23 @@ async def pg_rows(url: str, table: str) -> list[dict]:
         await conn.close()
 
 
+async def wait_pg_rows(
+    url: str,
+    table: str,
+    n: int,
+    *,
+    timeout: float = 60.0,  # noqa: ASYNC109
+    interval: float = 0.2,
+) -> list[dict]:
+    """The rows of ``table`` once there are at least ``n`` (polled, bounded in time)."""
+
+    async def enough():
+        rows = await pg_rows(url, table)
+        return rows if len(rows) >= n else None
+
+    return await wait_for(enough, timeout=timeout, interval=interval)
+
+
 def jsonl_rows(root: Path) -> list[dict]:
     return [
         json.loads(line)
@@ -113,24 +131,60 @@ class Processes:
                 p.wait(10)
 
 
+SIGNED = "    webhook_secrets: ['${SIM_SECRET}']\n"
+"""The ``write_config`` provider's default lines: callbacks signed with ``$SIM_SECRET``."""
+
+
+def sql_sink(url: str, table: str) -> str:
+    """``write_config``'s ``sinks`` for one ``sql`` sink ``db``."""
+    return f"  db: {{type: sql, url: '{url}', table: {table}}}\n"
+
+
 def write_config(
-    tmp: Path, base_url: str, *, redis_url: str = "", sinks: str = "", extra: str = ""
+    tmp: Path,
+    base_url: str,
+    *,
+    redis_url: str = "",
+    sinks: str = "",
+    extra: str = "",
+    dialect: str = "openai",
+    provider: str = SIGNED,
 ) -> Path:
+    """A config file for provider ``sim`` at ``base_url``; ``provider`` is the rest of
+    its lines (indented four spaces), ``sinks`` the lines under ``sinks:``."""
     path = tmp / "nopoll.yaml"
     path.write_text(
         f"redis_url: '{redis_url}'\n"
         f"data_dir: {tmp / 'data'}\n"
         "providers:\n"
         "  sim:\n"
-        "    dialect: openai\n"
+        f"    dialect: {dialect}\n"
         f"    base_url: {base_url}\n"
-        "    webhook_secrets: ['${SIM_SECRET}']\n"
+        + provider
         + (f"sinks:\n{sinks}" if sinks else "")
         + "fetch_retry: {max_tries: 5, base_delay_s: 0.1, max_delay_s: 0.5}\n"
         "worker: {poll_delay_s: 0.01, response_job_timeout_s: 4, health_check_interval_s: 1}\n"
         + extra
     )
     return path
+
+
+def run_nopoll(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``nopoll ARGS...`` run to its end, its output captured as text."""
+    return subprocess.run(
+        [str(NOPOLL), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def nopoll_submit(
+    procs: Processes, config: Path, *args, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``nopoll submit --config CONFIG sim ARGS...`` run to its end."""
+    return run_nopoll(
+        "submit", "--config", str(config), "sim", *map(str, args), env=procs.env, timeout=timeout
+    )
 
 
 def wait_ready(port: int, limit_s: float = 30) -> None:
@@ -147,3 +201,15 @@ def wait_ready(port: int, limit_s: float = 30) -> None:
 
 async def await_ready(port: int) -> None:
     await asyncio.to_thread(wait_ready, port)
+
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+"""The CSRF token of a status page (/ui) form."""
+
+
+async def logged_in_as(client: httpx.AsyncClient, token: str) -> None:
+    """Log ``client`` in to the status page (/ui) with an admin ``token``."""
+    page = await client.get("/ui/login")
+    csrf = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+    r = await client.post("/ui/login", data={"token": token, "csrf": csrf})
+    assert r.status_code == 303

@@ -5,65 +5,35 @@ with both line forms."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 
 import orjson
 import pytest
 from redis.asyncio import Redis
 
-from receiver.config import WatchConfig
 from receiver.watches.store import WatchStore
-from tests.e2e.helpers import NOPOLL, jsonl_rows, pg_rows, wait_for, write_config
+from tests.e2e.helpers import (
+    jsonl_rows,
+    nopoll_submit,
+    pg_rows,
+    sql_sink,
+    wait_for,
+    wait_pg_rows,
+    write_config,
+)
 from tests.e2e.losses import letters
 from tests.servers import running_worker
 
 pytestmark = pytest.mark.slow
 
 KEY = "sk-test-not-a-real-key"
-FAST = {"first_poll_s": 0.2, "max_interval_s": 0.4, "rate_limit_rps": 50}
+FAST = {"first_poll_s": 0.2, "max_interval_s": 0.4}
 
 
 @pytest.fixture
-async def anthropic_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
-    """Factory: (settings, simulator, watch store) for provider ``sim`` in the anthropic
-    dialect, its ``base_url`` the simulator's host, polled quickly."""
-    clients: list[Redis] = []
-
-    def make(**provider):
-        sim = provider_sim(api_key=KEY)
-        settings = make_settings(
-            sim.host_url,
-            redis_url=redis_url,
-            sinks={
-                "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
-                "files": {"type": "jsonl", "dir": str(tmp_path / "out")},
-            },
-            batch={"chunk_size": 100, "lease_s": 2},
-        )
-        config = settings.providers["sim"].model_copy(
-            update={
-                "dialect": "anthropic",
-                "webhook_secrets": [],
-                "watch": WatchConfig(**FAST),
-                **provider,
-            }
-        )
-        settings = settings.model_copy(update={"providers": {"sim": config}})
-        client = Redis.from_url(redis_url)
-        clients.append(client)
-        return settings, sim, WatchStore(client)
-
-    yield make
-    for client in clients:
-        await client.aclose()
-
-
-async def _rows(pg_url, pg_table, n):
-    async def enough():
-        rows = await pg_rows(pg_url, pg_table)
-        return rows if len(rows) >= n else None
-
-    return await wait_for(enough, timeout=60, interval=0.2)
+def anthropic_stack(watch_stack):
+    """Factory: ``watch_stack`` with provider ``sim`` in the anthropic dialect, polled
+    quickly; keyword arguments set more of the provider's fields."""
+    return lambda **provider: watch_stack("anthropic", provider=provider, **FAST)
 
 
 async def test_a_batch_in_progress_then_canceling_then_ended_lands_every_row_once(
@@ -87,7 +57,7 @@ async def test_a_batch_in_progress_then_canceling_then_ended_lands_every_row_onc
     )
     await store.register("sim", "batch", "msgbatch_watch1", first_poll_in_s=0.2)
     async with running_worker(settings, redis_url):
-        rows = await _rows(pg_url, pg_table, 251)
+        rows = await wait_pg_rows(pg_url, pg_table, 251)
         await asyncio.sleep(1.0)  # nothing more arrives
         rows = await pg_rows(pg_url, pg_table)
     assert batch.canceling_served == 2  # it was seen canceling, then ended
@@ -144,7 +114,7 @@ async def test_overloaded_polls_and_results_and_the_x_api_key_form_still_land(
     )
     await store.register("sim", "batch", "msgbatch_storm", first_poll_in_s=0.2)
     async with running_worker(settings, redis_url):
-        rows = await _rows(pg_url, pg_table, 41)
+        rows = await wait_pg_rows(pg_url, pg_table, 41)
     assert len([r for r in rows if r["kind"] == "batch_row"]) == 40
     # 529 overloaded is retried like a 429, on the batch object and on the results
     assert sim.request_count("/v1/messages/batches/msgbatch_storm/results") == 4
@@ -171,29 +141,14 @@ async def test_results_nopoll_must_not_or_cannot_fetch_become_a_dead_letter_sayi
 
 # --- nopoll submit --batch -------------------------------------------------------------
 def _config(tmp_path, sim, redis_url, pg_url, pg_table):
-    config = write_config(
+    return write_config(
         tmp_path,
         sim.host_url,
         redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-    )
-    text = config.read_text().replace("    dialect: openai\n", "    dialect: anthropic\n")
-    text = text.replace(
-        "    webhook_secrets: ['${SIM_SECRET}']\n",
-        f"    api_key: {KEY}\n"
+        sinks=sql_sink(pg_url, pg_table),
+        dialect="anthropic",
+        provider=f"    api_key: {KEY}\n"
         "    watch: {first_poll_s: 0.2, max_interval_s: 0.5, rate_limit_rps: 200}\n",
-    )
-    config.write_text(text)
-    return config
-
-
-def _submit(procs, config, *args, timeout=180):
-    return subprocess.run(
-        [str(NOPOLL), "submit", "--config", str(config), "sim", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=procs.env,
     )
 
 
@@ -230,7 +185,7 @@ async def test_submit_batch_creates_a_message_batch_from_either_form_then_lands(
     source = tmp_path / "batch.jsonl"
     make = _chat_line if form == "openai_chat" else _native_line
     source.write_bytes(b"".join(orjson.dumps(make(i)) + b"\n" for i in range(30)))
-    done = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     [(key, body)] = list(sim.anthropic.received)
     assert key and set(body) == {"requests"} and len(body["requests"]) == 30
@@ -247,19 +202,14 @@ async def test_submit_batch_creates_a_message_batch_from_either_form_then_lands(
         }
     else:
         assert body["requests"][0] == _native_line(0)
-    rows = await wait_for(lambda: _rows_now(pg_url, pg_table, 31), timeout=60, interval=0.2)
+    rows = await wait_pg_rows(pg_url, pg_table, 31)
     batch_rows = [r for r in rows if r["kind"] == "batch_row"]
     assert len(batch_rows) == 30 and all(r["status"] == "completed" for r in batch_rows)
     prefix = "c" if form == "openai_chat" else "n"
     assert {r["custom_id"] for r in batch_rows} == {f"{prefix}{i}" for i in range(30)}
-    again = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch")
     assert again.returncode == 0 and "already submitted" in again.stdout
     assert len(sim.anthropic.created) == 1
-
-
-async def _rows_now(pg_url, pg_table, n):
-    rows = await pg_rows(pg_url, pg_table)
-    return rows if len(rows) >= n else None
 
 
 async def test_a_file_anthropic_cannot_express_is_refused_before_anything_is_sent(
@@ -279,7 +229,7 @@ async def test_a_file_anthropic_cannot_express_is_refused_before_anything_is_sen
     lines = [good, tools, no_max, bad_id, image, twice]
     source = tmp_path / "bad.jsonl"
     source.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
-    done = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch")
     assert done.returncode == 1, done.stdout + done.stderr
     for expected in (
         "line 2: body.tools: has no Messages equivalent",
@@ -290,7 +240,7 @@ async def test_a_file_anthropic_cannot_express_is_refused_before_anything_is_sen
     ):
         assert expected in done.stderr, done.stderr
     assert sim.request_count("/v1/") == 0  # checked before anything was sent
-    plain = await asyncio.to_thread(_submit, procs, config, source)
+    plain = await asyncio.to_thread(nopoll_submit, procs, config, source)
     assert plain.returncode == 2 and "--batch" in plain.stderr
 
 

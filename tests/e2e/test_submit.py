@@ -6,13 +6,21 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.e2e.helpers import NOPOLL, pg_rows, wait_for, wait_ready, write_config
+from tests.e2e.helpers import (
+    SIGNED,
+    nopoll_submit,
+    pg_rows,
+    sql_sink,
+    wait_for,
+    wait_pg_rows,
+    wait_ready,
+    write_config,
+)
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -21,17 +29,14 @@ WATCH = "    watch: {first_poll_s: 0.2, max_interval_s: 0.5, rate_limit_rps: 200
 
 
 def _config(tmp_path, sim, redis_url, pg_url, pg_table, dialect="openai", *, callbacks=False):
-    config = write_config(
+    return write_config(
         tmp_path,
         sim.base_url,
         redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
+        sinks=sql_sink(pg_url, pg_table),
+        dialect=dialect,
+        provider=SIGNED if callbacks else WATCH,
     )
-    text = config.read_text().replace("    dialect: openai\n", f"    dialect: {dialect}\n")
-    if not callbacks:
-        text = text.replace("    webhook_secrets: ['${SIM_SECRET}']\n", WATCH)
-    config.write_text(text)
-    return config
 
 
 def _lines(path: Path, n: int, overrides: dict[int, dict] | None = None) -> Path:
@@ -42,21 +47,6 @@ def _lines(path: Path, n: int, overrides: dict[int, dict] | None = None) -> Path
     return path
 
 
-def _submit(procs, config, *args, timeout=180):
-    return subprocess.run(
-        [str(NOPOLL), "submit", "--config", str(config), "sim", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=procs.env,
-    )
-
-
-async def _count(pg_url, pg_table, n):
-    rows = await pg_rows(pg_url, pg_table)
-    return rows if len(rows) >= n else None
-
-
 async def test_500_lines_with_failing_first_tries_create_500_responses_and_rows_once(
     procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
 ):
@@ -64,19 +54,19 @@ async def test_500_lines_with_failing_first_tries_create_500_responses_and_rows_
     config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
     procs.start("worker", "--config", str(config))
     source = _lines(tmp_path / "requests.jsonl", 500)
-    first = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    first = await asyncio.to_thread(nopoll_submit, procs, config, source, "--wait")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "500 submitted, 0 already submitted, 0 rejected" in first.stdout
     assert "landed by status: 500 completed" in first.stdout
     assert sim.creations("responses") == 500  # retried failures replayed, never repeated
     failed_first = [r for r in sim.creates.received("/v1/responses")]
     assert len(failed_first) > 500  # some first tries did fail and were retried
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 500), timeout=60)
+    rows = await wait_pg_rows(pg_url, pg_table, 500, timeout=60)
     assert len({r["key"] for r in rows}) == 500
     metadata = [m if isinstance(m := r["metadata"], dict) else orjson.loads(m) for r in rows]
     assert {m["custom_id"] for m in metadata} == {f"q{i:04d}" for i in range(500)}
 
-    again = await asyncio.to_thread(_submit, procs, config, source)
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source)
     assert again.returncode == 0, again.stderr
     assert "0 submitted, 500 already submitted" in again.stdout
     assert sim.creations("responses") == 500  # the same file again: nothing new
@@ -92,7 +82,7 @@ async def test_an_overloaded_provider_is_retried_after_its_retry_after(
     config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
     source = _lines(tmp_path / "requests.jsonl", 20)
     started = asyncio.get_running_loop().time()
-    result = await asyncio.to_thread(_submit, procs, config, source)
+    result = await asyncio.to_thread(nopoll_submit, procs, config, source)
     took = asyncio.get_running_loop().time() - started
     assert result.returncode == 0, result.stdout + result.stderr
     assert "20 submitted, 0 already submitted, 0 rejected" in result.stdout
@@ -113,7 +103,7 @@ async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
     with source.open("ab") as f:
         f.write(b"this is not json\n")
         f.write(orjson.dumps({"model": "m-1", "input": "again", "custom_id": "q0003"}) + b"\n")
-    done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--wait")
     assert done.returncode == 1
     assert "19 submitted, 0 already submitted, 3 rejected" in done.stdout
     assert "line 8 (HTTP 400): model reject-me does not exist" in done.stderr
@@ -135,7 +125,7 @@ async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
         "error": "custom_id: q0003 is also on line 4",
     }
     assert sim.creations("responses") == 19
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 19), timeout=60)
+    rows = await wait_pg_rows(pg_url, pg_table, 19, timeout=60)
     assert len(rows) == 19
 
 
@@ -152,7 +142,7 @@ async def test_a_batch_is_created_in_the_dialects_own_shape_then_lands(
             body = {"model": "m-1", "input": f"q {i}"}
             line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/responses", "body": body}
             f.write(orjson.dumps(line) + b"\n")
-    done = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     [create] = sim.creates.received("/v1/batches")
     assert create.idempotency_key
@@ -171,10 +161,10 @@ async def test_a_batch_is_created_in_the_dialects_own_shape_then_lands(
     else:
         assert create.body["endpoint"] == "/v1/responses" and create.body["label"]
         assert create.body["requests"][0] == {"custom_id": "c0", "params": first}
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 31), timeout=60)
+    rows = await wait_pg_rows(pg_url, pg_table, 31, timeout=60)
     assert len([r for r in rows if r["kind"] == "batch_row"]) == 30
     assert [r["kind"] for r in rows].count("batch") == 1
-    again = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch")
     assert again.returncode == 0 and "already submitted" in again.stdout
     assert sim.creations("batches") == 1
 
@@ -191,7 +181,7 @@ async def test_a_bad_batch_file_sends_nothing_and_lists_every_bad_line(
         {"custom_id": "b", "method": "POST", "url": "/v1/responses", "body": {"model": "m-2"}},
     ]
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    done = await asyncio.to_thread(_submit, procs, config, source, "--batch")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch")
     assert done.returncode == 1
     assert "line 2: custom_id: a appears twice" in done.stderr
     assert "line 3: body.model: m-2, but the batch's first line has m-1" in done.stderr
@@ -217,10 +207,10 @@ async def test_sigkill_halfway_then_a_rerun_creates_no_duplicate(
     before = sim.creations("responses")
     assert before < 600
     procs.start("worker", "--config", str(config))
-    done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     assert sim.creations("responses") == 600  # every line once, none twice
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 600), timeout=90)
+    rows = await wait_pg_rows(pg_url, pg_table, 600, timeout=90)
     assert len({r["key"] for r in rows}) == 600
 
 
@@ -237,9 +227,9 @@ async def test_with_callbacks_each_result_costs_one_create_and_one_fetch(
     procs.start("serve", "--config", str(config), "--port", str(port))
     await asyncio.to_thread(wait_ready, port)
     source = _lines(tmp_path / "called.jsonl", 100)
-    done = await asyncio.to_thread(_submit, procs, config, source, "--wait")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 100), timeout=60)
+    rows = await wait_pg_rows(pg_url, pg_table, 100, timeout=60)
     assert len(rows) == 100 and all(r["event_id"] for r in rows)  # landed by callbacks
     assert sim.creations("responses") == 100
     assert sim.request_count("/v1/responses/") == 100  # one fetch each, not one poll
@@ -253,7 +243,7 @@ def test_an_empty_file_is_refused_with_a_word(procs, tmp_path, provider_sim, red
     config = _config(tmp_path, sim, redis_url, "sqlite://", "t")
     source = tmp_path / "empty.jsonl"
     source.write_text("\n  \n")
-    done = _submit(procs, config, source, *(["--batch"] if batch else []), "--wait")
+    done = nopoll_submit(procs, config, source, *(["--batch"] if batch else []), "--wait")
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{source} holds no request" in done.stderr
     assert sim.request_count("/v1/") == 0
@@ -276,13 +266,13 @@ async def test_batch_wait_returns_once_every_row_is_in_the_sink_and_a_rerun_coun
             line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/responses", "body": body}
             f.write(orjson.dumps(line) + b"\n")
     procs.env = {**procs.env, "COLUMNS": "200"}
-    done = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     rows = await pg_rows(pg_url, pg_table)  # right away: no waiting after the command
     assert len([r for r in rows if r["kind"] == "batch_row"]) == 1500
     assert [r["kind"] for r in rows].count("batch") == 1
     assert "1500 batch row(s) of 1500 fetched; 1/1 batch(es) in the sinks" in done.stdout
     assert re.search(r"\d+ polls \(\d+\.\d/s\)", done.stdout), done.stdout
-    again = await asyncio.to_thread(_submit, procs, config, source, "--batch", "--wait")
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch", "--wait")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1/1 landed 1" in again.stdout, again.stdout

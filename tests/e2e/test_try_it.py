@@ -9,7 +9,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,12 +18,11 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.helpers import wait_ready
+from tests.e2e.helpers import NOPOLL, run_nopoll, wait_ready
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
-NOPOLL = str(Path(sys.executable).parent / "nopoll")
 BATCH_ROWS = 25
 
 
@@ -100,13 +98,8 @@ def _parse_simulate(text: str) -> Simulated:
 def _send_test(
     stack: Stack, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [NOPOLL, "send-test", "--config", "nopoll.yaml", *args],
-        cwd=stack.cwd,
-        env=env or stack.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return run_nopoll(
+        "send-test", "--config", "nopoll.yaml", *args, cwd=stack.cwd, env=env or stack.env
     )
 
 
@@ -239,12 +232,8 @@ def test_send_test_with_a_wrong_secret_prints_401_and_why(stack, webhook_secret)
 def test_send_test_to_a_provider_nopoll_does_not_know_prints_404(stack, tmp_path):
     other = tmp_path / "nopoll.yaml"
     other.write_text(stack.sim.config_block.replace("  sim:", "  elsewhere:"))
-    result = subprocess.run(
-        [NOPOLL, "send-test", "--config", str(other), "elsewhere", "--url", stack.url],
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_nopoll(
+        "send-test", "--config", str(other), "elsewhere", "--url", stack.url, env=stack.env
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "404 not found: unknown provider" in result.stderr
@@ -257,13 +246,8 @@ def test_send_test_with_nothing_listening_says_connection_refused(tmp_path, webh
     )
     url = f"http://127.0.0.1:{free_port()}"
     env = {**_clean_env(), "SIM_WEBHOOK_SECRET": webhook_secret}
-    result = subprocess.run(
-        [NOPOLL, "send-test", "--config", "nopoll.yaml", "sim", "--url", url],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_nopoll(
+        "send-test", "--config", "nopoll.yaml", "sim", "--url", url, cwd=tmp_path, env=env
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"connection refused: is nopoll running at {url}?" in result.stderr
@@ -284,13 +268,8 @@ def test_send_test_with_nothing_listening_says_connection_refused(tmp_path, webh
 )
 def test_send_test_config_problems_exit_2(tmp_path, provider, config, message):
     (tmp_path / "nopoll.yaml").write_text(config)
-    result = subprocess.run(
-        [NOPOLL, "send-test", "--config", "nopoll.yaml", provider],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_nopoll(
+        "send-test", "--config", "nopoll.yaml", provider, cwd=tmp_path, env=_clean_env()
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
@@ -319,13 +298,8 @@ def test_simulate_answers_any_response_id_with_its_key_and_stops_on_sigterm(tmp_
 
 
 def test_simulate_refuses_a_bad_batch_spec(tmp_path):
-    result = subprocess.run(
-        [NOPOLL, "simulate", "--port", "0", "--batch", "no-rows"],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_nopoll(
+        "simulate", "--port", "0", "--batch", "no-rows", cwd=tmp_path, env=_clean_env()
     )
     assert result.returncode == 2
     assert "expected ID:ROWS" in result.stderr
@@ -344,24 +318,28 @@ def test_send_test_needs_only_its_own_providers_variables(stack):
         stack.sim.config_block.replace("sinks:\n", other + "sinks:\n")
         + "  audit: {type: http, url: '${AUDIT_URL_NOT_SET}', secret: '${AUDIT_SECRET_NOT_SET}'}\n"
     )
-    result = subprocess.run(
-        [NOPOLL, "send-test", "--config", str(config), "sim", "--url", stack.url],
+    result = run_nopoll(
+        "send-test",
+        "--config",
+        str(config),
+        "sim",
+        "--url",
+        stack.url,
         cwd=stack.cwd,
         env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "202 queued" in result.stdout
     # and for the provider it signs for, an unset variable still refuses (exit 2)
-    refused = subprocess.run(
-        [NOPOLL, "send-test", "--config", str(config), "other", "--url", stack.url],
+    refused = run_nopoll(
+        "send-test",
+        "--config",
+        str(config),
+        "other",
+        "--url",
+        stack.url,
         cwd=stack.cwd,
         env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "environment variable OTHER_SECRET_NOT_SET is not set" in refused.stderr

@@ -19,14 +19,13 @@ from redis.asyncio import Redis
 
 from receiver.queue.deadletter import DeadLetters
 from tests.dead_letters import keep_letter
-from tests.e2e.helpers import await_ready, pg_rows, wait_for, write_config
+from tests.e2e.helpers import CSRF, await_ready, logged_in_as, pg_rows, wait_for, write_config
 from tests.servers import free_port, missing, running_api
 
 pytestmark = pytest.mark.slow
 
 ADMIN = "ui-admin-token-0123456789abcdef"
 SHOTS = os.environ.get("NOPOLL_UI_SCREENSHOTS")  # read at import: the tests clear NOPOLL_*
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 def chromium() -> str:
@@ -236,18 +235,11 @@ async def test_a_post_without_its_csrf_token_is_refused_and_changes_nothing(
             running_api(other, redis_url) as (other_base, _),
             httpx.AsyncClient(base_url=other_base) as foreign,
         ):
-            await _logged_in_as(foreign, "another-admin-token-000000")
+            await logged_in_as(foreign, "another-admin-token-000000")
             stolen = foreign.cookies.get("nopoll_ui")
         async with httpx.AsyncClient(base_url=base, cookies={"nopoll_ui": stolen}) as client:
             assert (await client.get("/ui/")).status_code == 303
         await redis.aclose()
-
-
-async def _logged_in_as(client: httpx.AsyncClient, token: str) -> None:
-    page = await client.get("/ui/login")
-    csrf = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
-    r = await client.post("/ui/login", data={"token": token, "csrf": csrf})
-    assert r.status_code == 303
 
 
 async def test_without_admin_tokens_there_is_no_ui_and_https_makes_the_cookie_secure(

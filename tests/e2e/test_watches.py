@@ -11,57 +11,22 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from receiver.config.settings import WatchConfig
 from receiver.queue.deadletter import DeadLetters
-from receiver.watches.store import WatchStore, register_many
-from tests.e2e.helpers import NOPOLL, jsonl_rows, pg_rows, post, wait_for, write_config
+from receiver.watches.store import register_many
+from tests.e2e.helpers import (
+    NOPOLL,
+    jsonl_rows,
+    pg_rows,
+    post,
+    sql_sink,
+    wait_for,
+    wait_pg_rows,
+    write_config,
+)
 from tests.e2e.losses import letters
 from tests.servers import running_api, running_worker
 
 pytestmark = pytest.mark.slow
-
-FAST = {"first_poll_s": 0.3, "max_interval_s": 1.0, "rate_limit_rps": 50}
-
-
-@pytest.fixture
-async def watch_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
-    """Factory: (settings, simulator, store) with provider ``sim`` polled quickly."""
-    clients: list[Redis] = []
-
-    def make(dialect: str = "openai", *, secrets: bool = False, **watch):
-        sim = provider_sim(api_key="sk-test-not-a-real-key")
-        settings = make_settings(
-            sim.base_url,
-            redis_url=redis_url,
-            sinks={
-                "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
-                "files": {"type": "jsonl", "dir": str(tmp_path / "out")},
-            },
-            batch={"chunk_size": 100, "lease_s": 2},
-        )
-        provider = settings.providers["sim"].model_copy(
-            update={
-                "dialect": dialect,
-                "watch": WatchConfig(**{**FAST, **watch}),
-                **({} if secrets else {"webhook_secrets": []}),
-            }
-        )
-        settings = settings.model_copy(update={"providers": {"sim": provider}})
-        client = Redis.from_url(redis_url)
-        clients.append(client)
-        return settings, sim, WatchStore(client)
-
-    yield make
-    for client in clients:
-        await client.aclose()
-
-
-async def _rows(pg_url, pg_table, n):
-    async def enough():
-        rows = await pg_rows(pg_url, pg_table)
-        return rows if len(rows) >= n else None
-
-    return await wait_for(enough, timeout=60, interval=0.2)
 
 
 async def test_a_watched_response_that_completes_later_lands_once_without_event_id(
@@ -71,7 +36,7 @@ async def test_a_watched_response_that_completes_later_lands_once_without_event_
     sim.add_response("resp_later", pending_until=time.time() + 3, text="done at last")
     assert await store.register("sim", "response", "resp_later", first_poll_in_s=0.3)
     async with running_worker(settings, redis_url):
-        [row] = await _rows(pg_url, pg_table, 1)
+        [row] = await wait_pg_rows(pg_url, pg_table, 1)
         polls_at_landing = sim.request_count("/v1/responses/resp_later")
         await asyncio.sleep(2.5)  # nothing more happens to a landed watch
     assert (row["key"], row["status"], row["output_text"]) == (
@@ -99,29 +64,30 @@ async def test_1000_watches_from_two_workers_never_exceed_the_rate_limit(
         tmp_path,
         sim.base_url,
         redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-        extra="",
-    )
-    text = config.read_text().replace(
-        "    webhook_secrets: ['${SIM_SECRET}']\n",
-        "    api_key: sk-test-not-a-real-key\n"
+        sinks=sql_sink(pg_url, pg_table),
+        provider="    api_key: sk-test-not-a-real-key\n"
         "    watch: {rate_limit_rps: 50, first_poll_s: 1, max_interval_s: 2}\n",
     )
-    config.write_text(text)
     for _ in range(2):
         procs.start("worker", "--config", str(config))
     added = await store.register_all("sim", "response", ids, first_poll_in_s=1.0)
     assert all(added)
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 1000), timeout=120, interval=0.5)
+    rows = len(await wait_pg_rows(pg_url, pg_table, 1000, timeout=120, interval=0.5))
     assert rows == 1000
     stamps = sorted(sim.request_times("/v1/responses/"))
     assert _max_in_any_second(stamps) <= 50, procs.logs()[-3000:]
     assert len(stamps) >= 1000
 
 
-async def _count(pg_url, pg_table, n):
-    rows = await pg_rows(pg_url, pg_table)
-    return len(rows) if len(rows) >= n else None
+def _watched_config(tmp_path, sim, redis_url, pg_url, pg_table):
+    """A config file whose provider ``sim`` is polled (no webhook secrets) into Postgres."""
+    return write_config(
+        tmp_path,
+        sim.base_url,
+        redis_url=redis_url,
+        sinks=sql_sink(pg_url, pg_table),
+        provider="    watch: {first_poll_s: 0.3, max_interval_s: 1}\n",
+    )
 
 
 def _max_in_any_second(stamps: list[float]) -> int:
@@ -141,7 +107,7 @@ async def test_a_callback_for_a_watched_id_lands_it_once_and_ends_the_watch(
     await store.register("sim", "response", "resp_cb", first_poll_in_s=2.0)
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         assert (await post(base, *signed_callback("resp_cb"))).status_code == 202
-        await _rows(pg_url, pg_table, 1)
+        await wait_pg_rows(pg_url, pg_table, 1)
         await asyncio.sleep(3)  # past the watch's first poll time: no poll comes
     assert sim.request_count("/v1/responses/resp_cb") == 1  # the callback's fetch only
     watch = await store.get("sim", "response", "resp_cb")
@@ -168,7 +134,7 @@ async def test_expect_callback_ids_are_polled_only_when_no_callback_came_in_time
     assert (result.watching, result.already) == (2, 0)
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         assert (await post(base, *signed_callback("resp_called"))).status_code == 202
-        rows = await _rows(pg_url, pg_table, 2)
+        rows = await wait_pg_rows(pg_url, pg_table, 2)
         await asyncio.sleep(1.5)  # a landed watch is never polled again
     by_key = {row["key"]: row for row in rows}
     assert by_key["resp_called"]["event_id"] is not None  # landed by its callback
@@ -189,7 +155,7 @@ async def test_a_callback_after_the_poll_landed_it_delivers_nothing_more(
     sim.add_response("resp_polled")
     await store.register("sim", "response", "resp_polled", first_poll_in_s=0)
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
-        await _rows(pg_url, pg_table, 1)
+        await wait_pg_rows(pg_url, pg_table, 1)
         assert (await post(base, *signed_callback("resp_polled"))).status_code == 202
 
         async def settled():
@@ -246,7 +212,7 @@ async def test_replaying_an_expired_batch_watch_lands_it_and_ends_the_watch_land
             assert await DeadLetters(pool).replay([letter]) == 1
         finally:
             await pool.aclose()
-        rows = await _rows(pg_url, pg_table, 121)
+        rows = await wait_pg_rows(pg_url, pg_table, 121)
 
         async def landed():
             w = await store.get("sim", "batch", "b_late")
@@ -268,7 +234,7 @@ async def test_a_watched_batch_lands_every_row_then_its_summary(
     )
     await store.register("sim", "batch", f"b_{dialect}", first_poll_in_s=0.3)
     async with running_worker(settings, redis_url):
-        rows = await _rows(pg_url, pg_table, 251)
+        rows = await wait_pg_rows(pg_url, pg_table, 251)
     summary = next(r for r in rows if r["kind"] == "batch")
     assert summary["status"] == "completed" and summary["event_id"] is None
     assert len([r for r in rows if r["kind"] == "batch_row"]) == 250
@@ -283,18 +249,7 @@ async def test_sigkill_of_the_worker_mid_poll_and_a_restart_lose_no_watch(
     ids = [f"resp_kill_{i:02d}" for i in range(20)]
     for rid in ids:
         sim.add_response(rid, delay_s=3.0, delay_times=1)  # the first GET hangs for 3 s
-    config = write_config(
-        tmp_path,
-        sim.base_url,
-        redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-    )
-    config.write_text(
-        config.read_text().replace(
-            "    webhook_secrets: ['${SIM_SECRET}']\n",
-            "    watch: {first_poll_s: 0.3, max_interval_s: 1}\n",
-        )
-    )
+    config = _watched_config(tmp_path, sim, redis_url, pg_url, pg_table)
     worker = procs.start("worker", "--config", str(config))
     watch = await asyncio.to_thread(
         subprocess.run,
@@ -314,7 +269,7 @@ async def test_sigkill_of_the_worker_mid_poll_and_a_restart_lose_no_watch(
     worker.send_signal(signal.SIGKILL)  # mid-poll: GETs in flight, watches leased
     worker.wait(10)
     procs.start("worker", "--config", str(config))  # the restart: the leases run out
-    rows = await wait_for(lambda: _count(pg_url, pg_table, 20), timeout=90, interval=0.5)
+    rows = len(await wait_pg_rows(pg_url, pg_table, 20, timeout=90, interval=0.5))
     assert rows == 20
     keys = sorted(r["key"] for r in await pg_rows(pg_url, pg_table))
     assert keys == ids
@@ -326,18 +281,7 @@ async def test_nopoll_watch_waits_with_a_summary_and_reports_invalid_ids(
     sim = provider_sim()
     for rid in ("resp_a", "resp_b"):
         sim.add_response(rid, pending_until=time.time() + 1.5)
-    config = write_config(
-        tmp_path,
-        sim.base_url,
-        redis_url=redis_url,
-        sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
-    )
-    config.write_text(
-        config.read_text().replace(
-            "    webhook_secrets: ['${SIM_SECRET}']\n",
-            "    watch: {first_poll_s: 0.3, max_interval_s: 1}\n",
-        )
-    )
+    config = _watched_config(tmp_path, sim, redis_url, pg_url, pg_table)
     procs.start("worker", "--config", str(config))
     result = await asyncio.to_thread(
         subprocess.run,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.receiver.helpers import ADMIN_TOKEN
 from tests.servers import running_api
 
 
@@ -36,9 +37,6 @@ async def published(redis_url):
 
     async with sink_for(redis_url) as sink:
         yield sink
-
-
-ADMIN_TOKEN = "admin-token-0123456789abcdef"
 
 
 @pytest.fixture

@@ -68,6 +68,9 @@ def sink_for(url: str, **overrides) -> ResultsSink:
     return ResultsSink(RESULTS_SINK, ResultsSinkConfig(**config))
 
 
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+"""The admin token of the ``admin`` fixture's server."""
+
 TOKEN = "consumer-token-all-0123456789"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.receiver.conftest import ADMIN_TOKEN as TOKEN
+from tests.receiver.helpers import ADMIN_TOKEN as TOKEN
 from tests.servers import running_api
 
 

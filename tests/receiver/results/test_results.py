@@ -14,7 +14,7 @@ from redis import asyncio as redis_asyncio
 from nopoll.client import Results, ResultsError
 from sinks.results import CHANNEL
 from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, with_tokens
-from tests.servers import TcpProxy, running_api
+from tests.servers import redis_via_proxy, running_api
 
 
 async def test_every_v1_route_is_404_without_consumer_tokens(make_settings, redis_url):
@@ -192,25 +192,19 @@ async def test_a_tenant_token_never_sees_another_tenants_result(
 
 
 async def test_redis_down_is_503(make_settings, redis_url):
-    host, port = redis_url.split("//")[1].split("/")[0].split(":")
-    proxy = TcpProxy(host, int(port))
-    await proxy.up()
-    via_proxy = f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
-    try:
-        async with (
-            running_api(with_tokens(make_settings, via_proxy), via_proxy) as (base, _),
-            httpx.AsyncClient(base_url=base, headers=bearer(TOKEN), timeout=10) as client,
-        ):
-            assert (await client.get("/v1/results/sim/resp_1")).status_code == 404
-            await proxy.down()
-            for params in ({}, {"wait": 1}):
-                r = await client.get("/v1/results/sim/resp_1", params=params)
-                assert r.status_code == 503, params
-            assert (await client.get("/v1/results/stream")).status_code == 503
-            await proxy.up()
-            assert (await client.get("/v1/results/sim/resp_1")).status_code == 404
-    finally:
+    async with (
+        redis_via_proxy(redis_url) as (proxy, via_proxy),
+        running_api(with_tokens(make_settings, via_proxy), via_proxy) as (base, _),
+        httpx.AsyncClient(base_url=base, headers=bearer(TOKEN), timeout=10) as client,
+    ):
+        assert (await client.get("/v1/results/sim/resp_1")).status_code == 404
         await proxy.down()
+        for params in ({}, {"wait": 1}):
+            r = await client.get("/v1/results/sim/resp_1", params=params)
+            assert r.status_code == 503, params
+        assert (await client.get("/v1/results/stream")).status_code == 503
+        await proxy.up()
+        assert (await client.get("/v1/results/sim/resp_1")).status_code == 404
 
 
 async def test_one_public_openapi_document_for_v1_and_admin(results_settings, redis_url):
@@ -234,22 +228,16 @@ async def test_one_public_openapi_document_for_v1_and_admin(results_settings, re
 async def test_a_wait_survives_a_redis_outage(make_settings, redis_url, published):
     """The subscription breaks while a request waits and the result lands meanwhile: once
     it is made again, the request gets the result."""
-    host, port = redis_url.split("//")[1].split("/")[0].split(":")
-    proxy = TcpProxy(host, int(port))
-    await proxy.up()
-    via_proxy = f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
-    try:
-        async with (
-            running_api(with_tokens(make_settings, via_proxy), via_proxy) as (base, _),
-            Results(base, TOKEN) as results,
-        ):
-            waiting = asyncio.create_task(results.wait("sim", "resp_gap", timeout=20))
-            await asyncio.sleep(0.3)
-            await proxy.down()  # the API loses Redis, subscription included
-            await published.write([envelope("resp_gap")])  # lands while nobody listens
-            await asyncio.sleep(0.5)
-            await proxy.up()
-            got = await asyncio.wait_for(waiting, 15)
-            assert got is not None and got.key == "resp_gap"
-    finally:
-        await proxy.down()
+    async with (
+        redis_via_proxy(redis_url) as (proxy, via_proxy),
+        running_api(with_tokens(make_settings, via_proxy), via_proxy) as (base, _),
+        Results(base, TOKEN) as results,
+    ):
+        waiting = asyncio.create_task(results.wait("sim", "resp_gap", timeout=20))
+        await asyncio.sleep(0.3)
+        await proxy.down()  # the API loses Redis, subscription included
+        await published.write([envelope("resp_gap")])  # lands while nobody listens
+        await asyncio.sleep(0.5)
+        await proxy.up()
+        got = await asyncio.wait_for(waiting, 15)
+        assert got is not None and got.key == "resp_gap"

@@ -19,9 +19,17 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.helpers import Processes, wait_ready
-from tests.receiver.conftest import ADMIN_TOKEN
-from tests.receiver.helpers import TOKEN, TOKEN_A, TOKENS, bearer, envelope, sink_for, with_tokens
+from tests.e2e.helpers import Processes, logged_in_as, wait_ready
+from tests.receiver.helpers import (
+    ADMIN_TOKEN,
+    TOKEN,
+    TOKEN_A,
+    TOKENS,
+    bearer,
+    envelope,
+    sink_for,
+    with_tokens,
+)
 from tests.servers import free_port, running_api
 
 STREAM = "/v1/results/stream"
@@ -190,14 +198,12 @@ async def test_huge_numbers_in_admin_queries_are_400(admin, path, params):
 
 @pytest.mark.parametrize("page", ["9" * 30, "9" * 5000, "²", "0"])
 async def test_huge_or_odd_ui_pages_are_not_a_server_error(make_settings, redis_url, page):
-    from tests.e2e.test_ui import _logged_in_as
-
     settings = make_settings(redis_url=redis_url, admin_tokens=[ADMIN_TOKEN])
     async with (
         running_api(settings, redis_url) as (base, _),
         httpx.AsyncClient(base_url=base, timeout=10) as client,
     ):
-        await _logged_in_as(client, ADMIN_TOKEN)
+        await logged_in_as(client, ADMIN_TOKEN)
         r = await client.get("/ui/deadletters", params={"page": page})
         assert r.status_code in (200, 400), (r.status_code, r.text[:300])
 

@@ -16,7 +16,7 @@ from nopoll.client import Results, ResultsError, StreamReset
 from receiver.results.stream import parse_id
 from sinks.results import STREAM
 from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, sink_for, with_tokens
-from tests.servers import TcpProxy, running_api
+from tests.servers import TcpProxy, redis_via_proxy, running_api
 
 
 async def sse(client: httpx.AsyncClient, *, last_event_id: str | None = None, **params):
@@ -321,26 +321,20 @@ async def test_a_client_that_stops_reading_is_disconnected(
 
 
 async def test_the_stream_goes_on_after_a_redis_outage(make_settings, redis_url, published):
-    host, port = redis_url.split("//")[1].split("/")[0].split(":")
-    proxy = TcpProxy(host, int(port))
-    await proxy.up()
-    via_proxy = f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
-    try:
-        async with (
-            running_api(with_tokens(make_settings, via_proxy), via_proxy) as (base, _),
-            Results(base, TOKEN) as results,
-        ):
-            keys: list[str] = []
-            task = asyncio.create_task(collect(results.stream(last_event_id="0-0"), 30, keys))
-            await until_subscribed(1)
-            await published.write([envelope(f"k{i:02d}") for i in range(10)])
-            await asyncio.sleep(0.3)
-            await proxy.down()
-            await published.write([envelope(f"k{i:02d}") for i in range(10, 20)])
-            await asyncio.sleep(0.5)
-            await proxy.up()
-            await published.write([envelope(f"k{i:02d}") for i in range(20, 30)])
-            await asyncio.wait_for(task, 20)
-            assert difference(keys, [f"k{i:02d}" for i in range(30)]) is None
-    finally:
+    async with (
+        redis_via_proxy(redis_url) as (proxy, via_proxy),
+        running_api(with_tokens(make_settings, via_proxy), via_proxy) as (base, _),
+        Results(base, TOKEN) as results,
+    ):
+        keys: list[str] = []
+        task = asyncio.create_task(collect(results.stream(last_event_id="0-0"), 30, keys))
+        await until_subscribed(1)
+        await published.write([envelope(f"k{i:02d}") for i in range(10)])
+        await asyncio.sleep(0.3)
         await proxy.down()
+        await published.write([envelope(f"k{i:02d}") for i in range(10, 20)])
+        await asyncio.sleep(0.5)
+        await proxy.up()
+        await published.write([envelope(f"k{i:02d}") for i in range(20, 30)])
+        await asyncio.wait_for(task, 20)
+        assert difference(keys, [f"k{i:02d}" for i in range(30)]) is None
