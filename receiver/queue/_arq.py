@@ -3,9 +3,10 @@
 arq is a small library whose private parts nopoll depends on: its job format and key
 names (``arq:job:``, ``arq:in-progress:``, ``arq:retry:``), :func:`arq.jobs.serialize_job`
 and ``deserialize_job_raw``, and the :class:`arq.worker.Worker` methods
-:class:`SeamWorker` overrides. They are checked against the arq versions nopoll supports
-(:data:`SUPPORTED`) when this module is imported, and a contract test runs a job written
-by nopoll on a stock arq Worker and the reverse.
+:class:`SeamWorker` overrides. The installed arq and redis-py are checked against the
+versions nopoll supports (:data:`SUPPORTED`) before any of those is imported, so an
+unfitting arq is refused with a message that says so, not a missing name; a contract test
+runs a job written by nopoll on a stock arq Worker and the reverse.
 
 What :class:`SeamWorker` changes:
 
@@ -51,20 +52,6 @@ from typing import Any
 import arq
 import orjson
 import redis as redis_py
-from arq import Retry
-from arq.connections import ArqRedis
-from arq.constants import (
-    abort_jobs_ss,
-    in_progress_key_prefix,
-    job_key_prefix,
-    result_key_prefix,
-    retry_key_prefix,
-)
-from arq.jobs import SerializationError, deserialize_job_raw, serialize_job, serialize_result
-from arq.utils import ms_to_datetime, poll, timestamp_ms
-from arq.worker import Function, JobExecutionFailed, RetryJob, Worker, func, no_result
-from redis.asyncio import ConnectionPool, Redis
-from redis.exceptions import RedisError
 
 from receiver.redis_link import RedisLink
 from sinks.coalesce import GroupCommit
@@ -114,6 +101,34 @@ def _check_versions() -> None:
 
 
 _check_versions()
+
+# arq's and redis-py's internals, imported only once their versions are known to fit
+from arq import Retry  # noqa: E402
+from arq.connections import ArqRedis  # noqa: E402
+from arq.constants import (  # noqa: E402
+    abort_jobs_ss,
+    in_progress_key_prefix,
+    job_key_prefix,
+    result_key_prefix,
+    retry_key_prefix,
+)
+from arq.jobs import (  # noqa: E402
+    SerializationError,
+    deserialize_job_raw,
+    serialize_job,
+    serialize_result,
+)
+from arq.utils import ms_to_datetime, poll, timestamp_ms  # noqa: E402
+from arq.worker import (  # noqa: E402
+    Function,
+    JobExecutionFailed,
+    RetryJob,
+    Worker,
+    func,
+    no_result,
+)
+from redis.asyncio import ConnectionPool, Redis  # noqa: E402
+from redis.exceptions import RedisError  # noqa: E402
 
 JOB_KEY = job_key_prefix
 """``arq:job:<id>``: a queued job's payload."""
