@@ -38,7 +38,7 @@ from receiver.config.accounts import scoped
 from receiver.providers import Dialect
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
-from receiver.watches.store import RECHECK_S, WatchStore
+from receiver.watches.store import RECHECK_S, Kind, WatchStore
 from receiver.worker.deliver import deliver, queue_retries
 from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
 from receiver.worker.served import ServedAccounts
@@ -96,15 +96,9 @@ async def fetch_response(
 ) -> dict[str, Any]:
     """Fetch one finished response and fan it out (see module docs)."""
     watches = _watches(ctx)
-    verdict = await watches.callback_arrived(
-        job.provider,
-        "response",
-        job.response_id,
-        tenant=job.tenant,
-        recheck_s=_recheck_s(ctx, job.provider),
-    )
-    if verdict in ("landed", "landing"):
-        return _skipped(job.provider, "response", job.response_id, verdict)
+    skipped = await _polled_already(ctx, watches, "response", job)
+    if skipped is not None:
+        return skipped
     try:
         body = await dialect.fetch_response(job.response_id)
         status = unfinished_status(body)
@@ -149,8 +143,17 @@ def _watches(ctx: dict[str, Any]) -> WatchStore:
     return WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
 
 
-def _skipped(provider: str, kind: str, object_id: str, verdict: str) -> dict[str, Any]:
-    """A callback for an id its watch's poll already delivered: one delivery, not two."""
+async def _polled_already(
+    ctx: dict[str, Any], watches: WatchStore, kind: Kind, job: FetchJob
+) -> dict[str, Any] | None:
+    """Tell the id's watch a callback arrived. When its poll landed the id already (or is
+    landing it), the job's answer (one delivery, not two); else None: fetch it."""
+    provider, object_id = job.provider, job.object_id
+    verdict = await watches.callback_arrived(
+        provider, kind, object_id, tenant=job.tenant, recheck_s=_recheck_s(ctx, provider)
+    )
+    if verdict not in ("landed", "landing"):
+        return None
     log.info(
         "%s %s/%s: a poll has %s it already; nothing to do", kind, provider, object_id, verdict
     )
@@ -209,17 +212,10 @@ def _log_landed(
 async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) -> dict[str, Any]:
     """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches.runner`)."""
     state: WorkerState = ctx["state"]
-    verdict = "none"
     if not job.from_watch:  # a poll queued this job itself after claiming the landing
-        verdict = await _watches(ctx).callback_arrived(
-            job.provider,
-            "batch",
-            job.batch_id,
-            tenant=job.tenant,
-            recheck_s=_recheck_s(ctx, job.provider),
-        )
-        if verdict in ("landed", "landing"):
-            return _skipped(job.provider, "batch", job.batch_id, verdict)
+        skipped = await _polled_already(ctx, _watches(ctx), "batch", job)
+        if skipped is not None:
+            return skipped
     lease = ctx.get("leases", {}).get(ctx.get("job_id"))
     try:
         outcome = await state.batch_runner.run(dialect, lease=lease, **job.runner_kwargs())
