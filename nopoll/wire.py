@@ -1,5 +1,5 @@
-"""What crosses the wire, shared by the receiver and the sinks: safe ids, Retry-After,
-webhook secrets, and a sink's URL as it may be shown."""
+"""What crosses the wire, shared by the receiver and the sinks: safe ids, the statuses and
+Retry-After that ask for another try, webhook secrets, and a sink's URL as it may be shown."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import urllib.parse
 from collections.abc import Mapping
 
 __all__ = [
+    "RETRY_LATER",
     "SAFE_ID",
     "decode_webhook_secret",
     "retry_after_s",
@@ -32,6 +33,13 @@ def safe_id(value: object) -> bool:
     return (
         isinstance(value, str) and SAFE_ID.fullmatch(value) is not None and value.strip(".") != ""
     )
+
+
+RETRY_LATER = frozenset({408, 425, 429})
+"""The 4xx answers that mean "not now" rather than "never" (Request Timeout, Too Early, Too
+Many Requests): worth another try, with any ``Retry-After`` respected. Each caller adds
+its own rule for 5xx, and its own differences (the provider client, ``submit``'s creates,
+the ``http`` sink)."""
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float | None:

@@ -5,7 +5,7 @@ commit (an fsync on Postgres and SQLite) per result. :class:`WriteCoalescer` que
 envelopes of concurrent ``write`` calls and flushes them together: while one flush runs,
 new writes gather for the next. Each caller still gets its own success or error. The
 gathering itself is :class:`GroupCommit`, which the worker also uses to finish the jobs
-that end together in one Redis call (:mod:`receiver.queue._arq_run`).
+that end together in one Redis call (:mod:`receiver.queue._arq`).
 
 One bad row fails alone. ``flush`` is all or nothing and says why it failed:
 :class:`~nopoll.exceptions.SinkRejected` when the destination refuses the data of some

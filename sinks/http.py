@@ -32,7 +32,7 @@ from standardwebhooks.webhooks import Webhook
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
-from nopoll.wire import decode_webhook_secret, retry_after_s, url_secrets
+from nopoll.wire import RETRY_LATER, decode_webhook_secret, retry_after_s, url_secrets
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
@@ -59,6 +59,11 @@ try:
     _USER_AGENT = f"nopoll/{version('nopoll')}"
 except PackageNotFoundError:  # running from a source tree that is not installed
     _USER_AGENT = "nopoll"
+
+
+_RETRY_4XX = RETRY_LATER - {425}
+"""The 4xx a subscriber may answer and be tried again: 425 (Too Early) aside, which this sink
+has always taken as a refusal (every 3xx and 5xx is tried again)."""
 
 
 class HttpSinkError(SinkError):
@@ -253,7 +258,7 @@ class HttpSink(SinkBase):
         if 200 <= status < 300:
             return
         message = f"{where} answered HTTP {status}"
-        if 400 <= status < 500 and status not in (408, 429):
+        if 400 <= status < 500 and status not in _RETRY_4XX:
             raise SinkRejected(
                 message + f" (the subscriber refuses it){self._excerpt(response, head)}",
                 sink=self.name,

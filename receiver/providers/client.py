@@ -31,14 +31,14 @@ import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from nopoll.exceptions import ProviderError, TransientProviderError
-from nopoll.wire import SAFE_ID, retry_after_s, safe_id
+from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
 __all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
 
-_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504, 529}
+_RETRY_STATUS = RETRY_LATER | {500, 502, 503, 504, 529}
 """529: Anthropic's ``overloaded_error``."""
 _IN_JOB_FIRST_S = 0.25
 _IN_JOB_MAX_S = 4.0

@@ -1,24 +1,54 @@
-"""The ``deliver`` job's payload: the one place its arq kwargs are built and read.
+"""The jobs' payloads: the one place their arq kwargs are built and read.
 
-Queued jobs and dead letters outlive a deploy, so the keys (``sink``, ``envelopes``,
-``batch_state``, ``part``, ``settle``) and the job ids (``deliver:<sink>:<uuid>``, a batch
-chunk's ``deliver:<sink>:<batch state key>:<part>``, a summary's
-``deliver:<sink>:<batch state key>:summary``) never change; :meth:`DeliverJob.from_kwargs`
-also reads the jobs queued before ``settle`` existed.
+Queued jobs and dead letters outlive a deploy, so the function names, the keys and the job
+ids never change:
+
+- ``deliver`` (:class:`DeliverJob`): ``sink``, ``envelopes``, ``batch_state``, ``part``,
+  ``settle``; ids ``deliver:<sink>:<uuid>``, a batch chunk's ``deliver:<sink>:<batch state
+  key>:<part>``, a summary's ``deliver:<sink>:<batch state key>:summary``.
+  :meth:`DeliverJob.from_kwargs` also reads the jobs queued before ``settle`` existed.
+- ``fetch_response`` (:class:`FetchResponse`): ``provider``, ``event_id``, ``received_at``,
+  ``tenant``, ``response_id``; id ``resp:<provider>:<response id>``.
+- ``fetch_batch`` (:class:`FetchBatch`): the same with ``batch_id``, ``event_type`` and
+  ``from_watch`` in place of ``response_id``; id ``batch:<provider>:<batch id>``.
+
+A fetch job's id names the provider as :func:`~receiver.config.accounts.scoped` does
+(``provider@tenant`` for another tenant). Its kwargs carry every key when a worker queues
+it again (a retry, a dead letter); a callback's and a poll's leave out the keys they never
+carried (see :meth:`FetchJob.callback` and :meth:`FetchJob.polled`), the reader's defaults
+fill them in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
-from nopoll.envelope import Envelope
+from nopoll.envelope import DEFAULT_TENANT, Envelope, now_rfc3339
 from nopoll.exceptions import SinkRowsRejected
-from receiver.queue.enqueue import DELIVER, QueuedJob
+from receiver.config.accounts import scoped
+from receiver.queue.enqueue import (
+    DELIVER,
+    FETCH_BATCH,
+    FETCH_RESPONSE,
+    CallbackJob,
+    QueuedJob,
+    batch_job_id,
+    queue_for,
+    response_job_id,
+)
 
-__all__ = ["DeliverJob", "rejection_text"]
+__all__ = [
+    "DeliverJob",
+    "FetchBatch",
+    "FetchJob",
+    "FetchResponse",
+    "fetch_from_job_id",
+    "rejection_text",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +106,143 @@ class DeliverJob:
         """The job that writes a batch summary to this sink (one id per sink)."""
         kwargs = {k: v for k, v in self.to_kwargs().items() if k != "settle"}
         return QueuedJob(DELIVER, f"deliver:{self.sink}:{state_key}:summary", kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchJob:
+    """What every fetch job is queued with: the callback (or poll) that caused it."""
+
+    function: ClassVar[str]
+    id_field: ClassVar[str]
+    """The key the fetched object's id goes in."""
+    _callback_leaves_out: ClassVar[tuple[str, ...]] = ()
+    _poll_leaves_out: ClassVar[tuple[str, ...]] = ()
+
+    provider: str
+    event_id: str | None = None
+    received_at: str
+    tenant: str = DEFAULT_TENANT
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Self:
+        """The job its kwargs describe, in any of the shapes it is queued in. A key it does
+        not know is an error (the job is kept as a dead letter), as it always was."""
+        return cls(**kwargs)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The job's kwargs, every key set (what a retry queues and a dead letter replays)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def object_id(self) -> str:
+        """The id of the object this job fetches."""
+        return str(getattr(self, self.id_field))
+
+    @property
+    def job_id(self) -> str:
+        """One pending fetch per object (and tenant)."""
+        raise NotImplementedError
+
+    @classmethod
+    def callback(
+        cls,
+        provider: str,
+        object_id: str,
+        webhook_id: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        **more: Any,
+    ) -> CallbackJob:
+        """The job a verified callback about ``object_id`` queues, deduped by its
+        ``webhook_id`` (the job's ``event_id``); ``more``: its other fields (a batch's
+        ``event_type``). Its kwargs have no ``tenant`` for the default tenant, nor the keys
+        of ``_callback_leaves_out``: callbacks never queued them."""
+        job = cls.from_kwargs(
+            {
+                "provider": provider,
+                cls.id_field: object_id,
+                "event_id": webhook_id,
+                "received_at": now_rfc3339(),
+                "tenant": tenant,
+                **more,
+            }
+        )
+        leave_out = cls._callback_leaves_out
+        if tenant == DEFAULT_TENANT:
+            leave_out += ("tenant",)
+        kwargs = job._kwargs(leave_out)
+        scope = scoped(provider, tenant)
+        return CallbackJob(scope, webhook_id, cls.function, job.job_id, kwargs, job.queue)
+
+    def polled(self) -> QueuedJob:
+        """This job as the watch poller queues (or keeps in an expired watch's dead letter)
+        it: without the keys of ``_poll_leaves_out``."""
+        return QueuedJob(self.function, self.job_id, self._kwargs(self._poll_leaves_out))
+
+    @property
+    def queue(self) -> str:
+        return queue_for(self.function)
+
+    def _kwargs(self, leave_out: tuple[str, ...]) -> dict[str, Any]:
+        return {k: v for k, v in self.to_kwargs().items() if k not in leave_out}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchResponse(FetchJob):
+    """The payload of a ``fetch_response`` job."""
+
+    function: ClassVar[str] = FETCH_RESPONSE
+    id_field: ClassVar[str] = "response_id"
+
+    response_id: str
+
+    @property
+    def job_id(self) -> str:
+        return response_job_id(scoped(self.provider, self.tenant), self.response_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchBatch(FetchJob):
+    """The payload of a ``fetch_batch`` job."""
+
+    function: ClassVar[str] = FETCH_BATCH
+    id_field: ClassVar[str] = "batch_id"
+    _callback_leaves_out: ClassVar[tuple[str, ...]] = ("from_watch",)
+    _poll_leaves_out: ClassVar[tuple[str, ...]] = ("event_type",)
+
+    batch_id: str
+    event_type: str = "batch.completed"
+    """Not read: the batch object's own status is what counts."""
+    from_watch: bool = False
+    """Queued by the watch poller (:mod:`receiver.worker.poller`) rather than by a callback."""
+
+    @property
+    def job_id(self) -> str:
+        return batch_job_id(scoped(self.provider, self.tenant), self.batch_id)
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """What :meth:`receiver.batches.runner.BatchRunner.run` needs to know of the job."""
+        return self._kwargs(("event_type", "from_watch"))
+
+
+_BY_ID_PREFIX: dict[str, type[FetchJob]] = {"resp": FetchResponse, "batch": FetchBatch}
+"""A fetch job id's prefix (``resp:<provider>:<id>``, ``batch:<provider>:<id>``)."""
+
+
+def fetch_from_job_id(job_id: str, *, received_at: str) -> tuple[str, dict[str, Any]] | None:
+    """The function and kwargs of a fetch job known by its id alone (its payload expired or
+    cannot be read), as a dead letter keeps them: the provider as the id names it, no
+    ``tenant``; None when ``job_id`` is no fetch job's."""
+    prefix, _, rest = job_id.partition(":")
+    provider, _, object_id = rest.partition(":")
+    job_type = _BY_ID_PREFIX.get(prefix)
+    if job_type is None or not object_id:
+        return None
+    job = job_type.from_kwargs(
+        {"provider": provider, job_type.id_field: object_id, "received_at": received_at}
+    )
+    kept = ("provider", job_type.id_field, "event_id", "received_at")
+    return job.function, {k: v for k, v in job.to_kwargs().items() if k in kept}
 
 
 def rejection_text(error: SinkRowsRejected) -> str:

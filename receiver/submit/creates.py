@@ -39,7 +39,7 @@ import orjson
 from redis.asyncio import Redis
 
 from nopoll.exceptions import TransientProviderError
-from nopoll.wire import safe_id
+from nopoll.wire import RETRY_LATER, safe_id
 from receiver.backoff import Backoff
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
@@ -55,9 +55,10 @@ __all__ = [
     "record_key",
 ]
 
-RETRY_STATUS = frozenset({408, 409, 425, 429})
-"""4xx answers retried with the same key (409: the provider is still busy with that key);
-every 5xx but 501 (Not Implemented) is retried too, see :func:`transient`."""
+RETRY_STATUS = RETRY_LATER | {409}
+"""4xx answers retried with the same key: those that say "not now" anywhere, and 409 (the
+provider is still busy with that key); every 5xx but 501 (Not Implemented) is retried too,
+see :func:`transient`."""
 
 
 def transient(status: int | None) -> bool:

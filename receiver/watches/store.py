@@ -53,6 +53,7 @@ from receiver.watches import scripts as lua
 
 __all__ = [
     "RECHECK_S",
+    "Kind",
     "Registered",
     "Watch",
     "WatchStore",

@@ -23,25 +23,14 @@ from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import VerificationError
-from receiver.config.accounts import DEFAULT_TENANT, scoped
+from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.logs import Throttle
 from receiver.metrics import Metrics
 from receiver.providers import safe_id
-from receiver.queue.enqueue import (
-    BATCHES_QUEUE,
-    FETCH_BATCH,
-    FETCH_RESPONSE,
-    JOBS_QUEUE,
-    CallbackJob,
-    EnqueueOutcome,
-    Enqueuer,
-    QueueBusy,
-    batch_job_id,
-    response_job_id,
-)
+from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
+from receiver.queue.jobs import FetchBatch, FetchResponse
 from receiver.redis_link import RedisLink
 from receiver.webhooks.limits import WebhookLimits, client_address
 from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
@@ -230,21 +219,11 @@ def _job(
 ) -> CallbackJob:
     """The fetch job a callback asks for: a response's on the short queue, a batch's on
     the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
-    kwargs: dict[str, Any] = {
-        "provider": provider,
-        "event_id": webhook_id,
-        "received_at": now_rfc3339(),
-    }
-    scope = provider
-    if tenant != DEFAULT_TENANT:
-        kwargs["tenant"], scope = tenant, scoped(provider, tenant)
     if event_type in RESPONSE_EVENTS:
-        function, job_id, queue = FETCH_RESPONSE, response_job_id(scope, object_id), JOBS_QUEUE
-        kwargs["response_id"] = object_id
-    else:
-        function, job_id, queue = FETCH_BATCH, batch_job_id(scope, object_id), BATCHES_QUEUE
-        kwargs.update(batch_id=object_id, event_type=event_type)
-    return CallbackJob(scope, webhook_id, function, job_id, kwargs, queue)
+        return FetchResponse.callback(provider, object_id, webhook_id, tenant=tenant)
+    return FetchBatch.callback(
+        provider, object_id, webhook_id, tenant=tenant, event_type=event_type
+    )
 
 
 class WebhookDispatch:

@@ -20,7 +20,6 @@ same key, a POST with the same ``webhook-id``, a second line).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,15 +37,14 @@ from receiver.batches.runner import LeaseLost
 from receiver.config.accounts import scoped
 from receiver.providers import Dialect
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
-from receiver.watches.store import RECHECK_S, WatchStore
+from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
+from receiver.watches.store import RECHECK_S, Kind, WatchStore
 from receiver.worker.deliver import deliver, queue_retries
 from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
 from receiver.worker.served import ServedAccounts
 from receiver.worker.state import WorkerState
 
 __all__ = [
-    "FetchBatch",
-    "FetchResponse",
     "deliver",
     "fetch_batch",
     "fetch_response",
@@ -56,50 +54,12 @@ __all__ = [
 log = logging.getLogger("nopoll.worker")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _Fetch:
-    """What every fetch job is queued with: the callback that caused it."""
-
-    provider: str
-    event_id: str | None = None
-    received_at: str
-    tenant: str = "default"
-
-    def kwargs(self) -> dict[str, Any]:
-        """The job's kwargs, every field set (what a dead letter replays)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class FetchResponse(_Fetch):
-    """The kwargs of a ``fetch_response`` job."""
-
-    response_id: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class FetchBatch(_Fetch):
-    """The kwargs of a ``fetch_batch`` job."""
-
-    batch_id: str
-    event_type: str = "batch.completed"
-    """Not read: the batch object's own status is what counts."""
-    from_watch: bool = False
-    """Queued by the watch poller (:mod:`receiver.worker.poller`) rather than by a callback."""
-
-    def runner_kwargs(self) -> dict[str, Any]:
-        """What :meth:`receiver.batches.runner.BatchRunner.run` needs to know of the job."""
-        kwargs = self.kwargs()
-        del kwargs["event_type"], kwargs["from_watch"]
-        return kwargs
-
-
-_J = TypeVar("_J", bound=_Fetch)
+_J = TypeVar("_J", bound=FetchJob)
 _Job = Callable[..., Awaitable[dict[str, Any]]]
 
 
 def _fetch_job(
-    function: str, job_type: type[_J], id_field: str
+    job_type: type[_J],
 ) -> Callable[[Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]], _Job]:
     """A fetch job: run under :func:`~receiver.worker.retry.guarded` (its log lines carry the
     provider, the object's id and the event), its kwargs read as a ``job_type``, and its
@@ -107,11 +67,13 @@ def _fetch_job(
     no longer configured makes it a dead letter, unless another live worker serves it
     (:mod:`receiver.worker.served`): then it is left to that one."""
 
+    function = job_type.function
+
     def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
-        @guarded(function, "provider", id_field, "event_id")
+        @guarded(function, "provider", job_type.id_field, "event_id")
         @functools.wraps(body)
         async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-            job = job_type(**kwargs)
+            job = job_type.from_kwargs(kwargs)
             state: WorkerState = ctx["state"]
             dialect = state.dialect(job.provider, job.tenant)
             if dialect is None:
@@ -120,7 +82,7 @@ def _fetch_job(
                 error = f"provider {job.provider!r} is no longer configured"
                 if job.tenant != "default":
                     error += f" for tenant {job.tenant!r}"
-                return await dead_letter(ctx, function, job.kwargs(), error)
+                return await dead_letter(ctx, function, job.to_kwargs(), error)
             return await body(ctx, job, dialect)
 
         return run
@@ -128,21 +90,15 @@ def _fetch_job(
     return wrap
 
 
-@_fetch_job(FETCH_RESPONSE, FetchResponse, "response_id")
+@_fetch_job(FetchResponse)
 async def fetch_response(
     ctx: dict[str, Any], job: FetchResponse, dialect: Dialect
 ) -> dict[str, Any]:
     """Fetch one finished response and fan it out (see module docs)."""
     watches = _watches(ctx)
-    verdict = await watches.callback_arrived(
-        job.provider,
-        "response",
-        job.response_id,
-        tenant=job.tenant,
-        recheck_s=_recheck_s(ctx, job.provider),
-    )
-    if verdict in ("landed", "landing"):
-        return _skipped(job.provider, "response", job.response_id, verdict)
+    skipped = await _polled_already(ctx, watches, "response", job)
+    if skipped is not None:
+        return skipped
     try:
         body = await dialect.fetch_response(job.response_id)
         status = unfinished_status(body)
@@ -151,9 +107,9 @@ async def fetch_response(
             raise ResultNotReady(provider=job.provider, path=path, status=status)
     except TransientProviderError as exc:
         error, retry_after_s = str(exc), exc.retry_after_s
-        return await retry_or_give_up(ctx, FETCH_RESPONSE, job.kwargs(), error, retry_after_s)
+        return await retry_or_give_up(ctx, FETCH_RESPONSE, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        return await dead_letter(ctx, FETCH_RESPONSE, job.kwargs(), str(exc))
+        return await dead_letter(ctx, FETCH_RESPONSE, job.to_kwargs(), str(exc))
     envelope = envelope_from_response(
         body,
         provider=job.provider,
@@ -187,8 +143,17 @@ def _watches(ctx: dict[str, Any]) -> WatchStore:
     return WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
 
 
-def _skipped(provider: str, kind: str, object_id: str, verdict: str) -> dict[str, Any]:
-    """A callback for an id its watch's poll already delivered: one delivery, not two."""
+async def _polled_already(
+    ctx: dict[str, Any], watches: WatchStore, kind: Kind, job: FetchJob
+) -> dict[str, Any] | None:
+    """Tell the id's watch a callback arrived. When its poll landed the id already (or is
+    landing it), the job's answer (one delivery, not two); else None: fetch it."""
+    provider, object_id = job.provider, job.object_id
+    verdict = await watches.callback_arrived(
+        provider, kind, object_id, tenant=job.tenant, recheck_s=_recheck_s(ctx, provider)
+    )
+    if verdict not in ("landed", "landing"):
+        return None
     log.info(
         "%s %s/%s: a poll has %s it already; nothing to do", kind, provider, object_id, verdict
     )
@@ -243,21 +208,14 @@ def _log_landed(
         log.info(msg, where, env.status, failed)
 
 
-@_fetch_job(FETCH_BATCH, FetchBatch, "batch_id")
+@_fetch_job(FetchBatch)
 async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) -> dict[str, Any]:
     """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches.runner`)."""
     state: WorkerState = ctx["state"]
-    verdict = "none"
     if not job.from_watch:  # a poll queued this job itself after claiming the landing
-        verdict = await _watches(ctx).callback_arrived(
-            job.provider,
-            "batch",
-            job.batch_id,
-            tenant=job.tenant,
-            recheck_s=_recheck_s(ctx, job.provider),
-        )
-        if verdict in ("landed", "landing"):
-            return _skipped(job.provider, "batch", job.batch_id, verdict)
+        skipped = await _polled_already(ctx, _watches(ctx), "batch", job)
+        if skipped is not None:
+            return skipped
     lease = ctx.get("leases", {}).get(ctx.get("job_id"))
     try:
         outcome = await state.batch_runner.run(dialect, lease=lease, **job.runner_kwargs())
@@ -268,11 +226,11 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
     except TransientProviderError as exc:
         state.metrics.batches.labels(job.provider, "retry").inc()
         error, retry_after_s = str(exc), exc.retry_after_s
-        return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), error, retry_after_s)
+        return await retry_or_give_up(ctx, FETCH_BATCH, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        return await dead_letter(ctx, FETCH_BATCH, job.kwargs(), str(exc))
+        return await dead_letter(ctx, FETCH_BATCH, job.to_kwargs(), str(exc))
     except SinkError as exc:
-        return await retry_or_give_up(ctx, FETCH_BATCH, job.kwargs(), str(exc))
+        return await retry_or_give_up(ctx, FETCH_BATCH, job.to_kwargs(), str(exc))
     if not job.from_watch:  # the callback ended its watch, or marks the id landed
         await _watches(ctx).finish(
             job.provider, "batch", job.batch_id, "landed", tenant=job.tenant, via="callback"

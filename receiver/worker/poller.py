@@ -34,9 +34,9 @@ from redis.exceptions import RedisError
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.status import object_status, unfinished_status
-from receiver.config.accounts import scoped
 from receiver.logs import bind
-from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
+from receiver.queue.enqueue import put_job
+from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
 from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
 from receiver.worker.ratelimit import RateLimiter
@@ -204,7 +204,7 @@ class WatchPoller:
             await self.store.reschedule(watch, in_s=in_s, status=status)
             return
         # A replay of this letter must end the watch the way a callback would: landed.
-        function, kwargs = _fetch_job(watch, received_at=now_rfc3339(), from_watch=False)
+        job = _fetch_job(watch, received_at=now_rfc3339(), from_watch=False).polled()
         letter = await self.state.dead_letters.add(
             sink="watch",
             provider=watch.provider,
@@ -212,8 +212,8 @@ class WatchPoller:
             attempts=watch.polls,
             error=f"expired: still {status or 'unknown'} after {age_s:.0f} s "
             f"({watch.polls} polls; expire_after_s {config.watch.expire_after_s:g})",
-            function=function,
-            kwargs=kwargs,
+            function=job.function,
+            kwargs=job.kwargs,
         )
         await self.store.end(watch, "expired")
         self.state.metrics.dead_letters.labels("watch").inc()
@@ -236,9 +236,7 @@ class WatchPoller:
                 tenant=watch.tenant,
             )
         else:
-            _, kwargs = _fetch_job(watch, received_at=received_at, from_watch=True)
-            job_id = batch_job_id(scoped(watch.provider, watch.tenant), watch.id)
-            job = QueuedJob(FETCH_BATCH, job_id, kwargs)
+            job = _fetch_job(watch, received_at=received_at, from_watch=True).polled()
             await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
         await self.store.end(watch, "landed", via="poll")
         self.state.metrics.watch_landing_seconds.labels(watch.provider).observe(
@@ -247,26 +245,24 @@ class WatchPoller:
         log.info("watch %s %s/%s: %s, landed", watch.kind, watch.provider, watch.id, status)
 
 
-def _fetch_job(watch: Watch, *, received_at: str, from_watch: bool) -> tuple[str, dict[str, Any]]:
+def _fetch_job(watch: Watch, *, received_at: str, from_watch: bool) -> FetchJob:
     """The fetch job that lands ``watch``'s object: queued by a poll that claimed the
     landing (``from_watch``), or kept in an expired watch's dead letter, whose replay
     then turns the watch pending and, once fetched, landed (as a callback would)."""
     if watch.kind == "response":
-        return FETCH_RESPONSE, {
-            "provider": watch.provider,
-            "response_id": watch.id,
-            "event_id": None,
-            "received_at": received_at,
-            "tenant": watch.tenant,
-        }
-    return FETCH_BATCH, {
-        "provider": watch.provider,
-        "batch_id": watch.id,
-        "event_id": None,
-        "received_at": received_at,
-        "tenant": watch.tenant,
-        "from_watch": from_watch,
-    }
+        return FetchResponse(
+            provider=watch.provider,
+            response_id=watch.id,
+            received_at=received_at,
+            tenant=watch.tenant,
+        )
+    return FetchBatch(
+        provider=watch.provider,
+        batch_id=watch.id,
+        received_at=received_at,
+        tenant=watch.tenant,
+        from_watch=from_watch,
+    )
 
 
 async def stop(task: asyncio.Task[None]) -> None:

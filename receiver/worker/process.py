@@ -43,6 +43,7 @@ from receiver.queue.enqueue import (
     HEALTH_CHECK_KEY,
     JOBS_QUEUE,
 )
+from receiver.queue.jobs import fetch_from_job_id
 from receiver.worker.fetch import deliver, fetch_batch, fetch_response
 from receiver.worker.poller import WatchPoller
 from receiver.worker.retry import letter_target, rules_for
@@ -86,18 +87,11 @@ class NopollWorker(SeamWorker):
             await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
 
 
-_ID_KINDS = {"resp": (FETCH_RESPONSE, "response_id"), "batch": (FETCH_BATCH, "batch_id")}
-"""A job id's prefix (``resp:<provider>:<id>``): its function and the kwarg the id goes in."""
-
-
 def _from_job_id(job_id: str) -> tuple[str, dict[str, Any]]:
     """What a job was, from its id alone (its payload expired or cannot be read)."""
-    kind, _, rest = job_id.partition(":")
-    provider, _, object_id = rest.partition(":")
-    if kind in _ID_KINDS and object_id:
-        function, id_field = _ID_KINDS[kind]
-        kwargs = {"provider": provider, id_field: object_id, "event_id": None}
-        return function, {**kwargs, "received_at": now_rfc3339()}
+    fetch = fetch_from_job_id(job_id, received_at=now_rfc3339())
+    if fetch is not None:
+        return fetch
     # A delivery whose payload is gone cannot be redone; the letter says so and is kept.
     return "", {"job_id": job_id}
 

@@ -144,7 +144,16 @@ async def test_wrong_secret_is_rejected_by_the_subscriber(
 
 @pytest.mark.parametrize(
     ("status", "rejected"),
-    [(500, False), (503, False), (408, False), (429, False), (400, True), (404, True)],
+    [
+        (500, False),
+        (503, False),
+        (501, False),  # every 5xx
+        (408, False),
+        (429, False),
+        (400, True),
+        (404, True),
+        (425, True),  # the one "not now" 4xx this sink has always taken as a refusal
+    ],
 )
 async def test_status_classification(
     subscriber, http_sink, webhook_secret, status: int, rejected: bool

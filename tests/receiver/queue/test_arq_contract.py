@@ -103,6 +103,19 @@ def test_an_unsupported_arq_is_refused_at_import(monkeypatch: pytest.MonkeyPatch
     assert SUPPORTED["arq"] == ((0, 26), (0, 29))
 
 
+def test_the_version_is_checked_before_arq_internals_are_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import arq.worker
+
+    # an arq whose internals moved: the version says why, not a missing name
+    monkeypatch.setattr(arq, "VERSION", "0.30.0")
+    monkeypatch.delattr(arq.worker, "no_result")
+    monkeypatch.delitem(sys.modules, "receiver.queue._arq")
+    with pytest.raises(ImportError, match=r"arq >=0\.26,<0\.29; 0\.30\.0 is installed"):
+        import receiver.queue._arq  # noqa: F401
+
+
 def test_the_pins_in_pyproject_match_the_seam() -> None:
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The arq seam's own way of running jobs (receiver.queue._arq, receiver.queue._arq_run) against a
+"""The arq seam's own way of running jobs (receiver.queue._arq) against a
 real Redis: one Lua call claims and reads jobs, jobs ending together share one finish,
 and arq's rules (tries, expired payloads, unknown functions, leases) still hold."""
 

@@ -8,7 +8,7 @@ import pytest
 
 from receiver.providers.openai import OpenAIDialect
 from receiver.submit.batch import build_batch
-from receiver.submit.creates import create_body, idempotency_key, provider_reason
+from receiver.submit.creates import create_body, idempotency_key, provider_reason, transient
 
 
 def test_a_line_becomes_a_background_create_with_custom_id_in_metadata():
@@ -88,3 +88,10 @@ def test_every_bad_line_is_listed_and_the_row_limit_holds():
     ]
     many = build_batch((_line(i) for i in range(OpenAIDialect.row_limit + 1)), "openai")
     assert "takes at most 50,000 per batch" in many.rejected[0].error
+
+
+def test_the_statuses_a_create_is_retried_on() -> None:
+    # the "not now" 4xx every caller shares, 409 (the key is still busy), every 5xx but 501
+    retried = [s for s in range(100, 600) if transient(s)]
+    assert retried == [408, 409, 425, 429, 500, *range(502, 600)]
+    assert not transient(None)

@@ -10,8 +10,9 @@ from typing import Any
 from receiver.demo.simulator import make_response
 from receiver.metrics import Metrics
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
+from receiver.queue.jobs import FetchBatch, FetchResponse
 from receiver.webhooks.endpoint import _job
-from receiver.worker.fetch import FetchBatch, FetchResponse, land_response
+from receiver.worker.fetch import land_response
 from receiver.worker.state import build_state
 
 
@@ -19,10 +20,10 @@ def test_the_jobs_read_the_kwargs_the_api_queues() -> None:
     response = _job("sim", "msg_1", "response.completed", "resp_1")
     batch = _job("sim", "msg_2", "batch.completed", "batch_1")
     assert (response.function, batch.function) == (FETCH_RESPONSE, FETCH_BATCH)
-    job = FetchResponse(**response.kwargs)
+    job = FetchResponse.from_kwargs(response.kwargs)
     assert (job.provider, job.response_id, job.event_id) == ("sim", "resp_1", "msg_1")
-    assert job.kwargs() == {**response.kwargs, "tenant": "default"}
-    queued = FetchBatch(**batch.kwargs)
+    assert job.to_kwargs() == {**response.kwargs, "tenant": "default"}
+    queued = FetchBatch.from_kwargs(batch.kwargs)
     assert (queued.batch_id, queued.event_type, queued.from_watch) == (
         "batch_1",
         "batch.completed",
