@@ -302,7 +302,7 @@ class Creations:
             raise _Refused(f"{dialect} batches are not created at POST /v1/batches", 404)
         inline = profile.created_from == "requests"
         custom_ids = (
-            self._inline_batch(body, profile) if inline else self._openai_batch(body, profile)
+            self._inline_batch(body, profile) if inline else self._file_batch(body, profile)
         )
 
         def create() -> dict[str, Any]:
@@ -317,7 +317,7 @@ class Creations:
 
         return create
 
-    def _openai_batch(self, body: dict[str, Any], profile: SimProfile) -> _CustomIds:
+    def _file_batch(self, body: dict[str, Any], profile: SimProfile) -> _CustomIds:
         """The rows of a batch of an uploaded file, OpenAI's (see the module docstring)."""
         fid, endpoint = _text(body.get("input_file_id"), "input_file_id"), body.get("endpoint")
         _need(endpoint in _ENDPOINTS, f"endpoint: must be one of {', '.join(_ENDPOINTS)}")
