@@ -51,6 +51,8 @@ import psutil
 from redis.asyncio import Redis
 from standardwebhooks.webhooks import Webhook
 
+from receiver.config.dialects import DIALECTS as DIALECT_TABLE
+from receiver.demo.profiles import PROFILES
 from receiver.demo.simulator import ProviderSimulator
 from receiver.liveness import WORKERS_KEY, held_jobs_key
 from receiver.watches.store import held_watches_key, read_member, watch_key
@@ -59,7 +61,11 @@ from tests.s3_server import FAKE_CREDENTIALS, MotoServer
 from tests.servers import TcpProxy, ValkeyProcess, free_port, port_open
 
 NOPOLL = Path(sys.executable).parent / "nopoll"
-DIALECTS = ("openai", "sference", "sail", "valar")
+DIALECTS = tuple(  # a provider each; each gets signed callbacks and single responses
+    name
+    for name, info in DIALECT_TABLE.items()
+    if info.single_responses and info.takes_webhook_secrets
+)
 PROVIDERS = {f"p_{d}": d for d in DIALECTS}
 SECRET = "whsec_c29hay10ZXN0LXNlY3JldC0wMTIzNDU2Nzg5YWJjZGVm"
 ADMIN = "soak-admin-token-0123456789abcdef"
@@ -401,7 +407,7 @@ class Soak:
 
     async def _one_response(self, client: httpx.AsyncClient, tasks: set) -> None:
         self._n += 1
-        provider = list(PROVIDERS)[self._n % 4]
+        provider = list(PROVIDERS)[self._n % len(PROVIDERS)]
         rid = f"resp_soak_{self._n:06d}"
         self.sim.add_response(rid, **self._misbehaviour())
         body, headers = self._signed("response.completed", rid, f"msg_{rid}")
@@ -418,12 +424,12 @@ class Soak:
                 self.report.out_of_order.add((provider, rid))
 
     async def _one_batch(self, client: httpx.AsyncClient, k: int) -> None:
-        dialect = DIALECTS[k % 4]
+        dialect = DIALECTS[k % len(DIALECTS)]
         provider = f"p_{dialect}"
         batch_id = f"batch_soak_{k:04d}"
         options: dict[str, Any] = {"failed_every": 17}
-        if dialect == "sail" and k % 8 == 2:
-            options["inline"] = False  # per-row GETs
+        if PROFILES[dialect].inline_results and k % 8 == 2:
+            options["inline"] = False  # results: null, then per-row GETs
         batch = self.sim.add_batch(dialect, batch_id, self.batch_rows, **options)
         body, headers = self._signed("batch.completed", batch_id, f"msg_{batch_id}")
         window = await self._acknowledged(client, provider, body, headers)
@@ -451,7 +457,7 @@ class Soak:
 
     async def _one_watch(self, client: httpx.AsyncClient) -> None:
         self._n += 1
-        provider = list(PROVIDERS)[self._n % 4]
+        provider = list(PROVIDERS)[self._n % len(PROVIDERS)]
         rid = f"resp_watch_{self._n:06d}"
         self.sim.add_response(
             rid, pending_until=time.time() + self.random.uniform(1, 8), **self._misbehaviour()

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from receiver.demo.answers import Oversize, Part
+from receiver.demo.profiles import PROFILES, SimProfile
 from receiver.demo.responses import make_response
 
 __all__ = ["SimBatch"]
@@ -65,6 +66,11 @@ class SimBatch:
     endpoint: str = "/v1/responses"
     _by_custom_id: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)
     _indexed: int = field(default=-1, init=False, repr=False)
+
+    @property
+    def profile(self) -> SimProfile:
+        """How the simulator serves this batch's dialect."""
+        return PROFILES[self.dialect]
 
     # --- rows ---------------------------------------------------------------------------
     def custom_id(self, i: int) -> str | None:
@@ -147,7 +153,8 @@ class SimBatch:
             "request_counts": self.counts(),
             "metadata": {"label": "sim"},
         }
-        if self.dialect == "openai":  # the fields OpenAI's Batch object always has
+        profile = self.profile
+        if profile.output_files:  # the fields OpenAI's Batch object always has
             base["endpoint"] = self.endpoint
             base["input_file_id"] = self.input_file_id or f"file-in-{self.batch_id}"
             base["completion_window"] = "24h"
@@ -156,7 +163,7 @@ class SimBatch:
             base["output_file_id"] = f"file-out-{self.batch_id}"
             has_errors = any(self.row_status(i) != "completed" for i in range(self.n_rows))
             base["error_file_id"] = f"file-err-{self.batch_id}" if has_errors else None
-        if self.dialect in ("valar", "sail"):
+        if profile.request_status:
             base["request_status"] = {
                 self.custom_id(i): {"status": self.row_status(i).upper()}
                 for i in range(self.n_rows)
@@ -168,7 +175,7 @@ class SimBatch:
         obj = self.batch_object()
         obj["status"] = self.pending_status
         for name in ("output_file_id", "error_file_id", "results"):
-            if name in obj or self.dialect == "sail":
+            if name in obj or self.profile.inline_results:
                 obj[name] = None
         if "request_status" in obj:
             obj["request_status"] = {k: {"status": "IN_PROGRESS"} for k in obj["request_status"]}

@@ -42,12 +42,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receiver.demo.batches import SimBatch
+from receiver.demo.profiles import PROFILES, SimProfile
 from receiver.demo.responses import make_response, send_callback
 
 __all__ = ["CreateRequest", "CreateSettings", "Creations", "created_output_text"]
 
 _ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-_BATCH_WINDOW = {"sail": "flex", "valar": "standard"}
 _WORDS = ("positive", "negative", "neutral")
 
 
@@ -59,7 +59,7 @@ class CreateSettings:
     it creates nothing, in ``after`` it creates and the retry gets the stored answer. With
     ``webhook_url`` and ``webhook_secret``, each created response is announced once complete."""
 
-    create_dialect: Literal["openai", "sference", "sail", "valar"] = "openai"  # whose batches
+    create_dialect: str = "openai"  # whose batches (a name in PROFILES)
     complete_after_s: float = 0.0  # a created response or batch is in_progress this long
     complete_after: Callable[[str], float] | None = None  # a response's own, by its id
     create_delay_s: float = 0.0  # every create answer waits this long (creation is at once)
@@ -297,8 +297,13 @@ class Creations:
 
     def _batch(self, body: dict[str, Any]) -> _Create:
         dialect = self.settings.create_dialect
-        inline = dialect != "openai"
-        custom_ids = self._inline_batch(body, dialect) if inline else self._openai_batch(body)
+        profile = PROFILES[dialect]
+        if profile.created_from is None:
+            raise _Refused(f"{dialect} batches are not created at POST /v1/batches", 404)
+        inline = profile.created_from == "requests"
+        custom_ids = (
+            self._inline_batch(body, profile) if inline else self._file_batch(body, profile)
+        )
 
         def create() -> dict[str, Any]:
             options = {"pending_status": "in_progress", **self.settings.batch_options}
@@ -312,10 +317,12 @@ class Creations:
 
         return create
 
-    def _openai_batch(self, body: dict[str, Any]) -> _CustomIds:
+    def _file_batch(self, body: dict[str, Any], profile: SimProfile) -> _CustomIds:
+        """The rows of a batch of an uploaded file, OpenAI's (see the module docstring)."""
         fid, endpoint = _text(body.get("input_file_id"), "input_file_id"), body.get("endpoint")
         _need(endpoint in _ENDPOINTS, f"endpoint: must be one of {', '.join(_ENDPOINTS)}")
-        _need(body.get("completion_window") == "24h", 'completion_window: must be "24h"')
+        window = profile.window
+        _need(body.get("completion_window") == window, f'completion_window: must be "{window}"')
         _metadata(body.get("metadata"), "metadata")
         rows = self._files.get(fid, [])
         _need(bool(rows), f"input_file_id: no file {fid} with purpose batch")
@@ -326,11 +333,14 @@ class Creations:
         self._model(rows[0][2], "model")
         return {i: cid for i, (cid, _, _) in enumerate(rows)}
 
-    def _inline_batch(self, body: dict[str, Any], dialect: str) -> _CustomIds:
-        """The rows of a sference, Sail or Valar batch (see the module docstring)."""
-        sference, requests = dialect == "sference", body.get("requests")
-        if sference:
-            _need(body.get("window") == "24h", 'window: must be "24h" (the only supported value)')
+    def _inline_batch(self, body: dict[str, Any], profile: SimProfile) -> _CustomIds:
+        """The rows of a batch of inline requests, sference's, Sail's or Valar's (see the
+        module docstring): whole ``body`` items or Responses ``params`` (``request_part``)."""
+        part, window, requests = profile.request_part, profile.window, body.get("requests")
+        whole = part == "body"  # whole bodies: the window is the batch's, custom_id optional
+        if whole:
+            ok = body.get("window") == window
+            _need(ok, f'window: must be "{window}" (the only supported value)')
         else:
             _need(body.get("endpoint") == "/v1/responses", 'endpoint: must be "/v1/responses"')
             _text(body.get("label"), "label")
@@ -338,18 +348,18 @@ class Creations:
             raise _Refused("requests: required, a non-empty list")
         _need(len(requests) <= 100_000, f"requests: at most 100,000, got {len(requests):,}")
         custom_ids: _CustomIds = {}
-        first_model, part = None, "body" if sference else "params"
+        first_model = None
         for i, row in enumerate(requests):
             where = f"requests[{i}]"
             _need(isinstance(row, dict), f"{where}: must be an object")
             cid = row.get("custom_id")
-            cid = _text(cid, f"{where}.custom_id") if cid is not None or not sference else None
+            cid = _text(cid, f"{where}.custom_id") if cid is not None or not whole else None
             where += f' (custom_id="{cid}")' if cid is not None else ""
             inner = row.get(part)
             _need(isinstance(inner, dict), f"{where}: {part}: required, an object")
             model = _text(inner.get("model"), f"{where}: {part}.model")
             input_ok = isinstance(inner.get("input"), str | list)
-            if sference:
+            if whole:
                 ok = model != self.settings.reject_model
                 _need(ok, f'{where}: Model "{model}" is not available for inference')
                 expected = f'expected "{first_model}", got "{model}"'
@@ -362,8 +372,8 @@ class Creations:
                 self._model(model, f"{where}: params.model")
                 _need(input_ok, f"{where}: params.input: required, a string or a list")
                 meta = _metadata(inner.get("metadata"), f"{where}: params.metadata")
-                window, wanted = meta.get("completion_window"), _BATCH_WINDOW[dialect]
-                _need(window in (None, wanted), f"{where}: completion_window: must be {wanted}")
+                asked = meta.get("completion_window")
+                _need(asked in (None, window), f"{where}: completion_window: must be {window}")
             custom_ids[i] = cid
         _unique(custom_ids.values(), "requests")
         return custom_ids

@@ -36,6 +36,7 @@ from receiver.demo.answers import Oversize, answer, json_answer
 from receiver.demo.anthropic import AnthropicBatches
 from receiver.demo.batches import SimBatch
 from receiver.demo.creates import CreateSettings, Creations, created_output_text
+from receiver.demo.profiles import PROFILES
 from receiver.demo.responses import (
     generated_response,
     make_response,
@@ -180,7 +181,7 @@ class _Routes:
             batch.pending_until is not None and time.time() < batch.pending_until
         ):
             return json_answer(batch.pending_object(), gzip=batch.gzip)
-        if batch.dialect == "sail":
+        if batch.profile.inline_results:
             document = batch.sail_document()
             return answer(document, media_type="application/json", gzip=batch.gzipped_results)
         return json_answer(batch.batch_object(), gzip=batch.gzip)
@@ -193,10 +194,10 @@ class _Routes:
         part = request.path_params["part"]
         if batch is None:
             return _error(404, "no such batch")
-        if batch.dialect == "sference" and part == "results.jsonl":
+        if part == batch.profile.results_file:
             lines = batch.sference_lines()
             return answer(lines, media_type="application/jsonl", gzip=batch.gzipped_results)
-        if batch.dialect not in ("sail", "valar"):
+        if not batch.profile.request_status:
             return _error(404, "no such result")
         if batch.row_delay_s or self.state.default_delay_s:
             await asyncio.sleep(batch.row_delay_s or self.state.default_delay_s)
@@ -214,7 +215,7 @@ class _Routes:
         for prefix, errors in (("file-out-", False), ("file-err-", True)):
             if fid.startswith(prefix):
                 batch = self.state.batches.get(fid[len(prefix) :])
-                if batch is not None and batch.dialect == "openai":
+                if batch is not None and batch.profile.output_files:
                     lines = batch.openai_lines(errors)
                     return answer(lines, media_type="application/jsonl", gzip=batch.gzipped_results)
         return _error(404, "no such file")
@@ -286,7 +287,7 @@ class ProviderSimulator:
     def add_batch(self, dialect: str, batch_id: str, n_rows: int, **kwargs: Any) -> Any:
         """Register a finished batch in ``dialect``'s shape (see :class:`SimBatch`; for
         ``anthropic``, :class:`~receiver.demo.anthropic.AnthropicBatch`)."""
-        if dialect == "anthropic":
+        if PROFILES[dialect].message_batches:
             return self.anthropic.add(batch_id, n_rows, **kwargs)
 
         batch = SimBatch(dialect=dialect, batch_id=batch_id, n_rows=n_rows, **kwargs)

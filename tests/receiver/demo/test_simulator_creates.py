@@ -253,6 +253,13 @@ def test_wrong_batch_shapes_are_400_naming_the_field(provider_sim, dialect, body
     assert sim.creations("batches") == 0
 
 
+def test_message_batches_are_not_created_at_v1_batches(provider_sim):
+    sim = provider_sim(api_key=KEY, create_dialect="anthropic")
+    r = post(sim, "/batches", INLINE["sail"])
+    assert r.status_code == 404 and "/v1/batches" in r.json()["error"]["message"]
+    assert sim.creations("batches") == 0
+
+
 def test_inline_batches_have_a_row_limit(provider_sim):
     sim = provider_sim(api_key=KEY, create_dialect="sail")
     rows = ({"custom_id": f"c{i}", "params": ROWS[0]} for i in range(100_001))
