@@ -43,7 +43,6 @@ from receiver.batches.writer import DONE, SinkWriter
 from receiver.config.accounts import scoped
 from receiver.config.settings import Settings
 from receiver.fanout.fanout import FanOut
-from receiver.liveness import DEAD_AFTER_S
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.queue.deadletter import DeadLetters
@@ -99,12 +98,16 @@ class BatchRunner:
         fanout: FanOut,
         dead_letters: DeadLetters,
         metrics: Metrics,
+        dead_after_s: float,
     ) -> None:
+        """``dead_after_s`` is the liveness bound: a worker silent that long is taken for
+        dead and its batch passes to another (:mod:`receiver.liveness`)."""
         self.settings = settings
         self.redis = redis
         self.fanout = fanout
         self.dead_letters = dead_letters
         self.metrics = metrics
+        self.dead_after_s = dead_after_s
 
     def state(self, provider: str, batch_id: str) -> BatchState:
         """A batch's progress; ``provider`` is scoped by tenant (see
@@ -125,8 +128,8 @@ class BatchRunner:
         (:mod:`receiver.liveness`), and the batch pass to another worker."""
         lease_s = self.settings.batch.lease_s
         ttl_ms = int(lease_s * 1000)
-        every_s = min(lease_s / 3, DEAD_AFTER_S / 4)
-        give_up_s = min(0.8 * lease_s, DEAD_AFTER_S / 2)
+        every_s = min(lease_s / 3, self.dead_after_s / 4)
+        give_up_s = min(0.8 * lease_s, self.dead_after_s / 2)
         last_ok = time.monotonic()
         while True:
             try:
