@@ -14,7 +14,7 @@ never summarized: the run stops with :class:`~nopoll.exceptions.ResultNotReady` 
 the job is retried later.
 
 The job's in-progress lock is a lease renewed while the job runs; a killed worker's batch
-is picked up again once its heartbeat stops (:mod:`receiver.liveness`), or at the latest
+is picked up again once its heartbeat stops (:mod:`receiver.worker.liveness`), or at the latest
 within ``batch.lease_s``, not after the whole job timeout. A run that cannot renew its
 lease (Redis unreachable for half the liveness bound or most of ``lease_s``, or the lease
 taken over) stops before the lease can pass to another worker: two runs of one batch
@@ -101,7 +101,7 @@ class BatchRunner:
         dead_after_s: float,
     ) -> None:
         """``dead_after_s`` is the liveness bound: a worker silent that long is taken for
-        dead and its batch passes to another (:mod:`receiver.liveness`)."""
+        dead and its batch passes to another (:mod:`receiver.worker.liveness`)."""
         self.settings = settings
         self.redis = redis
         self.fanout = fanout
@@ -125,7 +125,7 @@ class BatchRunner:
         liveness bound); return (which stops the run) when it is taken over, or when it
         could not be renewed for 80% of ``lease_s`` or half the liveness bound, whichever
         is shorter: before the lock can expire, or this worker be taken for dead
-        (:mod:`receiver.liveness`), and the batch pass to another worker."""
+        (:mod:`receiver.worker.liveness`), and the batch pass to another worker."""
         lease_s = self.settings.batch.lease_s
         ttl_ms = int(lease_s * 1000)
         every_s = min(lease_s / 3, self.dead_after_s / 4)

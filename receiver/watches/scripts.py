@@ -28,7 +28,7 @@ return 1
 """
 
 # A Lua function: the watch hash, due zset and due member of an entry "<provider> <member>"
-# of a worker's held watches (receiver.liveness). A member 'kind:id@tenant' is a tenant's
+# of a worker's held watches (receiver.worker.liveness). A member 'kind:id@tenant' is a tenant's
 # watch, at 'nopoll:watch:<provider>@<tenant>:kind:id'.
 WATCH_OF = """
 local function watch_of(entry)
@@ -44,7 +44,7 @@ end
 # ms, 3 limit, 4 watch key prefix ('nopoll:watch:<provider>'), 5 owner (the taking worker's
 # id, or ''), 6 provider
 # Take due watches: push each one's due time a lease ahead, mark it polling by its owner
-# (whose liveness then bounds the lease: receiver.liveness).
+# (whose liveness then bounds the lease: receiver.worker.liveness).
 TAKE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
 local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])

@@ -28,7 +28,7 @@ callback can pause, end or land another tenant's watch of the same id.
 States: ``pending`` (polled when due), ``polling`` (taken by a worker, named in its
 ``owner`` field: its due time is pushed ``lease_ms`` ahead, and a worker that dies
 mid-poll has its watches made due again once its heartbeat stops,
-:mod:`receiver.liveness`; the lease is the backstop), ``landing`` (a poll found it
+:mod:`receiver.worker.liveness`; the lease is the backstop), ``landing`` (a poll found it
 terminal and is delivering it), ``callback`` (a callback came: its job delivers, polling
 stops; if it has not landed the result by ``recheck_s`` later, the watch is polled
 again), ``landed``, ``expired``. Outside, only ``pending`` (every state before the end),
@@ -78,7 +78,7 @@ def watch_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TE
 
 
 def held_watches_key(worker_id: str) -> str:
-    """The set of watches a worker process took for a poll (see :mod:`receiver.liveness`)."""
+    """The set of watches a worker process took for a poll (see :mod:`receiver.worker.liveness`)."""
     return f"nopoll:worker:{worker_id}:watches"
 
 
@@ -141,7 +141,7 @@ class Watch:
     """The tenant its keys are scoped by: ``tenant``, except for a watch registered before
     watches were scoped by tenant (kept under the default tenant's keys)."""
     owner: str | None = None
-    """The worker that took it for a poll (:mod:`receiver.liveness`), if any."""
+    """The worker that took it for a poll (:mod:`receiver.worker.liveness`), if any."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -247,7 +247,7 @@ class WatchStore:
         self, provider: str, *, limit: int, lease_s: float, owner: str | None = None
     ) -> list[Watch]:
         """Due watches of ``provider``, every tenant's (at most ``limit``), each taken for
-        ``lease_s``; with ``owner`` (a worker id, :mod:`receiver.liveness`), taken by that
+        ``lease_s``; with ``owner`` (a worker id, :mod:`receiver.worker.liveness`), taken by that
         worker: handed on as soon as it is found dead, and only it can reschedule or land
         them."""
         members: list[bytes] = await self.redis.eval(  # type: ignore[misc]

@@ -54,7 +54,7 @@ def lease_s(settings: Settings) -> float:
     """How long a taken watch is this process's at most: the wait for a rate-limit slot (a
     third of it), the GET (its timeouts, every try) and the landing must fit, else the watch
     comes due again for any process. A backstop: the watches of a worker that died come
-    due again once its heartbeat stops (:mod:`receiver.liveness`), long before."""
+    due again once its heartbeat stops (:mod:`receiver.worker.liveness`), long before."""
     http = settings.http
     request_s = (http.connect_timeout_s + http.read_timeout_s) * http.attempts
     return max(15.0, 3.0 * float(request_s))
@@ -81,7 +81,8 @@ class WatchPoller:
     def __init__(self, state: WorkerState, *, owner: str | None = None) -> None:
         self.state = state
         self.owner = owner
-        """This process's worker id (:mod:`receiver.liveness`): the watches it takes name it."""
+        """This process's worker id (:mod:`receiver.worker.liveness`): the watches it takes
+        name it."""
         self.store = WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
         self.providers: dict[str, ProviderConfig] = dict(state.settings.providers)
         self.limiters = {

@@ -23,7 +23,6 @@ from redis.exceptions import RedisError
 from nopoll.envelope import now_rfc3339
 from receiver.config.settings import Settings
 from receiver.fanout.health import publish_sink_health
-from receiver.liveness import Liveness, held_jobs_key
 from receiver.metrics import Metrics
 from receiver.queue._arq import (
     Function,
@@ -44,6 +43,7 @@ from receiver.queue.enqueue import (
     JOBS_QUEUE,
 )
 from receiver.worker.fetch import deliver, fetch_batch, fetch_response
+from receiver.worker.liveness import Liveness, held_jobs_key
 from receiver.worker.poller import WatchPoller
 from receiver.worker.retry import letter_target, rules_for
 from receiver.worker.served import publish_while_running
@@ -225,7 +225,8 @@ class Shared:
     poller: asyncio.Task[None] | None = None
     """The process's watch poller (:mod:`receiver.worker.poller`), started with the state."""
     liveness: Liveness | None = None
-    """The process's heartbeat (:mod:`receiver.liveness`), beating while the state is open."""
+    """The process's heartbeat (:mod:`receiver.worker.liveness`), beating while the state is
+    open."""
     publisher: asyncio.Task[None] | None = None
     """Publishes the accounts this process serves (:mod:`receiver.worker.served`)."""
 

@@ -23,11 +23,11 @@ from receiver.config.settings import ProviderConfig, Settings
 from receiver.fanout.fanout import FanOut, ManagedSink
 from receiver.fanout.publish import add_publication
 from receiver.fanout.routing import Router
-from receiver.liveness import DEAD_AFTER_S
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
+from receiver.worker.liveness import DEAD_AFTER_S
 
 __all__ = ["WorkerState", "build_state"]
 

@@ -15,7 +15,7 @@ import pytest
 
 from receiver.batches.runner import BatchRunner
 from receiver.config import load_settings
-from receiver.liveness import DEAD_AFTER_S
+from receiver.worker.liveness import DEAD_AFTER_S
 
 
 class _Lease:
