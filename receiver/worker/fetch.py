@@ -40,8 +40,8 @@ from receiver.providers import Dialect
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.watches.store import RECHECK_S, WatchStore
 from receiver.worker.deliver import deliver, queue_retries
+from receiver.worker.liveness import ServedAccounts
 from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
-from receiver.worker.served import ServedAccounts
 from receiver.worker.state import WorkerState
 
 __all__ = [
@@ -105,7 +105,7 @@ def _fetch_job(
     provider, the object's id and the event), its kwargs read as a ``job_type``, and its
     provider's dialect found first (with the tenant's key): a provider, or tenant account,
     no longer configured makes it a dead letter, unless another live worker serves it
-    (:mod:`receiver.worker.served`): then it is left to that one."""
+    (:mod:`receiver.worker.liveness`): then it is left to that one."""
 
     def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
         @guarded(function, "provider", id_field, "event_id")
