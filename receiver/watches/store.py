@@ -67,7 +67,6 @@ __all__ = [
 ]
 
 Kind = Literal["response", "batch"]
-STATES = ("pending", "polling", "landing", "callback", "landed", "expired")
 RECHECK_S = 900.0
 """A callback's job that has not landed its watched id this long after it started (its
 retries ran out: a dead letter) hands the id back to polling."""

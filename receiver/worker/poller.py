@@ -268,10 +268,3 @@ def _fetch_job(watch: Watch, *, received_at: str, from_watch: bool) -> tuple[str
         "tenant": watch.tenant,
         "from_watch": from_watch,
     }
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    """Cancel a poller's task and wait for it."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
