@@ -65,6 +65,8 @@ from receiver.config.tenants import (
     check_tenant_names,
     token_problem,
 )
+from sinks.base import SinkConfig
+from sinks.registry import sink_class, validate_sink_config
 
 __all__ = [
     "ApiConfig",
@@ -242,8 +244,6 @@ class Settings(ConfigModel):
 
     @model_validator(mode="after")
     def _sinks_and_routes(self) -> Settings:
-        from sinks.registry import sink_class, validate_sink_config
-
         if not self.sinks:
             object.__setattr__(self, "sinks", _default_sinks(self.data_dir))
         validated = {}
@@ -432,8 +432,6 @@ def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
 
 def _rebased(settings: Settings, base: Path) -> Settings:
     """``settings`` with the relative paths of its sinks made absolute under ``base``."""
-    from sinks.base import SinkConfig
-
     sinks = {
         name: sink.rebased(base) if isinstance(sink, SinkConfig) else sink
         for name, sink in settings.sinks.items()

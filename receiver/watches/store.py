@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 
+from nopoll.wire import safe_id
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.watches import scripts as lua
 
@@ -499,8 +500,6 @@ async def register_many(
 ) -> Registered:
     """Register ``ids`` (checked against the safe-id pattern first); an id expecting a
     callback is first polled only ``reconcile_after_s`` after it was registered."""
-    from nopoll.wire import safe_id
-
     invalid = [(i, "must match [A-Za-z0-9_.:-]{1,256}") for i in ids if not safe_id(i)]
     bad = {i for i, _ in invalid}
     first = reconcile_after_s if expect_callback else first_poll_s

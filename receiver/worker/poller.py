@@ -27,7 +27,7 @@ import contextlib
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -35,15 +35,13 @@ from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.status import object_status, unfinished_status
 from receiver.config.accounts import scoped
+from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE, QueuedJob, batch_job_id, put_job
 from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
 from receiver.worker.ratelimit import RateLimiter
 from receiver.worker.state import WorkerState
-
-if TYPE_CHECKING:
-    from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 
 __all__ = ["GROWTH", "JITTER", "WatchPoller", "lease_s", "next_interval_s"]
 
