@@ -40,7 +40,7 @@ from nopoll.exceptions import NopollError, ResultNotReady
 from nopoll.status import unfinished_status
 from receiver.batches.progress import BatchState, batch_state_key
 from receiver.batches.writer import DONE, SinkWriter
-from receiver.config.accounts import scoped
+from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
 from receiver.fanout.fanout import FanOut
 from receiver.metrics import Metrics
@@ -161,7 +161,7 @@ class BatchRunner:
         batch_id: str,
         event_id: str | None,
         received_at: str,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         lease: Lease | None = None,
         force: bool = False,
         on_progress: Callable[[int], None] | None = None,

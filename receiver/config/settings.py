@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from nopoll.envelope import DEFAULT_TENANT
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
 from receiver.config.sections import (
@@ -297,13 +298,14 @@ class Settings(ConfigModel):
         check_tenant_names(self.tenants, set(self.providers))
         if self.tenants and not self.tenant_keys:
             raise ValueError("tenants need tenant_keys (the keys that sign their endpoints)")
+        known = {*self.tenants, DEFAULT_TENANT}
         for i, consumer in enumerate(self.consumer_tokens):
-            if consumer.tenant is not None and consumer.tenant not in {*self.tenants, "default"}:
+            if consumer.tenant is not None and consumer.tenant not in known:
                 raise ValueError(f"consumer_tokens.{i}.tenant: no tenant {consumer.tenant!r}")
         for i, route in enumerate(self.routes):
             wanted = route.match.tenant
             for tenant in [wanted] if isinstance(wanted, str) else wanted or []:
-                if tenant not in {*self.tenants, "default"}:
+                if tenant not in known:
                     raise ValueError(f"routes.{i}.match.tenant: no tenant {tenant!r}")
         return self
 

@@ -63,7 +63,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from receiver.config.accounts import scoped, tenant_providers
+from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
 from receiver.config.settings import Settings
 from receiver.queue.enqueue import BATCHES_QUEUE, JOBS_QUEUE
 from receiver.watches.scripts import WATCH_OF
@@ -104,7 +104,7 @@ def held_jobs_key(worker_id: str) -> str:
 
 def accounts_of(settings: Settings) -> frozenset[str]:
     """The accounts a process with ``settings`` fetches with."""
-    default = {scoped(name, "default") for name in settings.providers}
+    default = {scoped(name, DEFAULT_TENANT) for name in settings.providers}
     tenants = {scoped(provider, tenant) for tenant, provider in tenant_providers(settings)}
     return frozenset(default | tenants)
 
