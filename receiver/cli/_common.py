@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from nopoll.envelope import DEFAULT_TENANT
 from receiver.config.settings import ProviderConfig, Settings, load_settings
 
 __all__ = [
@@ -32,7 +33,7 @@ def add_config_option(p: argparse.ArgumentParser) -> None:
 def add_tenant_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tenant",
-        default="default",
+        default=DEFAULT_TENANT,
         help="the tenant whose account is used (from tenants:, default: the provider's own)",
     )
 

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from nopoll.envelope import Envelope, envelope_from_response
+from nopoll.envelope import DEFAULT_TENANT, Envelope, envelope_from_response
 from nopoll.exceptions import (
     ProviderError,
     ResultNotReady,
@@ -63,7 +63,7 @@ class _Fetch:
     provider: str
     event_id: str | None = None
     received_at: str
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
 
     def kwargs(self) -> dict[str, Any]:
         """The job's kwargs, every field set (what a dead letter replays)."""
@@ -118,7 +118,7 @@ def _fetch_job(
                 if await ServedAccounts(state.redis).served(scoped(job.provider, job.tenant)):
                     return await hand_over(ctx, function)  # another live worker has it
                 error = f"provider {job.provider!r} is no longer configured"
-                if job.tenant != "default":
+                if job.tenant != DEFAULT_TENANT:
                     error += f" for tenant {job.tenant!r}"
                 return await dead_letter(ctx, function, job.kwargs(), error)
             return await body(ctx, job, dialect)
@@ -202,7 +202,7 @@ async def land_response(
     *,
     event_id: str | None,
     received_at: str,
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
 ) -> dict[str, Any]:
     """Land a terminal Responses object fetched elsewhere (the watch poller's own poll: no
     second GET), exactly as ``fetch_response`` lands what it fetched."""
