@@ -205,13 +205,7 @@ class WatchStore:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for object_id in ids[start : start + 1000]:
                     pipe.eval(
-                        lua.REGISTER,
-                        4,
-                        watch_key(provider, kind, object_id, tenant),
-                        due_key(provider),
-                        marker_key(provider, kind, object_id, tenant),
-                        ended_key(provider),
-                        due_member(kind, object_id, tenant),
+                        *_transition(lua.REGISTER, provider, kind, object_id, tenant),
                         str(now),
                         str(now + int(first_poll_in_s * 1000)),
                         "1" if expect_callback else "0",
@@ -232,14 +226,7 @@ class WatchStore:
             now = str(_ms())
             async with self.redis.pipeline(transaction=False) as pipe:
                 for object_id in ids[start : start + 1000]:
-                    pipe.eval(
-                        lua.POLL_NOW,
-                        2,
-                        watch_key(provider, kind, object_id, tenant),
-                        due_key(provider),
-                        due_member(kind, object_id, tenant),
-                        now,
-                    )
+                    pipe.eval(*_transition(lua.POLL_NOW, provider, kind, object_id, tenant), now)
                 moved += sum(int(r) for r in await pipe.execute())
         return moved
 
@@ -283,11 +270,7 @@ class WatchStore:
         """Poll ``watch`` again in ``in_s``; ``polled=False``: its take made no request
         (no rate-limit slot), so it does not count as a poll."""
         await self.redis.eval(  # type: ignore[misc]
-            lua.RESCHEDULE,
-            2,
-            watch_key(watch.provider, watch.kind, watch.id, watch.keyed_as),
-            due_key(watch.provider),
-            due_member(watch.kind, watch.id, watch.keyed_as),
+            *_transition(lua.RESCHEDULE, watch.provider, watch.kind, watch.id, watch.keyed_as),
             str(_ms() + int(in_s * 1000)),
             status or "",
             "0" if polled else "1",
@@ -299,11 +282,9 @@ class WatchStore:
         ``lease_s``, else the watch comes due again)."""
         return bool(
             await self.redis.eval(  # type: ignore[misc]
-                lua.CLAIM_LANDING,
-                2,
-                watch_key(watch.provider, watch.kind, watch.id, watch.keyed_as),
-                due_key(watch.provider),
-                due_member(watch.kind, watch.id, watch.keyed_as),
+                *_transition(
+                    lua.CLAIM_LANDING, watch.provider, watch.kind, watch.id, watch.keyed_as
+                ),
                 status,
                 str(_ms() + int(lease_s * 1000)),
                 watch.owner or "",
@@ -325,13 +306,7 @@ class WatchStore:
         known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
         if a callback left one, says ``state``."""
         await self.redis.eval(  # type: ignore[misc]
-            lua.FINISH,
-            4,
-            watch_key(provider, kind, object_id, tenant),
-            due_key(provider),
-            ended_key(provider),
-            marker_key(provider, kind, object_id, tenant),
-            due_member(kind, object_id, tenant),
+            *_transition(lua.FINISH, provider, kind, object_id, tenant),
             state,
             str(_ms()),
             str(self._ended_ttl_s),
@@ -359,13 +334,7 @@ class WatchStore:
         ``recheck_s`` from now), ``landed``/``landing`` (a poll delivered it: skip). Other
         tenants' watches of the same id are not touched."""
         result = await self.redis.eval(  # type: ignore[misc]
-            lua.CALLBACK,
-            4,
-            watch_key(provider, kind, object_id, tenant),
-            due_key(provider),
-            ended_key(provider),
-            marker_key(provider, kind, object_id, tenant),
-            due_member(kind, object_id, tenant),
+            *_transition(lua.CALLBACK, provider, kind, object_id, tenant),
             str(_ms() + int(recheck_s * 1000)),
             str(MARKER_TTL_S),
         )
@@ -446,6 +415,24 @@ class WatchStore:
 
 def _ms() -> int:
     return int(time.time() * 1000)
+
+
+def _transition(
+    script: str, provider: str, kind: str, object_id: str, tenant: str
+) -> tuple[str, int, str, str, str, str, str]:
+    """The start of ``EVAL``'s arguments for a transition of one watch: every script of
+    :mod:`receiver.watches.scripts` takes that watch's four keys (its hash, the due set,
+    the ended counts, its callback marker) and its due member first; its own arguments
+    follow."""
+    return (
+        script,
+        4,
+        watch_key(provider, kind, object_id, tenant),
+        due_key(provider),
+        ended_key(provider),
+        marker_key(provider, kind, object_id, tenant),
+        due_member(kind, object_id, tenant),
+    )
 
 
 def _watch(
