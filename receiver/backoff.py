@@ -3,11 +3,11 @@ provider's ``Retry-After`` as a floor.
 
 Try ``n`` (1 for the wait after the first failure) waits a random time in
 ``[floor, max(floor, ceiling(n))]`` with ``ceiling(n) = min(max_s, first_s * 2**(n-1))``:
-"full jitter" (tenacity's :class:`~tenacity.wait.wait_random_exponential`), so many
-workers that failed together do not retry together. Without a ``Retry-After`` the floor
-is 0. With one, the floor is the ``Retry-After`` capped at ``max_retry_after_s`` (by
-default ``max_s``): the provider's "not before" is always honoured, never an unbounded
-wait.
+"full jitter" (the draw of tenacity's ``wait_random_exponential``, from the ``random``
+module too), so many workers that failed together do not retry together. Without a
+``Retry-After`` the floor is 0. With one, the floor is the ``Retry-After`` capped at
+``max_retry_after_s`` (by default ``max_s``): the provider's "not before" is always
+honoured, never an unbounded wait.
 
 Used by the job retries (:meth:`receiver.config.settings.RetryConfig.delay`), the provider client's
 in-job retries, a batch chunk's in-job sink retries and the wait for Redis to come back.
@@ -16,10 +16,9 @@ docs/reliability.md adds up what the layers allow together.
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
-
-from tenacity import RetryCallState
-from tenacity.wait import wait_exponential, wait_random_exponential
 
 __all__ = ["Backoff"]
 
@@ -37,7 +36,12 @@ class Backoff:
 
     def ceiling(self, attempt: int) -> float:
         """The upper end of wait ``attempt`` before any ``Retry-After``."""
-        return float(wait_exponential(multiplier=self.first_s, max=self.max_s)(_state(attempt)))
+        if self.first_s <= 0 or self.max_s <= 0:
+            return 0.0
+        try:
+            return min(self.max_s, math.ldexp(self.first_s, max(1, attempt) - 1))
+        except OverflowError:  # a ceiling past any float is the cap
+            return self.max_s
 
     def floor(self, retry_after_s: float | None) -> float:
         """The lower end of a wait: the ``Retry-After``, capped; 0 without one."""
@@ -50,12 +54,4 @@ class Backoff:
         """Seconds to wait after failed try ``attempt`` (1, 2, ...): random in
         ``[floor, max(floor, ceiling)]``."""
         floor = self.floor(retry_after_s)
-        wait = wait_random_exponential(multiplier=self.first_s, max=self.max_s, min=floor)
-        return float(wait(_state(attempt)))
-
-
-def _state(attempt: int) -> RetryCallState:
-    """A tenacity call state that only carries an attempt number (all a wait reads)."""
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-    state.attempt_number = max(1, attempt)
-    return state
+        return random.uniform(floor, max(floor, self.ceiling(attempt)))

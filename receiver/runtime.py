@@ -6,7 +6,7 @@ watches it polls, jobs claimed but not started) and its running batch jobs (canc
 they resume after their last committed chunk on another worker); it waits up to
 ``worker.shutdown_wait_s`` for the other running jobs and cancels the rest (arq runs a
 cancelled job again), then everything is closed and the process leaves the set of live
-workers (:mod:`receiver.liveness`).
+workers (:mod:`receiver.worker.liveness`).
 
 Redis going away ends nothing: the API answers 503 and the workers wait for it
 (:mod:`receiver.redis_link`). Once Redis first answers, its settings are checked: a
@@ -208,7 +208,7 @@ async def _shut_down(
 
 async def _hand_back(workers: list[NopollWorker]) -> None:
     """What the workers hold but have not started goes to the other workers at once: the
-    watches being polled, the jobs claimed but not started (see receiver.liveness)."""
+    watches being polled, the jobs claimed but not started (see receiver.worker.liveness)."""
     for worker in workers:
         with contextlib.suppress(Exception):
             if n := await worker.hand_back():

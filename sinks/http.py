@@ -30,7 +30,7 @@ import orjson
 from pydantic import Field, SecretStr, field_validator
 from standardwebhooks.webhooks import Webhook
 
-from nopoll.envelope import Envelope
+from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
 from nopoll.wire import RETRY_LATER, decode_webhook_secret, retry_after_s, url_secrets
 from sinks.base import SinkBase, SinkConfig
@@ -137,7 +137,9 @@ def webhook_id(envelopes: Sequence[Envelope]) -> str:
     tenant other than ``default``). The same envelopes, in any order, always get the same
     id."""
     pairs = sorted(
-        (env.provider, env.key) if env.tenant == "default" else (env.provider, env.key, env.tenant)
+        (env.provider, env.key)
+        if env.tenant == DEFAULT_TENANT
+        else (env.provider, env.key, env.tenant)
         for env in envelopes
     )
     return "msg_" + hashlib.sha256(orjson.dumps(pairs)).hexdigest()

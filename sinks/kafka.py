@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from nopoll.envelope import Envelope
+from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from sinks.base import SinkBase, SinkConfig
 
@@ -245,7 +245,7 @@ class KafkaSink(SinkBase):
     async def _record(self, env: Envelope) -> tuple[bytes, bytes, _Headers]:
         """Key, value and headers of one envelope's message, claim-checked if too large."""
         name = f"{env.provider}:{env.key}"
-        if env.tenant != "default":  # a provider name has no "/": no default key is like it
+        if env.tenant != DEFAULT_TENANT:  # a provider name has no "/": no default key is like it
             name = f"{env.tenant}/{name}"
         limit = self.config.max_message_bytes
         try:

@@ -54,8 +54,8 @@ from standardwebhooks.webhooks import Webhook
 from receiver.config.dialects import DIALECTS as DIALECT_TABLE
 from receiver.demo.profiles import PROFILES
 from receiver.demo.simulator import ProviderSimulator
-from receiver.liveness import WORKERS_KEY, held_jobs_key
 from receiver.watches.store import held_watches_key, read_member, watch_key
+from receiver.worker.liveness import WORKERS_KEY, held_jobs_key
 from tests.kafka_broker import TansuBroker, tansu_binary
 from tests.s3_server import FAKE_CREDENTIALS, MotoServer
 from tests.servers import TcpProxy, ValkeyProcess, free_port, port_open

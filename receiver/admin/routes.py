@@ -61,7 +61,7 @@ class WatchRequest(BaseModel):
         "default false (poll from first_poll_s)",
     )
     tenant: str = Field(
-        default="default",
+        default=DEFAULT_TENANT,
         description="the tenant whose account polls them (from tenants:, or default)",
     )
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receiver.admin._http import account_problem, read_model
-from receiver.config.accounts import tenant_provider
+from receiver.config.accounts import DEFAULT_TENANT, tenant_provider
 from receiver.config.settings import Settings
 from receiver.responses import json_answer, json_error
 
@@ -50,7 +50,7 @@ class SubmitRequest(BaseModel):
     )
     concurrency: int = Field(default=50, ge=1, le=200, description="create calls in flight")
     tenant: str = Field(
-        default="default",
+        default=DEFAULT_TENANT,
         description="the tenant whose account creates them (from tenants:, or default)",
     )
 

@@ -14,7 +14,7 @@ never summarized: the run stops with :class:`~nopoll.exceptions.ResultNotReady` 
 the job is retried later.
 
 The job's in-progress lock is a lease renewed while the job runs; a killed worker's batch
-is picked up again once its heartbeat stops (:mod:`receiver.liveness`), or at the latest
+is picked up again once its heartbeat stops (:mod:`receiver.worker.liveness`), or at the latest
 within ``batch.lease_s``, not after the whole job timeout. A run that cannot renew its
 lease (Redis unreachable for half the liveness bound or most of ``lease_s``, or the lease
 taken over) stops before the lease can pass to another worker: two runs of one batch
@@ -40,10 +40,9 @@ from nopoll.exceptions import NopollError, ResultNotReady
 from nopoll.status import unfinished_status
 from receiver.batches.progress import BatchState, batch_state_key
 from receiver.batches.writer import DONE, SinkWriter
-from receiver.config.accounts import scoped
+from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
 from receiver.fanout.fanout import FanOut
-from receiver.liveness import DEAD_AFTER_S
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.queue.deadletter import DeadLetters
@@ -99,12 +98,16 @@ class BatchRunner:
         fanout: FanOut,
         dead_letters: DeadLetters,
         metrics: Metrics,
+        dead_after_s: float,
     ) -> None:
+        """``dead_after_s`` is the liveness bound: a worker silent that long is taken for
+        dead and its batch passes to another (:mod:`receiver.worker.liveness`)."""
         self.settings = settings
         self.redis = redis
         self.fanout = fanout
         self.dead_letters = dead_letters
         self.metrics = metrics
+        self.dead_after_s = dead_after_s
 
     def state(self, provider: str, batch_id: str) -> BatchState:
         """A batch's progress; ``provider`` is scoped by tenant (see
@@ -122,11 +125,11 @@ class BatchRunner:
         liveness bound); return (which stops the run) when it is taken over, or when it
         could not be renewed for 80% of ``lease_s`` or half the liveness bound, whichever
         is shorter: before the lock can expire, or this worker be taken for dead
-        (:mod:`receiver.liveness`), and the batch pass to another worker."""
+        (:mod:`receiver.worker.liveness`), and the batch pass to another worker."""
         lease_s = self.settings.batch.lease_s
         ttl_ms = int(lease_s * 1000)
-        every_s = min(lease_s / 3, DEAD_AFTER_S / 4)
-        give_up_s = min(0.8 * lease_s, DEAD_AFTER_S / 2)
+        every_s = min(lease_s / 3, self.dead_after_s / 4)
+        give_up_s = min(0.8 * lease_s, self.dead_after_s / 2)
         last_ok = time.monotonic()
         while True:
             try:
@@ -158,7 +161,7 @@ class BatchRunner:
         batch_id: str,
         event_id: str | None,
         received_at: str,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         lease: Lease | None = None,
         force: bool = False,
         on_progress: Callable[[int], None] | None = None,

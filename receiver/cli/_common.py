@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from nopoll.envelope import DEFAULT_TENANT
 from receiver.config.settings import ProviderConfig, Settings, load_settings
 
 __all__ = [
@@ -34,7 +35,7 @@ def add_config_option(p: argparse.ArgumentParser) -> None:
 def add_tenant_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tenant",
-        default="default",
+        default=DEFAULT_TENANT,
         help="the tenant whose account is used (from tenants:, default: the provider's own)",
     )
 

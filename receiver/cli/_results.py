@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from nopoll.envelope import DEFAULT_TENANT
 from nopoll.exceptions import ConfigError
 
 _DEFAULT_URL = "http://127.0.0.1:8000"
@@ -64,7 +65,7 @@ async def _get(args: argparse.Namespace) -> int:
 def _line(env: Any) -> str:
     text = (env.output_text or env.error or "").replace("\n", " ")
     text = text if len(text) <= 80 else text[:79] + "…"
-    tenant = "" if env.tenant == "default" else f" @{env.tenant}"
+    tenant = "" if env.tenant == DEFAULT_TENANT else f" @{env.tenant}"
     return f"{env.provider}/{env.key}{tenant} {env.kind} {env.status} {text}".rstrip()
 
 

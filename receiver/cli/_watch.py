@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from nopoll.envelope import DEFAULT_TENANT
 from receiver.cli._common import (
     add_config_option,
     add_tenant_option,
@@ -109,7 +110,7 @@ def _waiting_for(provider: str, tenant: str, counts: dict[str, int]) -> str:
     if not until_ms or not counts["pending"]:
         return ""
     left = max(0, int(until_ms / 1000 - time.time()))
-    where = f"/webhooks/{provider}" if tenant == "default" else f"the endpoint of {tenant}"
+    where = f"/webhooks/{provider}" if tenant == DEFAULT_TENANT else f"the endpoint of {tenant}"
     return f"waiting for callbacks to {where}; polling starts in {left // 60}:{left % 60:02d}"
 
 

@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from nopoll.envelope import DEFAULT_TENANT
 from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
 from receiver.config.dialects import DIALECTS, DialectInfo, known_dialect
@@ -68,6 +69,8 @@ from receiver.config.tenants import (
     check_tenant_names,
     token_problem,
 )
+from sinks.base import SinkConfig
+from sinks.registry import sink_class, validate_sink_config
 
 __all__ = [
     "ApiConfig",
@@ -256,8 +259,6 @@ class Settings(ConfigModel):
 
     @model_validator(mode="after")
     def _sinks_and_routes(self) -> Settings:
-        from sinks.registry import sink_class, validate_sink_config
-
         if not self.sinks:
             object.__setattr__(self, "sinks", _default_sinks(self.data_dir))
         validated = {}
@@ -311,13 +312,14 @@ class Settings(ConfigModel):
         check_tenant_names(self.tenants, set(self.providers))
         if self.tenants and not self.tenant_keys:
             raise ValueError("tenants need tenant_keys (the keys that sign their endpoints)")
+        known = {*self.tenants, DEFAULT_TENANT}
         for i, consumer in enumerate(self.consumer_tokens):
-            if consumer.tenant is not None and consumer.tenant not in {*self.tenants, "default"}:
+            if consumer.tenant is not None and consumer.tenant not in known:
                 raise ValueError(f"consumer_tokens.{i}.tenant: no tenant {consumer.tenant!r}")
         for i, route in enumerate(self.routes):
             wanted = route.match.tenant
             for tenant in [wanted] if isinstance(wanted, str) else wanted or []:
-                if tenant not in {*self.tenants, "default"}:
+                if tenant not in known:
                     raise ValueError(f"routes.{i}.match.tenant: no tenant {tenant!r}")
         return self
 
@@ -446,8 +448,6 @@ def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
 
 def _rebased(settings: Settings, base: Path) -> Settings:
     """``settings`` with the relative paths of its sinks made absolute under ``base``."""
-    from sinks.base import SinkConfig
-
     sinks = {
         name: sink.rebased(base) if isinstance(sink, SinkConfig) else sink
         for name, sink in settings.sinks.items()

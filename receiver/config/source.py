@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError, ValidationInfo
 
 from nopoll.exceptions import ConfigError, SinkUnavailable
+from sinks.registry import sink_class
 
 __all__ = [
     "Interpolation",
@@ -270,8 +271,6 @@ def _unit(
     only where placeholders are, built as written, each field coerced where it can be."""
     model: type[BaseModel] = provider_model
     if section == "sinks":
-        from sinks.registry import sink_class
-
         try:
             model = sink_class(str(entry.get("type"))).config_model
         except (ConfigError, SinkUnavailable):

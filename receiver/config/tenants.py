@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
+from nopoll.envelope import DEFAULT_TENANT
 from nopoll.wire import decode_webhook_secret
 from receiver.config.sections import ConfigModel
 from receiver.config.source import left_unset
@@ -112,7 +113,7 @@ def check_tenant_names(tenants: dict[str, TenantConfig], providers: set[str]) ->
     for name, tenant in tenants.items():
         if not _NAME.match(name):
             raise ValueError(f"tenants.{name[:64]}: a name must match [A-Za-z0-9_-]{{1,64}}")
-        if name == "default":
+        if name == DEFAULT_TENANT:
             raise ValueError("tenants.default: 'default' is the providers' own account, reserved")
         for provider, account in tenant.providers.items():
             if provider not in providers:

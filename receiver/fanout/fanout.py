@@ -24,11 +24,22 @@ __all__ = ["FanOut", "ManagedSink"]
 
 
 class ManagedSink:
-    """One configured sink: opened on first use, written under a timeout, measured."""
+    """One configured sink: opened on first use, written under a timeout, measured.
 
-    def __init__(self, name: str, config: SinkConfig, metrics: Metrics) -> None:
+    ``factory`` makes the sink: by default the registry's class for the config's
+    ``type:``; the built-in ``_results`` sink, which ``sinks:`` cannot name, passes its own."""
+
+    def __init__(
+        self,
+        name: str,
+        config: SinkConfig,
+        metrics: Metrics,
+        *,
+        factory: Callable[[str, SinkConfig], Sink] = create_sink,
+    ) -> None:
         self.name = name
         self.config = config
+        self._factory = factory
         self._ok = metrics.sink_writes.labels(name, "ok")
         self._errors = metrics.sink_writes.labels(name, "error")
         self._rows = metrics.sink_rows.labels(name)
@@ -56,7 +67,7 @@ class ManagedSink:
             return self._sink
         async with self._lock:
             if self._sink is None:
-                sink = create_sink(self.name, self.config)
+                sink = self._factory(self.name, self.config)
                 if self.claim_check is not None and hasattr(sink, "claim_check"):
                     sink.claim_check = self.claim_check
                 await sink.open()

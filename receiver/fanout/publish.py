@@ -17,25 +17,9 @@ from receiver.config.settings import Settings
 from receiver.fanout.fanout import ManagedSink
 from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
-from sinks.base import Sink
 from sinks.results import RESULTS_SINK, ResultsSink, ResultsSinkConfig
 
 __all__ = ["add_publication"]
-
-
-class _BuiltInSink(ManagedSink):
-    """A managed sink whose class is not in the sink registry (so ``sinks:`` cannot name
-    it)."""
-
-    async def _opened(self) -> Sink:
-        if self._sink is not None:
-            return self._sink
-        async with self._lock:
-            if self._sink is None:
-                sink = ResultsSink(self.name, self.config)
-                await sink.open()
-                self._sink = sink
-        return self._sink
 
 
 class _PublishingRouter(Router):
@@ -76,5 +60,6 @@ def add_publication(
         latest_ttl_s=settings.results.latest_ttl_s,
         timeout_s=min(30.0, job_s / 2),
     )
-    sinks[RESULTS_SINK] = _BuiltInSink(RESULTS_SINK, config, metrics)
+    # its class is not in the sink registry, so that ``sinks:`` cannot name it
+    sinks[RESULTS_SINK] = ManagedSink(RESULTS_SINK, config, metrics, factory=ResultsSink)
     return _PublishingRouter(router, metrics)

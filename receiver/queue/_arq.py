@@ -27,7 +27,7 @@ What :class:`SeamWorker` changes:
   MULTI/EXEC per job).
 - Liveness: a claim's token starts with the process's worker id, and the claim adds its
   lock to the process's held set, so a worker that stops beating has its locks released
-  by the others (:mod:`receiver.liveness`) instead of after the lock's expiry; on stop,
+  by the others (:mod:`receiver.worker.liveness`) instead of after the lock's expiry; on stop,
   claimed jobs not started yet are handed back at once (:meth:`SeamWorker.hand_back`).
 - Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
   for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
@@ -510,7 +510,7 @@ class SeamWorker(JobRunner):
         self._worker_id = worker_id or uuid.uuid4().hex[:12]
         """The start of every claim's token: the process's id when its liveness is kept."""
         self._held_key = held_key
-        """Where each claim's lock key is added ('': nowhere): :mod:`receiver.liveness`."""
+        """Where each claim's lock key is added ('': nowhere): :mod:`receiver.worker.liveness`."""
         self.stop_at_once = stop_at_once
         """On stop, cancel running jobs at once rather than let them finish (batch jobs:
         they resume after their last committed chunk, on another worker)."""

@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
+from nopoll.envelope import DEFAULT_TENANT
 from nopoll.status import STATUSES
 from receiver.auth import TokenBook, TokenUser, bearer_auth
 from receiver.config.settings import ConsumerToken, Settings
@@ -108,7 +109,7 @@ class _ResultsApi:
                     400, f"wait: must be a number of seconds above 0, at most {self.max_wait_s:g}"
                 )
         provider, key = request.path_params["provider"], request.path_params["key"]
-        tenant = query.get("tenant") or consumer.tenant or "default"
+        tenant = query.get("tenant") or consumer.tenant or DEFAULT_TENANT
         visible = consumer.tenant in (None, tenant)
         if not (visible and _NAME.fullmatch(tenant) and _NAME.fullmatch(provider) and key):
             # another tenant's result, or one that cannot exist: answered as not landed

@@ -1,20 +1,24 @@
 """The watch state machine's transitions, each one atomic Lua call (see
-:mod:`receiver.watches.store` for the keys and the states)."""
+:mod:`receiver.watches.store` for the keys and the states).
 
-# KEYS: 1 watch hash, 2 due zset, 3 callback marker, 4 ended counts hash. ARGV: 1 member,
-# 2 now ms, 3 first poll at ms, 4 expect_callback, 5 tenant, 6 recheck at ms, 7 ended ttl s
+Every transition of one watch takes the same keys and first argument (the store's
+``_transition`` passes them): KEYS 1 watch hash, 2 due zset, 3 ended counts hash,
+4 callback marker; ARGV 1 the watch's due member. A script uses those it needs."""
+
+# ARGV: 2 now ms, 3 first poll at ms, 4 expect_callback, 5 tenant, 6 recheck at ms, 7 ended
+# ttl s
 # A callback that came before the watch (a fast result, registered after its create
 # answered) left a marker: 'landed' → the watch starts ended (nothing to poll);
 # 'landing' → its job is still at it, polled only if it has not landed by the recheck.
 REGISTER = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local marker = redis.call('GET', KEYS[3])
+local marker = redis.call('GET', KEYS[4])
 redis.call('HSET', KEYS[1], 'polls', 0, 'registered_at', ARGV[2],
            'expect_callback', ARGV[4], 'tenant', ARGV[5])
 if marker == 'landed' then
   redis.call('HSET', KEYS[1], 'state', 'landed', 'landed_at', ARGV[2], 'via', 'callback')
   redis.call('EXPIRE', KEYS[1], ARGV[7])
-  redis.call('HINCRBY', KEYS[4], 'landed', 1)
+  redis.call('HINCRBY', KEYS[3], 'landed', 1)
   return 0
 end
 if marker == 'landing' then
@@ -28,7 +32,7 @@ return 1
 """
 
 # A Lua function: the watch hash, due zset and due member of an entry "<provider> <member>"
-# of a worker's held watches (receiver.liveness). A member 'kind:id@tenant' is a tenant's
+# of a worker's held watches (receiver.worker.liveness). A member 'kind:id@tenant' is a tenant's
 # watch, at 'nopoll:watch:<provider>@<tenant>:kind:id'.
 WATCH_OF = """
 local function watch_of(entry)
@@ -44,7 +48,7 @@ end
 # ms, 3 limit, 4 watch key prefix ('nopoll:watch:<provider>'), 5 owner (the taking worker's
 # id, or ''), 6 provider
 # Take due watches: push each one's due time a lease ahead, mark it polling by its owner
-# (whose liveness then bounds the lease: receiver.liveness).
+# (whose liveness then bounds the lease: receiver.worker.liveness).
 TAKE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
 local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
@@ -70,8 +74,8 @@ end
 return due
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 next ms, 3 last status, 4 polls to
-# take back (a take that made no request), 5 the taker ('': any)
+# ARGV: 2 next ms, 3 last status, 4 polls to take back (a take that made no request), 5 the
+# taker ('': any)
 # Nothing changes once the watch is no longer this taker's (its worker was taken for dead
 # and the watch handed on).
 RESCHEDULE = """
@@ -83,8 +87,7 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 status, 3 lease until (ms), 4 the
-# taker ('': any)
+# ARGV: 2 status, 3 lease until (ms), 4 the taker ('': any)
 # A poll found the object terminal: claim the landing unless a callback got there first
 # (or the watch was handed on to another taker). The watch stays due a lease ahead: if
 # the poller dies while delivering, it is polled (and delivered) again.
@@ -97,9 +100,8 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash, 4 callback marker. ARGV: 1 member,
-# 2 final state, 3 now ms, 4 ttl s, 5 the object's final status ('' if not known), 6 how
-# it landed ('callback', 'poll' or '')
+# ARGV: 2 final state, 3 now ms, 4 ttl s, 5 the object's final status ('' if not known),
+# 6 how it landed ('callback', 'poll' or '')
 FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
@@ -119,8 +121,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS: 1 watch hash, 2 due zset, 3 ended counts hash, 4 callback marker. ARGV: 1 member,
-# 2 recheck at (ms), 3 marker ttl (s)
+# ARGV: 2 recheck at (ms), 3 marker ttl (s)
 # A callback came: 'landed' (a poll delivered it already: skip), 'landing' (a poll is
 # delivering it: skip), else the callback's job delivers it and polling stops; unless
 # that job has not landed it by the recheck time (it failed for good): then the watch is
@@ -138,7 +139,7 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 'callback'
 """
 
-# KEYS: 1 watch hash, 2 due zset. ARGV: 1 member, 2 now ms
+# ARGV: 2 now ms
 # A pending watch waiting for a callback is polled now instead (``watch --poll``).
 POLL_NOW = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'pending' then return 0 end

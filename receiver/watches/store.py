@@ -28,7 +28,7 @@ callback can pause, end or land another tenant's watch of the same id.
 States: ``pending`` (polled when due), ``polling`` (taken by a worker, named in its
 ``owner`` field: its due time is pushed ``lease_ms`` ahead, and a worker that dies
 mid-poll has its watches made due again once its heartbeat stops,
-:mod:`receiver.liveness`; the lease is the backstop), ``landing`` (a poll found it
+:mod:`receiver.worker.liveness`; the lease is the backstop), ``landing`` (a poll found it
 terminal and is delivering it), ``callback`` (a callback came: its job delivers, polling
 stops; if it has not landed the result by ``recheck_s`` later, the watch is polled
 again), ``landed``, ``expired``. Outside, only ``pending`` (every state before the end),
@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 
+from nopoll.wire import safe_id
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.watches import scripts as lua
 
@@ -68,7 +69,6 @@ __all__ = [
 ]
 
 Kind = Literal["response", "batch"]
-STATES = ("pending", "polling", "landing", "callback", "landed", "expired")
 RECHECK_S = 900.0
 """A callback's job that has not landed its watched id this long after it started (its
 retries ran out: a dead letter) hands the id back to polling."""
@@ -79,7 +79,7 @@ def watch_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TE
 
 
 def held_watches_key(worker_id: str) -> str:
-    """The set of watches a worker process took for a poll (see :mod:`receiver.liveness`)."""
+    """The set of watches a worker process took for a poll (see :mod:`receiver.worker.liveness`)."""
     return f"nopoll:worker:{worker_id}:watches"
 
 
@@ -142,7 +142,7 @@ class Watch:
     """The tenant its keys are scoped by: ``tenant``, except for a watch registered before
     watches were scoped by tenant (kept under the default tenant's keys)."""
     owner: str | None = None
-    """The worker that took it for a poll (:mod:`receiver.liveness`), if any."""
+    """The worker that took it for a poll (:mod:`receiver.worker.liveness`), if any."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,13 +206,7 @@ class WatchStore:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for object_id in ids[start : start + 1000]:
                     pipe.eval(
-                        lua.REGISTER,
-                        4,
-                        watch_key(provider, kind, object_id, tenant),
-                        due_key(provider),
-                        marker_key(provider, kind, object_id, tenant),
-                        ended_key(provider),
-                        due_member(kind, object_id, tenant),
+                        *_transition(lua.REGISTER, provider, kind, object_id, tenant),
                         str(now),
                         str(now + int(first_poll_in_s * 1000)),
                         "1" if expect_callback else "0",
@@ -233,14 +227,7 @@ class WatchStore:
             now = str(_ms())
             async with self.redis.pipeline(transaction=False) as pipe:
                 for object_id in ids[start : start + 1000]:
-                    pipe.eval(
-                        lua.POLL_NOW,
-                        2,
-                        watch_key(provider, kind, object_id, tenant),
-                        due_key(provider),
-                        due_member(kind, object_id, tenant),
-                        now,
-                    )
+                    pipe.eval(*_transition(lua.POLL_NOW, provider, kind, object_id, tenant), now)
                 moved += sum(int(r) for r in await pipe.execute())
         return moved
 
@@ -248,7 +235,7 @@ class WatchStore:
         self, provider: str, *, limit: int, lease_s: float, owner: str | None = None
     ) -> list[Watch]:
         """Due watches of ``provider``, every tenant's (at most ``limit``), each taken for
-        ``lease_s``; with ``owner`` (a worker id, :mod:`receiver.liveness`), taken by that
+        ``lease_s``; with ``owner`` (a worker id, :mod:`receiver.worker.liveness`), taken by that
         worker: handed on as soon as it is found dead, and only it can reschedule or land
         them."""
         members: list[bytes] = await self.redis.eval(  # type: ignore[misc]
@@ -284,11 +271,7 @@ class WatchStore:
         """Poll ``watch`` again in ``in_s``; ``polled=False``: its take made no request
         (no rate-limit slot), so it does not count as a poll."""
         await self.redis.eval(  # type: ignore[misc]
-            lua.RESCHEDULE,
-            2,
-            watch_key(watch.provider, watch.kind, watch.id, watch.keyed_as),
-            due_key(watch.provider),
-            due_member(watch.kind, watch.id, watch.keyed_as),
+            *_transition(lua.RESCHEDULE, watch.provider, watch.kind, watch.id, watch.keyed_as),
             str(_ms() + int(in_s * 1000)),
             status or "",
             "0" if polled else "1",
@@ -300,11 +283,9 @@ class WatchStore:
         ``lease_s``, else the watch comes due again)."""
         return bool(
             await self.redis.eval(  # type: ignore[misc]
-                lua.CLAIM_LANDING,
-                2,
-                watch_key(watch.provider, watch.kind, watch.id, watch.keyed_as),
-                due_key(watch.provider),
-                due_member(watch.kind, watch.id, watch.keyed_as),
+                *_transition(
+                    lua.CLAIM_LANDING, watch.provider, watch.kind, watch.id, watch.keyed_as
+                ),
                 status,
                 str(_ms() + int(lease_s * 1000)),
                 watch.owner or "",
@@ -326,13 +307,7 @@ class WatchStore:
         known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
         if a callback left one, says ``state``."""
         await self.redis.eval(  # type: ignore[misc]
-            lua.FINISH,
-            4,
-            watch_key(provider, kind, object_id, tenant),
-            due_key(provider),
-            ended_key(provider),
-            marker_key(provider, kind, object_id, tenant),
-            due_member(kind, object_id, tenant),
+            *_transition(lua.FINISH, provider, kind, object_id, tenant),
             state,
             str(_ms()),
             str(self._ended_ttl_s),
@@ -360,13 +335,7 @@ class WatchStore:
         ``recheck_s`` from now), ``landed``/``landing`` (a poll delivered it: skip). Other
         tenants' watches of the same id are not touched."""
         result = await self.redis.eval(  # type: ignore[misc]
-            lua.CALLBACK,
-            4,
-            watch_key(provider, kind, object_id, tenant),
-            due_key(provider),
-            ended_key(provider),
-            marker_key(provider, kind, object_id, tenant),
-            due_member(kind, object_id, tenant),
+            *_transition(lua.CALLBACK, provider, kind, object_id, tenant),
             str(_ms() + int(recheck_s * 1000)),
             str(MARKER_TTL_S),
         )
@@ -449,6 +418,24 @@ def _ms() -> int:
     return int(time.time() * 1000)
 
 
+def _transition(
+    script: str, provider: str, kind: str, object_id: str, tenant: str
+) -> tuple[str, int, str, str, str, str, str]:
+    """The start of ``EVAL``'s arguments for a transition of one watch: every script of
+    :mod:`receiver.watches.scripts` takes that watch's four keys (its hash, the due set,
+    the ended counts, its callback marker) and its due member first; its own arguments
+    follow."""
+    return (
+        script,
+        4,
+        watch_key(provider, kind, object_id, tenant),
+        due_key(provider),
+        ended_key(provider),
+        marker_key(provider, kind, object_id, tenant),
+        due_member(kind, object_id, tenant),
+    )
+
+
 def _watch(
     provider: str, kind: str, object_id: str, keyed_as: str, raw: dict[bytes, bytes]
 ) -> Watch:
@@ -501,8 +488,6 @@ async def register_many(
 ) -> Registered:
     """Register ``ids`` (checked against the safe-id pattern first); an id expecting a
     callback is first polled only ``reconcile_after_s`` after it was registered."""
-    from nopoll.wire import safe_id
-
     invalid = [(i, "must match [A-Za-z0-9_.:-]{1,256}") for i in ids if not safe_id(i)]
     bad = {i for i, _ in invalid}
     first = reconcile_after_s if expect_callback else first_poll_s

@@ -1,2 +1,3 @@
 """The worker process: its lifecycle and typed state, the retry policy every job runs under,
-the fetch jobs, the deliver job, the watch poller and the provider rate limiter."""
+the fetch jobs, the deliver job, the watch poller, the provider rate limiter, and
+the heartbeat that also publishes the accounts the process serves (liveness)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
@@ -21,9 +21,7 @@ from receiver.batches.progress import BatchState
 from receiver.queue.enqueue import DELIVER, put_job
 from receiver.queue.jobs import DeliverJob, rejection_text
 from receiver.worker.retry import dead_letter, guarded, retry_or_give_up
-
-if TYPE_CHECKING:
-    from receiver.worker.state import WorkerState
+from receiver.worker.state import WorkerState
 
 __all__ = ["batch_state_for", "deliver", "queue_retries"]
 

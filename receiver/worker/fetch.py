@@ -25,7 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from nopoll.envelope import Envelope, envelope_from_response
+from nopoll.envelope import DEFAULT_TENANT, Envelope, envelope_from_response
 from nopoll.exceptions import (
     ProviderError,
     ResultNotReady,
@@ -40,8 +40,8 @@ from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
 from receiver.watches.store import RECHECK_S, Kind, WatchStore
 from receiver.worker.deliver import deliver, queue_retries
+from receiver.worker.liveness import ServedAccounts
 from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
-from receiver.worker.served import ServedAccounts
 from receiver.worker.state import WorkerState
 
 __all__ = [
@@ -65,7 +65,7 @@ def _fetch_job(
     provider, the object's id and the event), its kwargs read as a ``job_type``, and its
     provider's dialect found first (with the tenant's key): a provider, or tenant account,
     no longer configured makes it a dead letter, unless another live worker serves it
-    (:mod:`receiver.worker.served`): then it is left to that one."""
+    (:mod:`receiver.worker.liveness`): then it is left to that one."""
 
     function = job_type.function
 
@@ -80,7 +80,7 @@ def _fetch_job(
                 if await ServedAccounts(state.redis).served(scoped(job.provider, job.tenant)):
                     return await hand_over(ctx, function)  # another live worker has it
                 error = f"provider {job.provider!r} is no longer configured"
-                if job.tenant != "default":
+                if job.tenant != DEFAULT_TENANT:
                     error += f" for tenant {job.tenant!r}"
                 return await dead_letter(ctx, function, job.to_kwargs(), error)
             return await body(ctx, job, dialect)
@@ -167,7 +167,7 @@ async def land_response(
     *,
     event_id: str | None,
     received_at: str,
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
 ) -> dict[str, Any]:
     """Land a terminal Responses object fetched elsewhere (the watch poller's own poll: no
     second GET), exactly as ``fetch_response`` lands what it fetched."""

@@ -27,13 +27,14 @@ import contextlib
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.status import object_status, unfinished_status
+from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
 from receiver.queue.enqueue import put_job
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
@@ -41,9 +42,6 @@ from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
 from receiver.worker.ratelimit import RateLimiter
 from receiver.worker.state import WorkerState
-
-if TYPE_CHECKING:
-    from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 
 __all__ = ["GROWTH", "JITTER", "WatchPoller", "lease_s", "next_interval_s"]
 
@@ -54,7 +52,7 @@ def lease_s(settings: Settings) -> float:
     """How long a taken watch is this process's at most: the wait for a rate-limit slot (a
     third of it), the GET (its timeouts, every try) and the landing must fit, else the watch
     comes due again for any process. A backstop: the watches of a worker that died come
-    due again once its heartbeat stops (:mod:`receiver.liveness`), long before."""
+    due again once its heartbeat stops (:mod:`receiver.worker.liveness`), long before."""
     http = settings.http
     request_s = (http.connect_timeout_s + http.read_timeout_s) * http.attempts
     return max(15.0, 3.0 * float(request_s))
@@ -81,7 +79,8 @@ class WatchPoller:
     def __init__(self, state: WorkerState, *, owner: str | None = None) -> None:
         self.state = state
         self.owner = owner
-        """This process's worker id (:mod:`receiver.liveness`): the watches it takes name it."""
+        """This process's worker id (:mod:`receiver.worker.liveness`): the watches it takes
+        name it."""
         self.store = WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
         self.providers: dict[str, ProviderConfig] = dict(state.settings.providers)
         self.limiters = {
@@ -263,10 +262,3 @@ def _fetch_job(watch: Watch, *, received_at: str, from_watch: bool) -> FetchJob:
         tenant=watch.tenant,
         from_watch=from_watch,
     )
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    """Cancel a poller's task and wait for it."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

@@ -23,7 +23,6 @@ from redis.exceptions import RedisError
 from nopoll.envelope import now_rfc3339
 from receiver.config.settings import Settings
 from receiver.fanout.health import publish_sink_health
-from receiver.liveness import Liveness, held_jobs_key
 from receiver.metrics import Metrics
 from receiver.queue._arq import (
     Function,
@@ -45,9 +44,9 @@ from receiver.queue.enqueue import (
 )
 from receiver.queue.jobs import fetch_from_job_id
 from receiver.worker.fetch import deliver, fetch_batch, fetch_response
+from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
 from receiver.worker.poller import WatchPoller
 from receiver.worker.retry import letter_target, rules_for
-from receiver.worker.served import publish_while_running
 from receiver.worker.state import WorkerState, build_state
 
 __all__ = ["NopollWorker", "Shared", "build_workers", "hand_back", "shutdown", "startup"]
@@ -117,7 +116,9 @@ def build_workers(
     # One WorkerState for the process's workers (see startup below), and one
     # liveness: their claims and the watch poller's takes all name this process.
     extra = dict(extra_ctx or {})
-    liveness = Liveness(redis_url)
+    liveness = Liveness(
+        redis_url, accounts=accounts_of(settings), accounts_every_s=w.health_check_interval_s
+    )
     shared = Shared(redis_url, transport=extra.pop("provider_transport", None), liveness=liveness)
     extra_ctx = {"shared": shared, **extra}
     common: dict[str, Any] = {
@@ -219,9 +220,8 @@ class Shared:
     poller: asyncio.Task[None] | None = None
     """The process's watch poller (:mod:`receiver.worker.poller`), started with the state."""
     liveness: Liveness | None = None
-    """The process's heartbeat (:mod:`receiver.liveness`), beating while the state is open."""
-    publisher: asyncio.Task[None] | None = None
-    """Publishes the accounts this process serves (:mod:`receiver.worker.served`)."""
+    """The process's heartbeat and the accounts it serves (:mod:`receiver.worker.liveness`),
+    beating while the state is open."""
 
 
 _JOB_GC_THRESHOLD = (20_000, 20, 20)
@@ -265,10 +265,6 @@ async def startup(ctx: dict[str, Any]) -> None:
     if first:
         if shared.liveness is not None:
             await shared.liveness.start()  # known as alive before its first claim
-        state = shared.state
-        shared.publisher = asyncio.create_task(
-            publish_while_running(state.redis, state.settings), name="accounts publisher"
-        )
         await shared.state.open()
         _tune_gc(shared)
         if shared.state.settings.providers:
@@ -305,11 +301,6 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     shared.users -= 1
     if shared.users <= 0 and shared.state is not None:
         state, shared.state = shared.state, None
-        if shared.publisher is not None:
-            shared.publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await shared.publisher
-            shared.publisher = None
         await _stop_poller(shared)
         if shared.liveness is not None:
             await shared.liveness.stop()  # nothing of this process runs any more

@@ -22,7 +22,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -31,9 +31,7 @@ from receiver.logs import bind
 from receiver.queue._arq import RETRY_KEY, Retry
 from receiver.queue.deadletter import REPLAY_PREFIX
 from receiver.queue.enqueue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
-
-if TYPE_CHECKING:
-    from receiver.worker.state import WorkerState
+from receiver.worker.state import WorkerState
 
 __all__ = [
     "JOB_GRACE_S",

@@ -27,6 +27,7 @@ from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
+from receiver.worker.liveness import DEAD_AFTER_S
 
 __all__ = ["WorkerState", "build_state"]
 
@@ -101,7 +102,12 @@ def build_state(
     redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
     dead_letters = DeadLetters(redis)
     runner = BatchRunner(
-        settings, redis=redis, fanout=fanout, dead_letters=dead_letters, metrics=metrics
+        settings,
+        redis=redis,
+        fanout=fanout,
+        dead_letters=dead_letters,
+        metrics=metrics,
+        dead_after_s=DEAD_AFTER_S,
     )
     return WorkerState(
         settings, metrics, redis, dialects, fanout, dead_letters, runner, tenant_dialects

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import urllib.parse
 
-from nopoll.envelope import Envelope
+from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError
 from nopoll.wire import safe_id
 
@@ -20,7 +20,6 @@ __all__ = ["S3Keys", "key_segment"]
 
 _MAX_KEY_BYTES = 1024
 _MAX_SEGMENT = 200
-_DEFAULT_TENANT = "default"
 
 
 def key_segment(text: str) -> str:
@@ -57,17 +56,17 @@ class S3Keys:
             sink=self.sink,
         )
 
-    def batch_prefix(self, provider: str, batch_id: str, tenant: str = _DEFAULT_TENANT) -> str:
+    def batch_prefix(self, provider: str, batch_id: str, tenant: str = DEFAULT_TENANT) -> str:
         """The folder of one batch's parts and manifest (ends with ``/``)."""
         return self._key(f"{provider}/batches/{self._id(batch_id)}/", tenant)
 
     def part_key(
-        self, provider: str, batch_id: str, part: int, tenant: str = _DEFAULT_TENANT
+        self, provider: str, batch_id: str, part: int, tenant: str = DEFAULT_TENANT
     ) -> str:
         """The key of part ``part`` of a batch: ``.../part-00000.jsonl``."""
         return f"{self.batch_prefix(provider, batch_id, tenant)}part-{part:05d}.jsonl"
 
-    def manifest_key(self, provider: str, batch_id: str, tenant: str = _DEFAULT_TENANT) -> str:
+    def manifest_key(self, provider: str, batch_id: str, tenant: str = DEFAULT_TENANT) -> str:
         """The key of a batch's ``_manifest.json``."""
         return f"{self.batch_prefix(provider, batch_id, tenant)}_manifest.json"
 
@@ -90,7 +89,7 @@ class S3Keys:
         return value
 
     def _key(self, rest: str, tenant: str) -> str:
-        folder = "" if tenant == _DEFAULT_TENANT else f"tenant={tenant}/"
+        folder = "" if tenant == DEFAULT_TENANT else f"tenant={tenant}/"
         key = f"{self.prefix}{folder}{rest}"
         if len(key.encode()) > _MAX_KEY_BYTES:
             raise SinkError(

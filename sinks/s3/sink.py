@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from nopoll.envelope import Envelope
+from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError
 from sinks.base import SinkBase
 from sinks.s3._client import S3Calls
@@ -54,13 +54,15 @@ class S3Sink(SinkBase):
         """A response's object, or a batch summary's manifest (see :class:`S3Keys`)."""
         return self.keys.object_key(env)
 
-    def batch_prefix(self, provider: str, batch_id: str, tenant: str = "default") -> str:
+    def batch_prefix(self, provider: str, batch_id: str, tenant: str = DEFAULT_TENANT) -> str:
         return self.keys.batch_prefix(provider, batch_id, tenant)
 
-    def part_key(self, provider: str, batch_id: str, part: int, tenant: str = "default") -> str:
+    def part_key(
+        self, provider: str, batch_id: str, part: int, tenant: str = DEFAULT_TENANT
+    ) -> str:
         return self.keys.part_key(provider, batch_id, part, tenant)
 
-    def manifest_key(self, provider: str, batch_id: str, tenant: str = "default") -> str:
+    def manifest_key(self, provider: str, batch_id: str, tenant: str = DEFAULT_TENANT) -> str:
         return self.keys.manifest_key(provider, batch_id, tenant)
 
     def claim_key(self, env: Envelope) -> str:

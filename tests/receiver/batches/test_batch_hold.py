@@ -15,6 +15,7 @@ import pytest
 
 from receiver.batches.runner import BatchRunner
 from receiver.config import load_settings
+from receiver.worker.liveness import DEAD_AFTER_S
 
 
 class _Lease:
@@ -35,7 +36,12 @@ async def test_a_holder_cancelled_while_its_renew_completes_stops(turns: int) ->
     settings = load_settings(None, env={}, overrides={"redis_url": "redis://127.0.0.1:9/0"})
     nothing: Any = None
     runner = BatchRunner(
-        settings, redis=nothing, fanout=nothing, dead_letters=nothing, metrics=nothing
+        settings,
+        redis=nothing,
+        fanout=nothing,
+        dead_letters=nothing,
+        metrics=nothing,
+        dead_after_s=DEAD_AFTER_S,
     )
     answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     lease = _Lease(answer)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from receiver.liveness import WORKERS_KEY, Liveness, held_jobs_key
 from receiver.queue._arq import IN_PROGRESS_KEY
 from receiver.watches.store import WatchStore
+from receiver.worker.liveness import WORKERS_KEY, Liveness, held_jobs_key
 
 
 async def test_a_dead_workers_leases_are_released_and_a_live_workers_kept(redis_url):

@@ -1,5 +1,5 @@
-"""Worker liveness: each worker process's heartbeat, and the hand-back of what a worker that
-died (or stops) still holds.
+"""Worker liveness: each worker process's heartbeat, the provider accounts it serves, and
+the hand-back of what a worker that died (or stops) still holds.
 
 Every lease a worker takes names it: a job's in-progress lock holds a token
 ``<worker id>:<ms>`` (:mod:`receiver.queue._arq`), a taken watch has ``owner`` set to the worker
@@ -30,6 +30,21 @@ its lease renewal fails (and on its own before the bound, :mod:`receiver.batches
 On SIGTERM a worker hands back at once what it has not started (its watches: due now,
 owner cleared; claimed jobs it has not started) and, once its running jobs ended or were
 cancelled, everything else; then it leaves the set (:meth:`Liveness.stop`).
+
+The same beat publishes which provider accounts the process can fetch with, so that a
+worker never dead-letters work merely because its own config lacks a provider another
+worker has (``provider`` for the default tenant, ``provider@tenant`` for the others:
+:func:`receiver.config.accounts.scoped`). They are refreshed every
+``worker.health_check_interval_s`` (at the first beat after it: every :data:`BEAT_S` at
+the most), valid for three of those (plus 5 s), and withdrawn when the worker stops::
+
+    nopoll:workers:accounts     hash: "<host>:<pid>:<worker id>" -> {"until": ms, "accounts": [...]}
+
+A job for an account this process lacks is left to a live worker that serves it (run
+again shortly, its try not counted); only when none does is it a dead letter. At its
+first publication a worker says loudly which accounts it lacks that other live workers
+serve or queued jobs name: a ``nopoll serve`` started without its ``--config`` on a
+shared Redis.
 """
 
 from __future__ import annotations
@@ -37,21 +52,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
+from receiver.config.settings import Settings
+from receiver.queue.enqueue import BATCHES_QUEUE, JOBS_QUEUE
 from receiver.watches.scripts import WATCH_OF
 from receiver.watches.store import held_watches_key
 
 __all__ = [
     "BEAT_S",
     "DEAD_AFTER_S",
+    "SERVED_KEY",
     "WORKERS_KEY",
     "Liveness",
+    "ServedAccounts",
+    "accounts_of",
     "held_jobs_key",
     "new_worker_id",
 ]
@@ -63,6 +88,9 @@ BEAT_S = 2.0
 """How often a worker process beats (and looks for dead workers)."""
 DEAD_AFTER_S = 20.0
 """A worker whose last beat is this old is dead: what it holds is handed to others."""
+SERVED_KEY = "nopoll:workers:accounts"
+_QUEUED_LOOKED_AT = 1000
+"""Queued job ids read at the first publication to find the accounts they name."""
 
 
 def new_worker_id() -> str:
@@ -72,6 +100,62 @@ def new_worker_id() -> str:
 
 def held_jobs_key(worker_id: str) -> str:
     return f"nopoll:worker:{worker_id}:jobs"
+
+
+def accounts_of(settings: Settings) -> frozenset[str]:
+    """The accounts a process with ``settings`` fetches with."""
+    default = {scoped(name, DEFAULT_TENANT) for name in settings.providers}
+    tenants = {scoped(provider, tenant) for tenant, provider in tenant_providers(settings)}
+    return frozenset(default | tenants)
+
+
+class ServedAccounts:
+    """The published accounts of the live worker processes (see the module docs)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def publish(self, process: str, accounts: Iterable[str], ttl_s: float) -> None:
+        until = int((time.time() + ttl_s) * 1000)
+        entry = orjson.dumps({"until": until, "accounts": sorted(accounts)}).decode()
+        await self.redis.hset(SERVED_KEY, process, entry)  # type: ignore[misc]
+
+    async def withdraw(self, process: str) -> None:
+        await self.redis.hdel(SERVED_KEY, process)  # type: ignore[misc]
+
+    async def live(self) -> dict[str, set[str]]:
+        """The accounts of every live process, by process id (stale entries dropped)."""
+        raw = await self.redis.hgetall(SERVED_KEY)  # type: ignore[misc]
+        now, found, stale = time.time() * 1000, {}, []
+        for process, entry in raw.items():
+            try:
+                data = orjson.loads(entry)
+                until, accounts = float(data["until"]), set(data["accounts"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                until, accounts = 0.0, set()
+            if until < now:
+                stale.append(process)
+            else:
+                found[process.decode()] = accounts
+        if stale:
+            await self.redis.hdel(SERVED_KEY, *stale)  # type: ignore[misc]
+        return found
+
+    async def served(self, account: str) -> bool:
+        """Whether a live worker process serves ``account``."""
+        return any(account in accounts for accounts in (await self.live()).values())
+
+
+async def _queued_accounts(redis: Redis) -> set[str]:
+    """The accounts the first queued jobs name (job ids are ``kind:account:id``)."""
+    found = set()
+    for queue in (JOBS_QUEUE, BATCHES_QUEUE):
+        for job_id in await redis.zrange(queue, 0, _QUEUED_LOOKED_AT - 1):
+            kind, _, rest = job_id.decode().partition(":")
+            account = rest.partition(":")[0]
+            if kind in ("resp", "batch") and account:
+                found.add(account)
+    return found
 
 
 _NOW = """
@@ -147,7 +231,9 @@ return {jobs, watches}
 
 
 class Liveness:
-    """One worker process's heartbeat and reaper (see the module docs)."""
+    """One worker process's heartbeat, its served accounts and the reaper (see the module
+    docs). With ``accounts`` (:func:`accounts_of`), the beat publishes them every
+    ``accounts_every_s``; without, it publishes none."""
 
     def __init__(
         self,
@@ -156,17 +242,25 @@ class Liveness:
         worker_id: str | None = None,
         beat_s: float = BEAT_S,
         dead_after_s: float = DEAD_AFTER_S,
+        accounts: frozenset[str] | None = None,
+        accounts_every_s: float = BEAT_S,
     ) -> None:
         self.redis_url = redis_url
         self.worker_id = worker_id or new_worker_id()
         self.beat_s = beat_s
         self.dead_after_s = dead_after_s
+        self.accounts = accounts
+        self.accounts_every_s = accounts_every_s
         self._redis: Redis | None = None
         self._task: asyncio.Task[None] | None = None
         self._registered = False
         self._beating_since: float | None = None
         """When this process's beats last started to go through (reaping waits for it)."""
         self._last_beat: float | None = None
+        self._published_at: float | None = None
+        """When this process's accounts were last published (None: not yet)."""
+        self._looked_for_lacking = False
+        self._served_as = f"{socket.gethostname()}:{os.getpid()}:{self.worker_id}"
 
     def _keys(self, worker_id: str) -> list[str]:
         return [WORKERS_KEY, held_jobs_key(worker_id), held_watches_key(worker_id)]
@@ -201,9 +295,9 @@ class Liveness:
         return int(now)
 
     async def run(self) -> None:
-        """Beat and reap every ``beat_s`` until cancelled; Redis errors only pause it. A
-        gap in this process's own beats longer than a few beats (an outage, not one slow
-        call) restarts the wait before it may reap."""
+        """Beat, publish the accounts when due, and reap every ``beat_s`` until cancelled;
+        Redis errors only pause it. A gap in this process's own beats longer than a few
+        beats (an outage, not one slow call) restarts the wait before it may reap."""
         while True:
             try:
                 now_ms = await self.beat()
@@ -212,11 +306,35 @@ class Liveness:
                 if self._beating_since is None or (gap is not None and gap > 4 * self.beat_s):
                     self._beating_since = now
                 self._last_beat = now
+                if self.accounts is not None and (
+                    self._published_at is None or now - self._published_at >= self.accounts_every_s
+                ):
+                    await self._publish_accounts(self.accounts)
+                    self._published_at = now
                 if now - self._beating_since >= self.dead_after_s:
                     await self.reap(now_ms)
             except (RedisError, OSError) as exc:
                 log.debug("worker heartbeat waits for Redis: %s", type(exc).__name__)
             await asyncio.sleep(self.beat_s)
+
+    async def _publish_accounts(self, accounts: frozenset[str]) -> None:
+        """Publish this process's accounts; at the first publication, warn about the
+        accounts other workers serve or queued jobs name that this one lacks (a missing
+        or wrong ``--config``)."""
+        store = ServedAccounts(self.redis)
+        if not self._looked_for_lacking:
+            others = set().union(*(await store.live()).values())
+            lacking = sorted((others | await _queued_accounts(self.redis)) - accounts)
+            if lacking:
+                log.warning(
+                    "provider account(s) %s are served by other workers or named by "
+                    "queued jobs, but this worker does not have them (is its --config "
+                    "missing or another one?); it leaves their jobs to a worker that "
+                    "has them",
+                    ", ".join(lacking),
+                )
+            self._looked_for_lacking = True
+        await store.publish(self._served_as, accounts, 3 * self.accounts_every_s + 5)
 
     async def reap(self, now_ms: int) -> list[tuple[str, int, int]]:
         """Release what every dead worker holds: ``(worker id, locks, watches)`` each."""
@@ -259,13 +377,16 @@ class Liveness:
         return released[1] if released else 0
 
     async def stop(self) -> None:
-        """Stop beating, hand back everything still held (nothing of this process runs any
-        more) and leave the set of workers."""
+        """Stop beating, withdraw the accounts, hand back everything still held (nothing
+        of this process runs any more) and leave the set of workers."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self.accounts is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await ServedAccounts(self.redis).withdraw(self._served_as)
         try:
             released = await self._release(self.worker_id, "", "all")
             if released and any(released):
