@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 
+from nopoll.envelope import DEFAULT_TENANT
 from receiver.activity import last_hour, processes
 from receiver.batches.progress import BATCH_INDEX_KEY
 from receiver.config.settings import Settings
@@ -27,9 +29,12 @@ from receiver.watches.store import WatchStore, due_key, read_member
 __all__ = ["MAX_OFFSET", "Console"]
 
 BATCHES_SHOWN = 100
+"""Batches read per listing (newest first)."""
 MAX_OFFSET = 10**12
 """The furthest a page of dead letters may start (Redis ranges are 64-bit)."""
-"""Batches read per listing (newest first)."""
+_TENANT_READ = 1000
+"""A tenant's listing (batches, next polls) reads this many entries at most, newest (or
+soonest) first, to find its own among every tenant's."""
 
 
 class Console:
@@ -41,18 +46,46 @@ class Console:
         self.letters = DeadLetters(redis)
         self.watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
 
-    async def overview(self) -> dict[str, Any]:
-        """Activity of the last hour, queues, processes, sinks, dead letters, watches."""
+    def tenants(self) -> list[str]:
+        """Every configured tenant: ``default`` first, then the ``tenants`` of the config."""
+        return [DEFAULT_TENANT, *(t for t in self.settings.tenants if t != DEFAULT_TENANT)]
+
+    async def overview(self, tenant: str | None = None) -> dict[str, Any]:
+        """Activity of the last hour, queues, processes, sinks, dead letters, watches, and
+        the counts of each tenant (``tenant`` given: that tenant's dead letters, watches
+        and counts only; activity, queues, processes and sinks are the deployment's)."""
         now = time.time()
+        by_tenant = await self.tenant_counts()
+        if tenant is not None:
+            by_tenant = {tenant: by_tenant.get(tenant, _no_counts())}
         return {
             "at": now,
             "activity": await last_hour(self.redis, now),
             "queues": await queue_depths(self.redis),
             "processes": await processes(self.redis, now),
             "sinks": await self.sinks(),
-            "dead_letters": await self.letters.count(),
-            "watches": await self.watch_counts(),
+            "dead_letters": await self.letters.count()
+            if tenant is None
+            else by_tenant[tenant]["dead_letters"],
+            "watches": await self.watch_counts(tenant),
+            "tenants": by_tenant,
         }
+
+    async def tenant_counts(self) -> dict[str, dict[str, int]]:
+        """Per tenant (every configured one, and any other that has something kept):
+        batches running and finished (of the latest listed), pending watches, dead
+        letters."""
+        counts = {t: _no_counts() for t in self.tenants()}
+        listed = await self.batches()
+        for state in ("running", "finished"):
+            for batch in listed[state]:
+                counts.setdefault(batch["tenant"], _no_counts())[f"batches_{state}"] += 1
+        for provider in self.settings.providers:
+            async for tenant, _, _, _ in self._due(provider):
+                counts.setdefault(tenant, _no_counts())["watches_pending"] += 1
+        for tenant, n in (await self.letters.by_tenant()).items():
+            counts.setdefault(tenant, _no_counts())["dead_letters"] = n
+        return counts
 
     async def sinks(self) -> list[dict[str, Any]]:
         """Every configured sink with its last published state (``unknown`` when no worker
@@ -73,33 +106,73 @@ class Console:
             )
         return out
 
-    async def watch_counts(self) -> dict[str, dict[str, int]]:
-        return {p: await self.watches.counts(p) for p in self.settings.providers}
+    async def watch_counts(self, tenant: str | None = None) -> dict[str, dict[str, int | None]]:
+        """Watches by provider: pending, landed, expired. For one ``tenant``: its pending
+        ones (landed and expired are counted per provider only: None)."""
+        if tenant is None:
+            return {p: {**await self.watches.counts(p)} for p in self.settings.providers}
+        out: dict[str, dict[str, int | None]] = {}
+        for provider in self.settings.providers:
+            pending = 0
+            async for of, _, _, _ in self._due(provider):
+                pending += of == tenant
+            out[provider] = {"pending": pending, "landed": None, "expired": None}
+        return out
 
-    async def next_polls(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The soonest-due pending watches over every provider and tenant."""
+    async def next_polls(self, limit: int = 20, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The soonest-due pending watches over every provider (and every tenant, or
+        ``tenant``'s among the soonest 1,000 of each provider)."""
         found: list[dict[str, Any]] = []
         for provider in self.settings.providers:
-            entries = await self.redis.zrange(due_key(provider), 0, limit - 1, withscores=True)
-            for member, score in entries:
-                tenant, kind, object_id = read_member(member.decode())
+            mine = 0
+            async for of, kind, object_id, due_at in self._due(provider, _TENANT_READ):
+                if tenant is not None and of != tenant:
+                    continue
                 found.append(
                     {
                         "provider": provider,
-                        "tenant": tenant,
+                        "tenant": of,
                         "kind": kind,
                         "id": object_id,
-                        "due_at": score / 1000,
+                        "due_at": due_at,
                     }
                 )
+                mine += 1
+                if mine >= limit:
+                    break
         return sorted(found, key=lambda w: w["due_at"])[:limit]
 
-    async def batches(self, limit: int = BATCHES_SHOWN) -> dict[str, list[dict[str, Any]]]:
+    async def _due(
+        self, provider: str, most: int | None = None
+    ) -> AsyncIterator[tuple[str, str, str, float]]:
+        """``(tenant, kind, id, due at)`` of ``provider``'s pending watches, soonest first,
+        read in slices (at most ``most``)."""
+        start, step = 0, 1000
+        while most is None or start < most:
+            entries = await self.redis.zrange(
+                due_key(provider), start, start + step - 1, withscores=True
+            )
+            for member, score in entries:
+                tenant, kind, object_id = read_member(member.decode())
+                yield tenant, kind, object_id, score / 1000
+            if len(entries) < step:
+                return
+            start += step
+
+    async def batches(
+        self, limit: int = BATCHES_SHOWN, tenant: str | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
         """Batches in progress and finished ones (newest first), with rows done per sink,
-        rate and ETA. Entries whose state expired are dropped from the index."""
+        rate and ETA (``tenant`` given: its own among the newest 1,000). Entries whose
+        state expired are dropped from the index."""
         keys: list[str] = [
-            k.decode() for k in await self.redis.zrevrange(BATCH_INDEX_KEY, 0, limit - 1)
+            k.decode()
+            for k in await self.redis.zrevrange(
+                BATCH_INDEX_KEY, 0, (limit if tenant is None else _TENANT_READ) - 1
+            )
         ]
+        if tenant is not None:
+            keys = [k for k in keys if _key_scope(k)[1] == tenant][:limit]
         if not keys:
             return {"running": [], "finished": []}
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -119,18 +192,32 @@ class Console:
         return {"running": running, "finished": finished}
 
     async def dead_letters(
-        self, *, offset: int = 0, limit: int = 50, sink: str | None = None
+        self,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        sink: str | None = None,
+        tenant: str | None = None,
     ) -> dict[str, Any]:
-        """A page of dead letters, newest first, and how many there are."""
-        letters, total = await self.letters.page(offset=offset, limit=limit, sink=sink)
+        """A page of dead letters (of one sink's, one tenant's), newest first, and how
+        many there are."""
+        letters, total = await self.letters.page(
+            offset=offset, limit=limit, sink=sink, tenant=tenant
+        )
         return {"total": total, "offset": offset, "letters": [_letter(d) for d in letters]}
 
     async def replay(
-        self, *, ids: list[str] | None = None, sink: str | None = None
+        self, *, ids: list[str] | None = None, sink: str | None = None, tenant: str | None = None
     ) -> dict[str, int]:
         """Queue dead letters again: the given ids, or every letter of ``sink`` (or all of
-        them with neither). ``kept``: letters whose work cannot be redone (still listed)."""
-        letters = await self.letters.find(sink=sink) if ids is None else await self.letters.get(ids)
+        them with neither); only ``tenant``'s when given. ``kept``: letters whose work
+        cannot be redone (still listed)."""
+        if ids is None:
+            letters = await self.letters.find(sink=sink, tenant=tenant)
+        else:
+            letters = [
+                d for d in await self.letters.get(ids) if tenant is None or d.tenant == tenant
+            ]
         replayed = await self.letters.replay(letters)
         return {"replayed": replayed, "kept": len(letters) - replayed}
 
@@ -139,16 +226,29 @@ class Console:
         return [*self.settings.sinks, "fetch", "watch"]
 
 
+def _no_counts() -> dict[str, int]:
+    return {"batches_running": 0, "batches_finished": 0, "watches_pending": 0, "dead_letters": 0}
+
+
 def _letter(d: DeadLetter) -> dict[str, Any]:
     data = asdict(d)
     del data["kwargs"]  # the work itself: envelopes, large and not for a listing
+    data["tenant"] = d.tenant
     return data
+
+
+def _key_scope(key: str) -> tuple[str, str]:
+    """(provider, tenant) of a batch state key ``nopoll:batch:<provider[@tenant]>:<id>``."""
+    scope = key.removeprefix("nopoll:batch:").partition(":")[0]
+    provider, at, tenant = scope.partition("@")
+    return provider, tenant if at else DEFAULT_TENANT
 
 
 def _batch(key: str, raw: dict[bytes, bytes], sinks: list[str], now: float) -> dict[str, Any]:
     state = {k.decode(): v.decode() for k, v in raw.items()}
     _, _, rest = key.partition("nopoll:batch:")
-    provider, _, batch_id = rest.partition(":")
+    batch_id = rest.partition(":")[2]
+    provider, tenant = _key_scope(key)
     chunks: dict[int, int] = {}
     by_status: Counter[str] = Counter()
     for name, value in state.items():
@@ -171,6 +271,7 @@ def _batch(key: str, raw: dict[bytes, bytes], sinks: list[str], now: float) -> d
         eta = max(total - done_rows, 0) / rate
     return {
         "provider": provider,
+        "tenant": tenant,
         "batch_id": batch_id,
         "done": bool(state.get("done")),
         "rows": total,

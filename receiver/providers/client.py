@@ -36,7 +36,7 @@ from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
 
-__all__ = ["SAFE_ID", "ProviderClient", "retry_after_s", "safe_id"]
+__all__ = ["SAFE_ID", "SAID", "ProviderClient", "provider_said", "retry_after_s", "safe_id"]
 
 _RETRY_STATUS = RETRY_LATER | {500, 502, 503, 504, 529}
 """529: Anthropic's ``overloaded_error``."""
@@ -59,6 +59,9 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 _NETWORK_ERRORS = _network_errors()
 
 
+SAID = "; the provider said: "
+"""What ends an error that carries the provider's own reason (a JSON string follows):
+:func:`provider_said` reads it back."""
 _SAID_BYTES = 4096
 """How much of an error answer is read for the provider's own reason."""
 _SAID_CHARS = 300
@@ -106,7 +109,20 @@ def _said(raw: bytes) -> str:
         return ""
     if len(message) > _SAID_CHARS:
         message = message[: _SAID_CHARS - 1] + "\u2026"
-    return "; the provider said: " + orjson.dumps(message).decode()
+    return SAID + orjson.dumps(message).decode()
+
+
+def provider_said(error: str) -> tuple[str, str | None]:
+    """``error`` split into what nopoll says and the provider's own reason (None when it
+    carries none)."""
+    head, found, said = error.rpartition(SAID)
+    if not found:
+        return error, None
+    try:
+        reason = orjson.loads(said)
+    except orjson.JSONDecodeError:
+        return error, None
+    return (head, reason) if isinstance(reason, str) else (error, None)
 
 
 _MESSAGE = re.compile(rb'"message"\s*:\s*"((?:[^"\\]|\\.)*)')

@@ -13,15 +13,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 
+from nopoll.envelope import DEFAULT_TENANT
+from receiver.providers.client import provider_said
 from receiver.queue.enqueue import PUT_JOB_LUA, QueuedJob
 
-__all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters"]
+__all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters", "letter_tenant"]
 
 log = logging.getLogger("nopoll.dlq")
 
@@ -64,11 +67,46 @@ class DeadLetter:
     kwargs: dict[str, Any]
     created_at: float = field(default_factory=time.time)
 
+    @property
+    def tenant(self) -> str:
+        """The tenant whose work this is (:func:`letter_tenant`)."""
+        return letter_tenant(self.kwargs)
+
+
+def letter_tenant(kwargs: dict[str, Any]) -> str:
+    """The tenant of a dead letter's work, read from the work itself: a delivery's
+    envelopes' ``tenant`` (one tenant's results per delivery: a batch chunk or one
+    fetch's), a fetch's ``tenant`` kwarg, or the ``provider@tenant`` a fetch known only
+    by its job id names; ``default`` when none says otherwise."""
+    envelopes = kwargs.get("envelopes")
+    if isinstance(envelopes, list) and envelopes and isinstance(envelopes[0], dict):
+        return str(envelopes[0].get("tenant") or DEFAULT_TENANT)
+    tenant = kwargs.get("tenant")
+    if isinstance(tenant, str) and tenant:
+        return tenant
+    _, at, scope = str(kwargs.get("provider", "")).partition("@")
+    return scope if at and scope else DEFAULT_TENANT
+
 
 def _of_sink(data: bytes, sink: str, field: bytes) -> bool:
     if data.startswith(b'{"id":"') and data[39:41] == b'",':
         return data[41 : 41 + len(field)] == field
     return bool(orjson.loads(data).get("sink") == sink)
+
+
+_ERROR_CHARS = 2000
+
+
+def _cut(error: str) -> str:
+    """``error`` within 2,000 characters, the provider's own reason at its end kept whole
+    (what is cut is the middle of nopoll's part)."""
+    if len(error) <= _ERROR_CHARS:
+        return error
+    head, said = provider_said(error)
+    tail = error[len(head) :]
+    if said is None or len(tail) > _ERROR_CHARS // 2:
+        return error[:_ERROR_CHARS]
+    return error[: _ERROR_CHARS - len(tail) - 1] + "\u2026" + tail
 
 
 class DeadLetters:
@@ -95,7 +133,7 @@ class DeadLetters:
             provider=provider,
             keys=keys,
             attempts=attempts,
-            error=error[:2000],
+            error=_cut(error),
             function=function,
             kwargs=kwargs,
         )
@@ -106,8 +144,11 @@ class DeadLetters:
             await pipe.execute()
         return letter
 
-    async def find(self, *, sink: str | None = None, key: str | None = None) -> list[DeadLetter]:
-        """Dead letters, oldest first, optionally only one sink's or one key's."""
+    async def find(
+        self, *, sink: str | None = None, key: str | None = None, tenant: str | None = None
+    ) -> list[DeadLetter]:
+        """Dead letters, oldest first, optionally only one sink's, one key's or one
+        tenant's."""
         ids = await self._redis.zrange(_INDEX, 0, -1)
         if not ids:
             return []
@@ -116,7 +157,9 @@ class DeadLetters:
         return [
             d
             for d in letters
-            if (sink is None or d.sink == sink) and (key is None or key in d.keys)
+            if (sink is None or d.sink == sink)
+            and (key is None or key in d.keys)
+            and (tenant is None or d.tenant == tenant)
         ]
 
     async def get(self, ids: list[str]) -> list[DeadLetter]:
@@ -127,31 +170,58 @@ class DeadLetters:
         return [DeadLetter(**orjson.loads(r)) for r in raw if r is not None]
 
     async def page(
-        self, *, offset: int = 0, limit: int = 50, sink: str | None = None
+        self,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        sink: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[list[DeadLetter], int]:
-        """Newest first: ``limit`` letters from ``offset`` (of one sink's, if given), and
-        how many there are in all. Without a sink it reads only the page; with one it reads
-        the index in slices of 1,000 until the page is full."""
-        if sink is None:
+        """Newest first: ``limit`` letters from ``offset`` (of one sink's and one tenant's,
+        if given), and how many there are in all. Without a filter it reads only the page;
+        with one it reads the index in slices of 1,000 to the end (to count)."""
+        if sink is None and tenant is None:
             total = int(await self._redis.zcard(_INDEX))
             ids = await self._redis.zrevrange(_INDEX, offset, offset + limit - 1)
             return await self.get([i.decode() for i in ids]), total
         page: list[DeadLetter] = []
         matched = 0
-        size = int(await self._redis.zcard(_INDEX))
         # A letter is stored as {"id":"<32 hex>","sink":"<name>",...}: its sink is read
-        # at that place without decoding it (letters in any other shape are decoded).
-        field = orjson.dumps({"sink": sink})[1:-1] + b","
+        # at that place without decoding it (letters in any other shape are decoded). Its
+        # tenant is in its work, so a tenant's filter decodes every letter of the sink.
+        field = orjson.dumps({"sink": sink})[1:-1] + b"," if sink is not None else b""
+        async for data in self._every():
+            if sink is not None and not _of_sink(data, sink, field):
+                continue
+            letter = DeadLetter(**orjson.loads(data)) if tenant is not None else None
+            if letter is not None and letter.tenant != tenant:
+                continue
+            if offset <= matched < offset + limit:
+                page.append(letter or DeadLetter(**orjson.loads(data)))
+            matched += 1
+        return page, matched
+
+    async def by_tenant(self) -> dict[str, int]:
+        """How many letters each tenant has kept (every letter is read: a page's cost
+        times the letters kept, like a filtered :meth:`page`)."""
+        counts: dict[str, int] = {}
+        async for data in self._every():
+            kwargs = orjson.loads(data).get("kwargs")
+            tenant = letter_tenant(kwargs if isinstance(kwargs, dict) else {})
+            counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
+    async def _every(self) -> AsyncIterator[bytes]:
+        """Every stored letter, newest first, read in slices of 1,000."""
+        size = int(await self._redis.zcard(_INDEX))
         for start in range(0, size, _SLICE):
             ids = await self._redis.zrevrange(_INDEX, start, start + _SLICE - 1)
+            if not ids:
+                return
             raw: list[bytes | None] = await self._redis.hmget(_DATA, ids)  # type: ignore[misc]
             for data in raw:
-                if data is None or not _of_sink(data, sink, field):
-                    continue
-                if offset <= matched < offset + limit:
-                    page.append(DeadLetter(**orjson.loads(data)))
-                matched += 1
-        return page, matched
+                if data is not None:
+                    yield data
 
     async def replay(self, letters: list[DeadLetter]) -> int:
         """Queue each dead letter's work again (from try 1) on its function's queue and forget

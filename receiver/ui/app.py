@@ -1,7 +1,9 @@
 """``/ui``: the status page, served by the API process.
 
 Login with an admin token (one of ``admin_tokens``; none configured: ``/ui`` is 404, like
-``/admin/v1``). The session lives in a signed cookie (:mod:`receiver.ui.session`: a key of
+``/admin/v1``), or with a consumer token limited to a tenant (``consumer_tokens[].tenant``):
+that session sees its tenant's batches, watches and dead letters only, and replays its
+tenant's letters only. The session lives in a signed cookie (:mod:`receiver.ui.session`: a key of
 its own, eight hours from login, ended for every copy at log-out): ``HttpOnly``,
 ``SameSite=Strict``, ``Secure`` when ``public_url`` is https, scoped to ``/ui``. It holds
 a fingerprint of the token (an HMAC under the session key), never the token, so removing
@@ -9,6 +11,8 @@ a token from the config ends its sessions. Every state-changing request is a POS
 the session's CSRF token.
 
 Pages read through :class:`receiver.console.Console`, the same calls as the admin API.
+Batches, watches and dead letters take ``?tenant=`` (a configured tenant; empty or ``*``
+for every tenant's).
 Each page's content is also served alone (``?part=1``), which htmx fetches every few
 seconds to keep the page live.
 """
@@ -35,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from receiver.auth import TokenBook
 from receiver.config.settings import Settings
 from receiver.console import MAX_OFFSET, Console
+from receiver.providers.client import provider_said
 from receiver.ui.charts import bar_chart
 from receiver.ui.session import SessionCookies, Sessions
 
@@ -62,10 +67,31 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _duration(seconds: float | None) -> str:
+    """How long something took, as precisely as is worth reading: ``0.4 s``, ``1.4 s``,
+    ``42 s``, ``2 min 3 s``, ``1 h 5 min``."""
+    if seconds is None:
+        return "—"
+    seconds = max(seconds, 0.0)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, minutes = divmod(whole // 60, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
 class _Ui:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.console = Console(settings, redis)
         self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
+        self.consumers = [
+            (c.token.get_secret_value().encode(), c.tenant) for c in settings.consumer_tokens
+        ]
         self.book = TokenBook.of(settings)
         self.sessions = Sessions(settings, redis)
         self.secure = (settings.public_url or "").startswith("https://")
@@ -75,6 +101,8 @@ class _Ui:
             enable_async=False,
         )
         env.filters["ago"] = _ago
+        env.filters["duration"] = _duration
+        env.filters["said"] = provider_said
         env.filters["num"] = lambda n: f"{round(n):,}" if isinstance(n, int | float) else "—"
         env.globals["now"] = time.time
         self.env = env
@@ -87,14 +115,18 @@ class _Ui:
         return token
 
     async def _signed_in(self, request: Request) -> bool:
-        """A live session of a configured token, not logged out (remembered for the page)."""
+        """A live session of a configured token, not logged out (remembered for the page,
+        with the tenant it is limited to: an admin token's session sees every tenant, a
+        consumer token's only the tenant that token is limited to)."""
         request.state.signed_in = False
+        request.state.tenant = tenant = self.sessions.tenant(request.session)
         live = self.sessions.live(request.session)
         if live is None or not live[0].isascii():
             return False
         key = await self.sessions.key()
+        tokens = self.tokens if tenant is None else [t for t, of in self.consumers if of == tenant]
         ok = False
-        for token in self.tokens:  # every token compared: no early exit
+        for token in tokens:  # every token compared: no early exit
             ok |= hmac.compare_digest(live[0].encode(), _fingerprint(key, token).encode())
         request.state.signed_in = ok and not await self.sessions.ended(live[1])
         return bool(request.state.signed_in)
@@ -121,6 +153,7 @@ class _Ui:
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("signed_in", getattr(request.state, "signed_in", False))
+        context.setdefault("limited", getattr(request.state, "tenant", None))
         context["csrf"] = self._csrf(request)
         context["path"] = request.url.path
         html = self.env.get_template(name).render(**context)
@@ -147,10 +180,19 @@ class _Ui:
         holder = None
         if len(typed) == 1 and isinstance(typed[0], str):
             holder = self.book.identify(typed[0].strip(), "admin")
-        if holder is None:
-            return self.render(request, "login.html", 401, error="That is not an admin token.")
-        match = self.tokens[holder.index]
-        self.sessions.begin(request.session, _fingerprint(await self.sessions.key(), match))
+            if holder is None:  # a consumer token opens its tenant's view only
+                holder = self.book.identify(typed[0].strip(), "consumer")
+        if holder is None or (holder.role == "consumer" and holder.tenant is None):
+            error = "That is not an admin token."
+            if any(of is not None for _, of in self.consumers):
+                error += " (A consumer token limited to a tenant logs in too.)"
+            return self.render(request, "login.html", 401, error=error)
+        if holder.role == "admin":
+            match, tenant = self.tokens[holder.index], None
+        else:
+            match, tenant = self.consumers[holder.index][0], holder.tenant
+        key = await self.sessions.key()
+        self.sessions.begin(request.session, _fingerprint(key, match), tenant)
         return RedirectResponse("/ui/", 303)
 
     async def logout(self, request: Request) -> Response:
@@ -168,19 +210,42 @@ class _Ui:
             return self.render(request, f"_{name}.html", page=name, **data)
         if name in _LIVE:
             title, every_s = _LIVE[name]
-            path = request.url.path
+            query = {k: v for k, v in request.query_params.items() if k != "part"}
+            live_url = f"{request.url.path}?{urlencode({**query, 'part': '1'})}"
             return self.render(
-                request, "live.html", page=name, title=title, every_s=every_s, live_url=path, **data
+                request,
+                "live.html",
+                page=name,
+                title=title,
+                every_s=every_s,
+                live_url=live_url,
+                **data,
             )
         return self.render(request, f"{name}.html", page=name, **data)
 
     async def _guard(self, request: Request) -> Response | None:
         return None if await self._signed_in(request) else self._login_first(request)
 
+    def _tenant(self, request: Request, asked: str | None) -> str | Response | None:
+        """The tenant whose rows to show: ``asked`` (``?tenant=``; empty or ``*`` for
+        every tenant's) within what the session may see, or the refusal to answer."""
+        limited: str | None = request.state.tenant
+        if not asked or asked == "*":
+            return limited
+        if limited is not None and asked != limited:
+            return self.refuse(request, 403, f"This session sees tenant {limited!r} only.")
+        if asked not in self.console.tenants():
+            return self.refuse(request, 400, f"There is no tenant {asked[:64]!r}.")
+        return asked
+
+    def _tenant_choice(self, tenant: str | None) -> dict[str, Any]:
+        """What a page's tenant filter shows: the tenants to choose from, the one chosen."""
+        return {"tenant": tenant, "tenant_names": self.console.tenants()}
+
     async def overview(self, request: Request) -> Response:
         if (denied := await self._guard(request)) is not None:
             return denied
-        data = await self.console.overview()
+        data = await self.console.overview(tenant=request.state.tenant)
         activity = data["activity"]
         data["charts"] = {
             "callbacks": bar_chart([m["callbacks"] for m in activity], title="Callbacks"),
@@ -192,19 +257,41 @@ class _Ui:
     async def batches(self, request: Request) -> Response:
         if (denied := await self._guard(request)) is not None:
             return denied
-        data = await self.console.batches()
+        tenant = self._tenant(request, request.query_params.get("tenant"))
+        if isinstance(tenant, Response):
+            return tenant
+        data = await self.console.batches(tenant=tenant)
         return await self._page(
-            request, "batches", {**data, "sinks": list(self.console.settings.sinks)}
+            request,
+            "batches",
+            {**data, "sinks": list(self.console.settings.sinks), **self._tenant_choice(tenant)},
         )
 
     async def watches(self, request: Request) -> Response:
         if (denied := await self._guard(request)) is not None:
             return denied
+        tenant = self._tenant(request, request.query_params.get("tenant"))
+        if isinstance(tenant, Response):
+            return tenant
         data = {
-            "counts": await self.console.watch_counts(),
-            "next": await self.console.next_polls(),
+            "counts": await self.console.watch_counts(tenant),
+            "next": await self.console.next_polls(tenant=tenant),
+            **self._tenant_choice(tenant),
         }
         return await self._page(request, "watches", data)
+
+    def _letters_scope(
+        self, request: Request, fields: Any
+    ) -> tuple[str | None, str | None] | Response:
+        """(sink, tenant) a dead letters request names (``fields``: its query or form), or
+        the refusal to answer."""
+        sink = fields.get("sink") or None
+        if sink is not None and sink not in self.console.sink_names():
+            return self.refuse(request, 400, f"There is no sink {sink[:64]!r}.")
+        tenant = self._tenant(request, fields.get("tenant"))
+        if isinstance(tenant, Response):
+            return tenant
+        return sink, tenant
 
     async def dead_letters(self, request: Request) -> Response:
         if (denied := await self._guard(request)) is not None:
@@ -215,14 +302,17 @@ class _Ui:
         if page is None or (page - 1) * _PAGE > MAX_OFFSET:
             return self.refuse(request, 400, f"There is no page {raw[:20]!r}.")
         page = max(page, 1)
-        sink = q.get("sink") or None
-        if sink is not None and sink not in self.console.sink_names():
-            return self.refuse(request, 400, f"There is no sink {sink[:64]!r}.")
-        found = await self.console.dead_letters(offset=(page - 1) * _PAGE, limit=_PAGE, sink=sink)
+        scope = self._letters_scope(request, q)
+        if isinstance(scope, Response):
+            return scope
+        sink, tenant = scope
+        found = await self.console.dead_letters(
+            offset=(page - 1) * _PAGE, limit=_PAGE, sink=sink, tenant=tenant
+        )
         pages = max((found["total"] + _PAGE - 1) // _PAGE, 1)
 
         def link(n: int) -> str:
-            return "/ui/deadletters?" + urlencode({"page": n, **({"sink": sink} if sink else {})})
+            return "/ui/deadletters?" + urlencode({"page": n, **_filters(sink, tenant)})
 
         data = {
             **found,
@@ -233,8 +323,32 @@ class _Ui:
             "sink": sink,
             "sink_names": self.console.sink_names(),
             "outcome": request.session.pop("outcome", None),
+            **self._tenant_choice(tenant),
         }
         return await self._page(request, "deadletters", data)
+
+    async def confirm_replay(self, request: Request) -> Response:
+        """The step before replaying every letter a filter shows: how many, and a button
+        that replays them (nothing is replayed by coming here)."""
+        if (denied := await self._guard(request)) is not None:
+            return denied
+        scope = self._letters_scope(request, request.query_params)
+        if isinstance(scope, Response):
+            return scope
+        sink, tenant = scope
+        found = await self.console.dead_letters(limit=1, sink=sink, tenant=tenant)
+        back = "/ui/deadletters" + (
+            f"?{urlencode(_filters(sink, tenant))}" if _filters(sink, tenant) else ""
+        )
+        return self.render(
+            request,
+            "confirm.html",
+            page="deadletters",
+            total=found["total"],
+            sink=sink,
+            tenant=tenant,
+            back=back,
+        )
 
     async def replay(self, request: Request) -> Response:
         if (denied := await self._guard(request)) is not None:
@@ -242,19 +356,19 @@ class _Ui:
         form = await self._form(request)
         if isinstance(form, Response):
             return form
-        letter, sink = form.get("id"), form.get("sink") or None
-        if sink is not None and sink not in self.console.sink_names():
-            return self.refuse(request, 400, f"There is no sink {sink[:64]!r}.")
+        scope = self._letters_scope(request, form)
+        if isinstance(scope, Response):
+            return scope
+        sink, tenant = scope
+        letter = form.get("id")
         if letter:
-            done = await self.console.replay(ids=[letter[:64]])
+            done = await self.console.replay(ids=[letter[:64]], tenant=request.state.tenant)
             what = f"dead letter {letter[:64]}"
         elif form.get("scope") in ("sink", "all"):
-            done = await self.console.replay(sink=sink if form["scope"] == "sink" else None)
-            what = (
-                f"every dead letter of {sink}"
-                if form["scope"] == "sink" and sink
-                else "every dead letter"
-            )
+            sink = sink if form["scope"] == "sink" else None
+            done = await self.console.replay(sink=sink, tenant=tenant)
+            what = "every dead letter" + (f" of {sink}" if sink else "")
+            what += f" of tenant {tenant}" if tenant else ""
         else:
             return self.refuse(request, 400, "Say which dead letters to replay.")
         request.session["outcome"] = f"Replayed {done['replayed']} ({what}); " + (
@@ -262,10 +376,16 @@ class _Ui:
             if done["kept"]
             else "a worker delivers them now."
         )
-        back = "/ui/deadletters" + (
-            f"?{urlencode({'sink': form['back_sink']})}" if form.get("back_sink") else ""
-        )
-        return RedirectResponse(back, 303)
+        back = _filters(form.get("back_sink") or None, form.get("back_tenant") or None)
+        return RedirectResponse("/ui/deadletters" + (f"?{urlencode(back)}" if back else ""), 303)
+
+
+def _filters(sink: str | None, tenant: str | None) -> dict[str, str]:
+    """The query of a dead letters page filtered by ``sink`` and ``tenant``."""
+    return {
+        **({"sink": sink} if sink else {}),
+        **({"tenant": tenant} if tenant else {}),
+    }
 
 
 _LIVE = {"overview": ("Overview", 5), "batches": ("Batches", 2), "watches": ("Watches", 5)}
@@ -310,6 +430,7 @@ def ui_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
         Route("/batches", safe(ui.batches), methods=["GET"]),
         Route("/watches", safe(ui.watches), methods=["GET"]),
         Route("/deadletters", safe(ui.dead_letters), methods=["GET"]),
+        Route("/deadletters/replay", safe(ui.confirm_replay), methods=["GET"]),
         Route("/deadletters/replay", safe(ui.replay), methods=["POST"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]

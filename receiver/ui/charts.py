@@ -1,5 +1,6 @@
 """Small charts drawn on the server as SVG: no script, no library, readable by a screen
-reader through their label."""
+reader through their label. The drawing stretches to any width; its labels are HTML
+(``.chart-box``'s ``.peak`` and ``.ticks``), so they keep their shape on a phone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from html import escape
 
 __all__ = ["bar_chart"]
 
-_W, _H, _PAD = 600, 120, 18
+_W, _H, _PAD = 600, 120, 2
 
 
 def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") -> str:
@@ -30,14 +31,18 @@ def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") ->
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" height="{h:.1f}">'
             f"<title>{v:,}</title></rect>"
         )
+    # The labels are HTML beside the drawing, not SVG text: the drawing stretches to the
+    # width it is given (preserveAspectRatio none), which would squeeze text on a phone.
     return (
+        '<div class="chart-box">'
         f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(label)}" '
         f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
         f"<title>{escape(label)}</title>"
         f'<line x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}" class="axis"/>'
         f'<g class="bars">{"".join(bars)}</g>'
-        f'<text x="2" y="{_H - 4}" class="tick">-{len(values)} min</text>'
-        f'<text x="{_W - 2}" y="{_H - 4}" class="tick" text-anchor="end">now</text>'
-        f'<text x="2" y="12" class="tick">{peak:,}</text>'
         "</svg>"
+        f'<span class="peak" aria-hidden="true">{peak:,}</span>'
+        '<div class="ticks" aria-hidden="true">'
+        f"<span>-{len(values)} min</span><span>now</span></div>"
+        "</div>"
     )

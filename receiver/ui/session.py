@@ -5,7 +5,9 @@ when configured, else a random key made once and kept in Redis, so every API pro
 alike and two deployments never accept each other's cookies. Nothing in the key comes from
 an admin token, so a cookie is no offline test of a guessed token.
 
-A signed-in session records when it logged in (``since``) and its own id (``sid``). It
+A signed-in session records when it logged in (``since``) and its own id (``sid``); one
+opened with a consumer token limited to a tenant also records that ``tenant``, and sees
+that tenant's rows only. It
 ends eight hours after login, however often the cookie is re-issued, and at log-out,
 which marks its id as ended in Redis until those eight hours are up, so a copy of the
 cookie taken earlier is refused too.
@@ -86,8 +88,15 @@ class Sessions:
         return admin, sid
 
     @staticmethod
-    def begin(session: dict[str, Any], fingerprint: str) -> None:
-        """Make ``session`` a fresh signed-in one: nothing carried over."""
+    def tenant(session: dict[str, Any]) -> str | None:
+        """The one tenant a session is limited to (None: an admin's, every tenant)."""
+        tenant = session.get("tenant")
+        return tenant if isinstance(tenant, str) else None
+
+    @staticmethod
+    def begin(session: dict[str, Any], fingerprint: str, tenant: str | None = None) -> None:
+        """Make ``session`` a fresh signed-in one (limited to ``tenant`` when given):
+        nothing carried over."""
         session.clear()
         session.update(
             admin=fingerprint,
@@ -95,6 +104,8 @@ class Sessions:
             sid=secrets.token_urlsafe(16),
             csrf=secrets.token_urlsafe(32),
         )
+        if tenant is not None:
+            session["tenant"] = tenant
 
     async def ended(self, sid: str) -> bool:
         return bool(await self._redis.exists(_ENDED + sid))

@@ -11,13 +11,18 @@ import asyncio
 import os
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from receiver.batches.progress import BatchState
+from receiver.config.accounts import scoped
 from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import FETCH_RESPONSE, JOBS_QUEUE
+from receiver.watches.store import WatchStore
 from tests.dead_letters import keep_letter
 from tests.e2e.helpers import CSRF, await_ready, logged_in_as, pg_rows, wait_for, write_config
 from tests.servers import free_port, missing, running_api
@@ -25,6 +30,11 @@ from tests.servers import free_port, missing, running_api
 pytestmark = pytest.mark.slow
 
 ADMIN = "ui-admin-token-0123456789abcdef"
+TEAM_A = "team-a-consumer-token-0123456789"
+TEAM_B = "team-b-consumer-token-0123456789"
+PHONE = {"width": 390, "height": 844}
+HEADER_MAX_PX = 56
+"""The header on a phone: one line of links and a button (three lines were ~130 px)."""
 SHOTS = os.environ.get("NOPOLL_UI_SCREENSHOTS")  # read at import: the tests clear NOPOLL_*
 
 
@@ -94,6 +104,14 @@ def _number(text: str) -> int:
     return int(text.replace(",", "").strip())
 
 
+async def _fits_a_phone(page, what: str) -> None:
+    """The page at 390 px: a header of one line, and nothing wider than the screen."""
+    header = await page.locator("header.top").bounding_box()
+    assert header is not None and header["height"] <= HEADER_MAX_PX, (what, header)
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], (what, width)
+
+
 async def test_log_in_watch_a_batch_rise_replay_a_dead_letter_and_log_out(
     browser, ui_stack, signed_callback, pg_url, pg_table, shots
 ):
@@ -142,6 +160,9 @@ async def test_log_in_watch_a_batch_rise_replay_a_dead_letter_and_log_out(
         await asyncio.sleep(0.5)
         await page.reload()
     await letter.wait_for(timeout=1_000)
+    said = letter.get_by_test_id("provider-said")  # the provider's own reason, in full
+    assert "no such response" in await said.inner_text()
+    assert await said.is_visible()
     await page.screenshot(path=shots / "deadletters.png", full_page=True)
     sim.add_response("resp_gone")  # the provider has it now
     await letter.get_by_role("button", name=re.compile("Replay dead letter")).click()
@@ -172,10 +193,21 @@ async def test_log_in_watch_a_batch_rise_replay_a_dead_letter_and_log_out(
     assert results is not None and "1,002 in all" in results  # 1,000 rows, summary, response
     assert await page.get_by_test_id("dead-letters").inner_text() == "0"
     await page.screenshot(path=shots / "overview.png", full_page=True)
-    phone = await browser.new_page(viewport={"width": 390, "height": 844})
+    phone = await browser.new_page(viewport=PHONE)
     await phone.context.add_cookies(await page.context.cookies())
-    await phone.goto(f"{base}/ui/")
+    for path in ("batches", "deadletters", ""):
+        await phone.goto(f"{base}/ui/{path}")
+        await _fits_a_phone(phone, path or "overview")
     await phone.screenshot(path=shots / "overview-phone.png", full_page=True)
+
+    # A batch that takes a second or two says so (it read "0 s": whole seconds, rounded).
+    sim.add_batch("valar", "batch_quick", 240, row_delay_s=0.02)
+    await _post_callback(base, signed_callback, "batch_quick", "batch.completed")
+    await page.get_by_role("link", name="Batches").click()
+    quick = page.locator("section", has_text="Finished").locator("tr[data-batch=batch_quick]")
+    await quick.wait_for(timeout=60_000)
+    took = (await quick.get_by_test_id("took").inner_text()).strip()
+    assert re.fullmatch(r"\d+\.\d s|\d+ s", took) and float(took.split()[0]) >= 0.5, took
 
     await page.get_by_role("button", name="Log out").click()
     await page.wait_for_url(f"{base}/ui/login")
@@ -264,3 +296,188 @@ async def test_without_admin_tokens_there_is_no_ui_and_https_makes_the_cookie_se
         assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
         r = await client.get("/ui/static/htmx.min.js")
         assert r.status_code == 200 and b"htmx" in r.content[:200]
+
+
+@pytest.fixture
+async def two_tenants(make_settings, redis_url):
+    """(base URL, Redis, dead letters store, {tenant: its letter}): the API alone (no
+    worker: replayed work stays queued) with tenants ``team-a`` and ``team-b``, each with
+    a consumer token of its own, and each with a running and a finished batch, a
+    watch and a dead letter; the default tenant has a dead letter too."""
+    account = {"providers": {"sim": {"api_key": "sk-test-tenant-key"}}}
+    settings = make_settings(
+        redis_url=redis_url,
+        admin_tokens=[ADMIN],
+        tenants={"team-a": account, "team-b": account},
+        tenant_keys=["tenant-key-0123456789abcdef0123456789"],
+        consumer_tokens=[
+            {"token": TEAM_A, "tenant": "team-a"},
+            {"token": TEAM_B, "tenant": "team-b"},
+        ],
+    )
+    redis = Redis.from_url(redis_url)
+    letters = DeadLetters(redis)
+    watches = WatchStore(redis)
+    kept = {}
+    for tenant in ("team-a", "team-b", "default"):
+        short = tenant[-1] if tenant != "default" else "d"
+        for batch_id, done in ((f"batch_run_{short}", False), (f"batch_end_{short}", True)):
+            state = BatchState.of(
+                redis, scoped("sim", tenant), batch_id, ttl_s=3600, job_expiry_ms=60_000
+            )
+            await state.begin(100)
+            await state.record_rows(2)
+            await state.record_counts(0, Counter({"completed": 2}))
+            if done:
+                await state.commit("files", 0)
+                await state.finish()
+        await watches.register(
+            "sim", "response", f"resp_watch_{short}", first_poll_in_s=600, tenant=tenant
+        )
+        kwargs = {"provider": "sim", "response_id": f"resp_dl_{short}", "tenant": tenant}
+        kept[tenant] = await keep_letter(
+            letters,
+            FETCH_RESPONSE,
+            keys=[f"resp_dl_{short}"],
+            kwargs=kwargs,
+            error=f"sim GET responses/resp_dl_{short} (HTTP 404): unexpected status; "
+            f'the provider said: "no such response {short}"',
+        )
+    async with running_api(settings, redis_url) as (base, _):
+        yield base, redis, letters, kept
+    await redis.aclose()
+
+
+def _ids(text: str) -> set[str]:
+    return set(re.findall(r"(?:batch_run|batch_end|resp_watch|resp_dl)_[abd]", text))
+
+
+async def test_every_page_shows_and_filters_by_tenant_and_a_tenant_login_sees_only_its_own(
+    two_tenants,
+):
+    base, _redis, letters, kept = two_tenants
+    every = {
+        f"{kind}_{t}" for kind in ("batch_run", "batch_end", "resp_watch", "resp_dl") for t in "abd"
+    }
+    pages = ("/ui/batches", "/ui/watches", "/ui/deadletters")
+    async with httpx.AsyncClient(base_url=base) as admin:
+        await logged_in_as(admin, ADMIN)
+        seen = set()
+        for path in pages:
+            for tenant in ("", "*"):
+                r = await admin.get(path, params={"tenant": tenant} if tenant else None)
+                assert r.status_code == 200 and '<th scope="col">Tenant</th>' in r.text, path
+                found = _ids(r.text)
+                seen |= found
+                assert {"team-a", "team-b", "default"} <= set(
+                    re.findall(r'data-testid="tenant">([^<]+)<', r.text)
+                ), path
+            r = await admin.get(path, params={"tenant": "team-a"})
+            assert r.status_code == 200
+            assert _ids(r.text) and all(i.endswith("_a") for i in _ids(r.text)), (
+                path,
+                _ids(r.text),
+            )
+            assert set(re.findall(r'data-testid="tenant">([^<]+)<', r.text)) == {"team-a"}
+            assert '<option value="team-a" selected>' in r.text  # the select says the filter
+            live = await admin.get(path, params={"tenant": "team-b", "part": "1"})
+            assert all(i.endswith("_b") for i in _ids(live.text)), path  # the live refresh too
+            assert (await admin.get(path, params={"tenant": "nobody"})).status_code == 400
+        assert seen == every
+        overview = (await admin.get("/ui/")).text
+        for tenant in ("team-a", "team-b", "default"):
+            row = re.search(rf'<tr data-tenant="{tenant}">(.*?)</tr>', overview, re.S)
+            assert row is not None, tenant
+            # batches running, finished, watches pending, dead letters: one each
+            assert re.findall(r">(\d+)<", row.group(1)) == ["1", "1", "1", "1"], tenant
+
+    # A consumer token limited to team-b logs in and sees team-b's rows only, whatever it asks.
+    async with httpx.AsyncClient(base_url=base) as team_b:
+        await logged_in_as(team_b, TEAM_B)
+        for path in (*pages, "/ui/"):
+            for params in ({}, {"tenant": "*"}, {"tenant": "team-b"}, {"part": "1"}):
+                r = await team_b.get(path, params=params)
+                assert r.status_code == 200, (path, params)
+                assert _ids(r.text) <= {i for i in every if i.endswith("_b")}, (path, params)
+                assert "team-a" not in r.text and "_a<" not in r.text, (path, params)
+                assert "tenant-key" not in r.text
+        for path in pages:
+            r = await team_b.get(path, params={"tenant": "team-a"})
+            assert r.status_code == 403 and "team-b" in r.text, path
+        assert _ids((await team_b.get("/ui/deadletters")).text) == {"resp_dl_b"}
+        overview = (await team_b.get("/ui/")).text
+        assert re.findall(r'<tr data-tenant="([^"]+)">', overview) == ["team-b"]
+        # its replays reach its own letters only: another tenant's by id, or "all", never
+        csrf = CSRF.search(overview).group(1)  # type: ignore[union-attr]
+        r = await team_b.post(
+            "/ui/deadletters/replay", data={"csrf": csrf, "id": kept["team-a"].id}
+        )
+        assert r.status_code == 303
+        r = await team_b.post("/ui/deadletters/replay", data={"csrf": csrf, "scope": "all"})
+        assert r.status_code == 303
+        assert {d.tenant for d in await letters.find()} == {"team-a", "default"}
+        r = await team_b.post(
+            "/ui/deadletters/replay", data={"csrf": csrf, "scope": "all", "tenant": "team-a"}
+        )
+        assert r.status_code == 403
+        assert {d.tenant for d in await letters.find()} == {"team-a", "default"}
+    async with httpx.AsyncClient(base_url=base) as nobody:  # an unlimited consumer: no login
+        page = await nobody.get("/ui/login")
+        token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
+        r = await nobody.post("/ui/login", data={"token": TEAM_A[::-1], "csrf": token})
+        assert r.status_code == 401
+
+
+async def test_replay_all_asks_first_with_the_count_and_fits_a_phone(browser, two_tenants, shots):
+    base, redis, letters, _kept = two_tenants
+    await keep_letter(
+        letters,
+        FETCH_RESPONSE,
+        keys=["resp_more"],
+        kwargs={"provider": "sim", "response_id": "resp_more"},
+    )
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await page.goto(f"{base}/ui/login")
+    await page.get_by_label("Admin token").fill(ADMIN)
+    await page.get_by_role("button", name="Log in").click()
+    await page.wait_for_url(f"{base}/ui/")
+    await page.get_by_role("link", name="Dead letters").click()
+
+    # filtered to one tenant: its letters, with the provider's reason under each
+    await page.get_by_label("Tenant", exact=True).select_option("team-a")
+    await page.get_by_role("button", name="Show").click()
+    await page.wait_for_url(re.compile(r"tenant=team-a"))
+    rows = page.locator("tr[data-letter]")
+    assert await rows.count() == 1
+    assert await rows.first.get_by_test_id("tenant").inner_text() == "team-a"
+    assert "no such response a" in await rows.first.get_by_test_id("provider-said").inner_text()
+
+    # every tenant's: "Replay all 4" asks first, and nothing is replayed until confirmed
+    await page.get_by_label("Tenant", exact=True).select_option("*")
+    await page.get_by_role("button", name="Show").click()
+    await page.wait_for_url(re.compile(r"tenant=%2A|tenant=\*"))
+    assert await rows.count() == 4
+    await page.screenshot(path=shots / "deadletters-tenants.png", full_page=True)
+    await page.get_by_role("button", name=re.compile(r"^Replay all 4")).click()
+    await page.get_by_role("heading", name="Replay all 4 dead letters?").wait_for()
+    await page.screenshot(path=shots / "replay-confirm.png")
+    assert await letters.count() == 4  # asked, not done
+    await page.get_by_role("link", name="Cancel").click()
+    await page.wait_for_url(re.compile(r"/ui/deadletters"))
+    assert await letters.count() == 4
+    await page.get_by_role("button", name=re.compile(r"^Replay all 4")).click()
+    await page.get_by_role("button", name="Yes, replay all 4").click()
+    outcome = page.get_by_test_id("outcome")
+    await outcome.wait_for()
+    assert "Replayed 4" in await outcome.inner_text()
+    assert await letters.count() == 0
+    assert await redis.zcard(JOBS_QUEUE) == 4  # every one queued again
+
+    # on a phone: one line of header, nothing wider than the screen, on every page
+    phone = await browser.new_page(viewport=PHONE)
+    await phone.context.add_cookies(await page.context.cookies())
+    for path in ("", "batches", "watches", "deadletters", "deadletters/replay"):
+        await phone.goto(f"{base}/ui/{path}")
+        await _fits_a_phone(phone, path or "overview")
+    await phone.goto(f"{base}/ui/batches")
+    await phone.screenshot(path=shots / "batches-phone.png", full_page=True)

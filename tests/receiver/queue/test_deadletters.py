@@ -100,3 +100,33 @@ async def test_replay_forgets_only_the_letters_it_queued(
         assert (job, kept) == ((1, 0) if queued else (0, 1))
     assert await redis.zcard(JOBS_QUEUE) == 1 and await redis.zcard(BATCHES_QUEUE) == 0
     assert await letters.count() == 2
+
+
+async def test_a_letter_knows_its_tenant_and_pages_filter_by_it(letters: DeadLetters) -> None:
+    a_fetch = await keep_letter(letters, FETCH_RESPONSE, kwargs={"provider": "sim", "tenant": "a"})
+    a_delivery = await keep_letter(
+        letters, DELIVER, "db", kwargs={"sink": "db", "envelopes": [{"key": "k", "tenant": "a"}]}
+    )
+    by_id = await keep_letter(letters, FETCH_RESPONSE, kwargs={"provider": "sim@b"})
+    default = await keep_letter(letters, FETCH_RESPONSE)
+    assert [a_fetch.tenant, a_delivery.tenant, by_id.tenant, default.tenant] == [
+        "a",
+        "a",
+        "b",
+        "default",
+    ]
+    page, total = await letters.page(tenant="a")
+    assert total == 2 and [d.id for d in page] == [a_delivery.id, a_fetch.id]  # newest first
+    page, total = await letters.page(tenant="a", sink="fetch")
+    assert total == 1 and [d.id for d in page] == [a_fetch.id]
+    page, total = await letters.page(tenant="a", offset=1, limit=1)
+    assert total == 2 and [d.id for d in page] == [a_fetch.id]
+    assert await letters.by_tenant() == {"a": 2, "b": 1, "default": 1}
+    assert [d.id for d in await letters.find(tenant="b")] == [by_id.id]
+
+
+async def test_a_long_error_keeps_the_providers_reason_whole(letters: DeadLetters) -> None:
+    said = '; the provider said: "No response found with id resp_1"'
+    kept = await keep_letter(letters, FETCH_RESPONSE, error="x" * 5000 + said)
+    [stored] = await letters.get([kept.id])
+    assert len(stored.error) == 2000 and stored.error.endswith("\u2026" + said)
