@@ -101,6 +101,10 @@ class WatchPoller:
                 try:
                     wait_s = await self._round()
                 except (RedisError, OSError) as exc:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        # the client made our cancel a connection error: stop all the same
+                        raise asyncio.CancelledError from exc
                     log.debug("watch poller waits for Redis: %s", type(exc).__name__)
                     wait_s = _IDLE_S
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the

@@ -11,7 +11,6 @@ poller and the publication of the accounts it serves, and close them again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -288,10 +287,19 @@ async def hand_back(shared: Shared) -> None:
 
 
 async def _stop_poller(shared: Shared) -> None:
+    """Cancel the watch poller and wait for it. The cancel is repeated: a library that
+    turns a cancel into a connection error (seen with a Redis read cut short at start-up)
+    would otherwise leave the poller waiting for its next round and the process never
+    exiting."""
     if shared.poller is not None:
-        shared.poller.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await shared.poller
+        task = shared.poller
+        for _ in range(60):  # 30 s at most; a poll ends within its HTTP timeout anyway
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+            if task.done():
+                break
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the poller logged what it hit
         shared.poller = None
 
 
