@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -53,6 +54,7 @@ __all__ = [
     "PUSH_LUA",
     "JourneyStore",
     "callback_head",
+    "envelope_ids",
     "hook_key",
     "journey_key",
 ]
@@ -173,3 +175,23 @@ class JourneyStore:
         """The id a callback with this webhook-id was about, while its trail is kept."""
         found = await self.redis.get(hook_key(provider, webhook_id, tenant))
         return found.decode() if isinstance(found, bytes) else found
+
+
+def envelope_ids(envelopes: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """The journeys envelopes (as dicts) belong to, each once: ``(provider, tenant, id)``,
+    a batch row's (or summary's) being its batch's; at most :data:`_MOST_IDS` of them."""
+    found: dict[tuple[str, str, str], None] = {}
+    for env in envelopes:
+        object_id = env.get("batch_id") or env.get("key")
+        provider = env.get("provider")
+        if not (isinstance(object_id, str) and isinstance(provider, str)):
+            continue
+        tenant = env.get("tenant") or DEFAULT_TENANT
+        found[(provider, str(tenant), object_id)] = None
+        if len(found) >= _MOST_IDS:
+            break
+    return list(found)
+
+
+_MOST_IDS = 20
+"""A write of many responses' envelopes (a replay of many) marks the first ones' trails."""
