@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from receiver.auth import TokenBook
+from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.console import MAX_OFFSET, Console
 from receiver.ui.charts import bar_chart
@@ -65,6 +66,7 @@ def _ago(seconds: float | None) -> str:
 class _Ui:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.console = Console(settings, redis)
+        self.tenants = set(settings.tenants)
         self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
         self.book = TokenBook.of(settings)
         self.sessions = Sessions(settings, redis)
@@ -265,7 +267,29 @@ class _Ui:
         back = "/ui/deadletters" + (
             f"?{urlencode({'sink': form['back_sink']})}" if form.get("back_sink") else ""
         )
+        if form.get("back_q"):  # replayed from a journey page: back to it
+            asked = {"q": form["back_q"][:600], "tenant": form.get("back_tenant", "")[:64]}
+            back = "/ui/journey?" + urlencode({k: v for k, v in asked.items() if v})
         return RedirectResponse(back, 303)
+
+    async def journey(self, request: Request) -> Response:
+        """Where is my result? ``q`` (an id, row key or webhook-id) at the first configured
+        provider, and tenant unless ``tenant`` is given, that knows it."""
+        if (denied := await self._guard(request)) is not None:
+            return denied
+        q = request.query_params.get("q", "").strip()[:600]
+        tenant = request.query_params.get("tenant") or None
+        if tenant is not None and tenant != DEFAULT_TENANT and tenant not in self.tenants:
+            return self.refuse(request, 400, f"There is no tenant {tenant[:64]!r}.")
+        found = await self.console.find_journey(q, tenant) if q else None
+        data = {
+            "q": q,
+            "tenant": tenant,
+            "j": found,
+            "ttl_days": f"{self.console.settings.journey_ttl_s / 86_400:g}",
+            "outcome": request.session.pop("outcome", None),
+        }
+        return self.render(request, "journey.html", 200 if found or not q else 404, **data)
 
 
 _LIVE = {"overview": ("Overview", 5), "batches": ("Batches", 2), "watches": ("Watches", 5)}
@@ -311,6 +335,7 @@ def ui_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
         Route("/watches", safe(ui.watches), methods=["GET"]),
         Route("/deadletters", safe(ui.dead_letters), methods=["GET"]),
         Route("/deadletters/replay", safe(ui.replay), methods=["POST"]),
+        Route("/journey", safe(ui.journey), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(SessionCookies, sessions=ui.sessions, secure=ui.secure, path="/ui")]
