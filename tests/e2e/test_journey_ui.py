@@ -44,11 +44,16 @@ async def browser():
             await launched.close()
 
 
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(SHOTS or tmp_path / "shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 async def test_find_an_id_see_its_failed_fetch_replay_it_and_see_it_land(
-    browser, make_settings, redis_url, provider_sim, signed_callback, tmp_path
+    browser, make_settings, redis_url, provider_sim, signed_callback, shots
 ):
-    shots = Path(SHOTS or tmp_path / "shots")
-    shots.mkdir(parents=True, exist_ok=True)
     sim = provider_sim(api_key="sk-test-not-a-real-key")
     sim.add_response("resp_where", text="here it is", fail_times=1, fail_status=404)
     settings = make_settings(
