@@ -19,7 +19,10 @@ Each case starts from an empty database (FLUSHDB of db 13, nothing else) and rea
 - ``queued jobs``: ``put_job`` (the same job key and queue entry the enqueue script
   writes), one ``fetch_response`` job per callback, kwargs as the web app sends them;
 - ``batch state``: :class:`receiver.batches.progress.BatchState` of 100,000-row batches (100
-  chunks of 1,000 rows, 3 sinks), every chunk committed and its counts recorded.
+  chunks of 1,000 rows, 3 sinks), every chunk committed and its counts recorded;
+- ``journey``: each result's trail (:mod:`receiver.journey.store`) as a response leaves
+  it: its callback event and webhook-id lookup (the commands the enqueue script runs),
+  one fetch event and one sink event (``--journey-only``: this case alone).
 
 It also prints the Redis commands run per callback (``INFO commandstats``) and Redis CPU
 time per callback; with ``--embedded`` (an otherwise idle server) these are exact.
@@ -43,6 +46,7 @@ from _common import REDIS_URL, free_port, load_note, stop_process
 from redis.asyncio import Redis
 
 from receiver.batches.progress import BatchState
+from receiver.journey.store import MAX_EVENTS, JourneyStore, callback_head, hook_key, journey_key
 from receiver.queue._arq import SeamWorker, arq_pool, func, job_deserializer, job_serializer
 from receiver.queue.enqueue import JOBS_QUEUE, PUT_JOB_LUA, CallbackJob, Enqueuer, QueuedJob
 
@@ -239,17 +243,61 @@ async def run_worker(redis: Redis, url: str, n: int) -> int:
     return n
 
 
+async def fill_journeys(redis: Redis, n: int) -> int:
+    """``n`` responses' journeys as they end: a callback (202), a fetch, a sink write."""
+    store = JourneyStore(redis, ttl_s=WINDOW_S)
+    ttl_ms = WINDOW_S * 1000
+    for start in range(0, n, 2000):
+        pipe = redis.pipeline(transaction=False)
+        for i in range(start, min(n, start + 2000)):
+            response_id = f"resp_{i:048x}"  # as long as OpenAI's
+            hook = webhook_id(i, "jr")
+            key = journey_key("openai", response_id)
+            event = callback_head(1_750_000_000_000 + i, "response.completed", hook, "default")
+            pipe.rpush(key, event + b"1}")  # what the enqueue script writes
+            pipe.ltrim(key, -MAX_EVENTS, -1)
+            pipe.pexpire(key, ttl_ms)
+            pipe.set(hook_key("openai", hook), response_id, px=ttl_ms)
+            store.add_to(
+                pipe,
+                "openai",
+                response_id,
+                "fetch",
+                kind="response",
+                status="completed",
+                **{"try": 1},
+            )
+            store.add_to(pipe, "openai", response_id, "sink", sinks=["warehouse"], failed=[])
+        await pipe.execute()
+    return n
+
+
 def _ops(ops: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
-async def run(url: str, n: int, batches: int) -> None:
+async def measure_journeys(probe: Probe, redis: Redis, n: int) -> None:
+    jr = await probe.measure(lambda: fill_journeys(redis, n))
+    print(
+        f"journey (callback, fetch, sink) {jr['bytes']:6.1f} B/result ({jr['n']:,} results; "
+        f"per result: {_ops(jr['ops'])})"
+    )
+
+
+async def run(url: str, n: int, batches: int, journey_only: bool = False) -> None:
     redis: Redis = Redis.from_url(url, socket_timeout=60)
     assert redis.connection_pool.connection_kwargs.get("db") == 13
     probe = Probe(redis)
     config = await redis.config_get("hash-max-listpack-*")
     version = (await redis.info("server")).get("redis_version")
     print(f"Redis {version} at {url.rsplit('/', 1)[0]}, db 13; {config}; {load_note()}")
+    if journey_only:
+        try:
+            await measure_journeys(probe, redis, n)
+            await redis.flushdb()
+        finally:
+            await redis.aclose()
+        return
     try:
         old = await probe.measure(lambda: fill_old_layout(redis, n))
         print(f"ids, old layout (a key each)   {old['bytes']:6.1f} B/id   ({old['n']:,} ids)")
@@ -279,6 +327,7 @@ async def run(url: str, n: int, batches: int) -> None:
             f"batch state (100 chunks, 3 sinks) {bat['bytes']:6.0f} B/batch, MEMORY USAGE "
             f"{sum(usage) / batches:.0f} B ({bat['n']} batches; per batch: {_ops(bat['ops'])})"
         )
+        await measure_journeys(probe, redis, n)
         await redis.flushdb()
     finally:
         await redis.aclose()
@@ -319,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ids", type=int, default=1_000_000, help="ids and jobs per case")
     parser.add_argument("--batches", type=int, default=200, help="batches for the batch case")
     parser.add_argument("--embedded", action="store_true", help="a private valkey-server")
+    parser.add_argument("--journey-only", action="store_true", help="only the journey case")
     args = parser.parse_args(argv)
     if not (10_000 <= args.ids <= 5_000_000 and 1 <= args.batches <= 10_000):
         parser.error("--ids 10,000..5,000,000, --batches 1..10,000")
@@ -329,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if proc is not None:
             asyncio.run(wait_ready(url))
-        asyncio.run(run(url, args.ids, args.batches))
+        asyncio.run(run(url, args.ids, args.batches, args.journey_only))
     finally:
         stop_process(proc)
     return 0

@@ -74,7 +74,10 @@ def create_app(
 ) -> ASGIApp:
     """The ASGI app. ``worker_heartbeat_key`` makes /readyz also check the worker."""
     enqueuer = enqueuer or Enqueuer(
-        redis, dedupe_ttl_s=settings.dedupe_ttl_s, job_expiry_s=settings.job_expiry_s
+        redis,
+        dedupe_ttl_s=settings.dedupe_ttl_s,
+        job_expiry_s=settings.job_expiry_s,
+        journey_ttl_s=settings.journey_ttl_s,
     )
     routes = [
         # POSTs never reach this route (see WebhookDispatch); other methods get Starlette's 405.

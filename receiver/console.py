@@ -23,8 +23,10 @@ from receiver.activity import last_hour, processes
 from receiver.batches.progress import BATCH_INDEX_KEY
 from receiver.config.settings import Settings
 from receiver.fanout.health import queue_depths, sink_states
+from receiver.journey.store import JourneyStore
 from receiver.queue.deadletter import DeadLetter, DeadLetters
 from receiver.watches.store import WatchStore, due_key, read_member
+from sinks.results import latest_key
 
 __all__ = ["MAX_OFFSET", "Console"]
 
@@ -43,7 +45,8 @@ class Console:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
-        self.letters = DeadLetters(redis)
+        self.journeys = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
+        self.letters = DeadLetters(redis, journey=self.journeys)
         self.watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
 
     def tenants(self) -> list[str]:
@@ -221,6 +224,63 @@ class Console:
         replayed = await self.letters.replay(letters)
         return {"replayed": replayed, "kept": len(letters) - replayed}
 
+    async def journey(
+        self, provider: str, q: str, tenant: str = DEFAULT_TENANT
+    ) -> dict[str, Any] | None:
+        """What happened to ``q`` of ``tenant`` at ``provider``: a response id, a batch id,
+        a batch row's ``{batch_id}/{custom_id}`` key (its batch's journey, and the row's
+        stored envelope) or a callback's webhook-id. Its events (oldest first), its watch,
+        its dead letters and the results API's link to it; None when nothing is known."""
+        object_id, row, webhook_id = q, None, None
+        events = await self.journeys.events(provider, q, tenant)
+        if not events and "/" in q:
+            batch_id = q.partition("/")[0]
+            if batch_events := await self.journeys.events(provider, batch_id, tenant):
+                object_id, row, events = batch_id, q, batch_events
+        if not events and (found := await self.journeys.by_webhook(provider, q, tenant)):
+            object_id, webhook_id = found, q
+            events = await self.journeys.events(provider, found, tenant)
+        watch = await self.watches.get(provider, "response", object_id, tenant)
+        if watch is None:
+            watch = await self.watches.get(provider, "batch", object_id, tenant)
+        letters = await self.letters.of_journey(provider, object_id, tenant)
+        key = row or object_id
+        stored = await self.redis.get(latest_key(tenant, provider, key))
+        if not (events or watch or letters or stored):
+            return None
+        result = None
+        if stored is not None:
+            result = f"/v1/results/{provider}/{key}"
+            if tenant != DEFAULT_TENANT:
+                result += f"?tenant={tenant}"
+        return {
+            "provider": provider,
+            "tenant": tenant,
+            "id": object_id,
+            "asked": q,
+            "kind": _kind(row, watch.kind if watch else None, events),
+            "row": row,
+            "webhook_id": webhook_id,
+            "events": events,
+            "watch": watch.to_dict() if watch else None,
+            "dead_letters": [_letter(d) for d in letters],
+            "result": result,
+            "envelope": orjson.loads(stored) if row is not None and stored else None,
+        }
+
+    async def find_journey(self, q: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """:meth:`journey` of ``q`` at the first configured provider (and tenant, unless
+        given) that knows it: the default tenant's first, then each tenant's."""
+        tenants = [tenant] if tenant else [DEFAULT_TENANT, *self.settings.tenants]
+        for who in tenants:
+            for provider in self.settings.providers:
+                if who != DEFAULT_TENANT and provider not in self.settings.tenants[who].providers:
+                    continue
+                found = await self.journey(provider, q, who)
+                if found is not None:
+                    return found
+        return None
+
     def sink_names(self) -> list[str]:
         """What a dead letter's ``sink`` can be: the sinks, ``fetch`` and ``watch``."""
         return [*self.settings.sinks, "fetch", "watch"]
@@ -228,6 +288,20 @@ class Console:
 
 def _no_counts() -> dict[str, int]:
     return {"batches_running": 0, "batches_finished": 0, "watches_pending": 0, "dead_letters": 0}
+
+
+def _kind(row: str | None, watched: str | None, events: list[dict[str, Any]]) -> str:
+    """``batch`` or ``response``, from whatever says it (``unknown`` when nothing does)."""
+    if row is not None:
+        return "batch"
+    if watched is not None:
+        return watched
+    for event in events:
+        if event.get("kind") in ("response", "batch"):
+            return str(event["kind"])
+        if isinstance(event.get("event"), str):
+            return "batch" if event["event"].startswith("batch.") else "response"
+    return "unknown"
 
 
 def _letter(d: DeadLetter) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from receiver.console import Console
 from receiver.responses import ERROR_RESPONSE, json_answer, json_error
 from receiver.watches.store import WatchStore, register_many
 
-__all__ = ["BODY_CAPS", "WatchRequest", "admin_routes"]
+__all__ = ["BODY_CAPS", "JourneyAnswer", "WatchRequest", "admin_routes"]
 
 _MAX_IDS = 10_000
 _MAX_BODY = 4 * 1024 * 1024
@@ -72,13 +72,46 @@ class WatchAnswer(BaseModel):
     invalid: list[dict[str, str]] = Field(description="ids refused, with the reason")
 
 
+class JourneyEvent(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    at: float = Field(description="when (Unix seconds)")
+    step: Literal["callback", "fetch", "sink", "dead_letter", "replay"] = Field(
+        description="callback: event, webhook_id, tenant, answer; fetch: kind, try, then "
+        "status, or http and error (the provider's message); sink: sinks and failed, or "
+        "sink with rows (a batch's: and chunks); dead_letter: letter, sink, error; "
+        "replay: letter"
+    )
+
+
+class JourneyAnswer(BaseModel):
+    provider: str
+    tenant: str
+    id: str = Field(description="the response or batch id the journey is of")
+    asked: str = Field(description="what was asked for: an id, a row key or a webhook-id")
+    kind: Literal["response", "batch", "unknown"]
+    row: str | None = Field(description="the batch row key asked for, if one was")
+    webhook_id: str | None = Field(description="the webhook-id asked for, if one was")
+    events: list[JourneyEvent] = Field(description="oldest first; the newest 64 are kept")
+    watch: dict[str, Any] | None = Field(description="its watch, as GET /admin/v1/watches")
+    dead_letters: list[dict[str, Any]] = Field(description="kept now: replay them by id")
+    result: str | None = Field(description="the results API's path of the stored envelope")
+    envelope: dict[str, Any] | None = Field(description="a batch row's stored envelope")
+
+
 def admin_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
     """The ``/admin/v1`` routes (all of them 404 when no admin token is configured)."""
     api = _AdminApi(settings, redis)
     admins = bearer_auth(TokenBook.of(settings), "admin")
     submit = submit_endpoint(settings, redis)
     return [
-        *ops_routes(Console(settings, redis), admins),
+        *ops_routes(api.console, admins),
+        Route(
+            "/admin/v1/journey/{provider}/{id:path}",
+            api.journey,
+            methods=["GET"],
+            middleware=admins,
+        ),
         Route("/admin/v1/watches", api.add, methods=["POST"], middleware=admins),
         Route("/admin/v1/watches", api.listing, methods=["GET"], middleware=admins),
         Route(
@@ -96,6 +129,7 @@ class _AdminApi:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
+        self.console = Console(settings, redis)
 
     async def add(self, request: Request) -> Response:
         body = await read_model(request, WatchRequest)
@@ -169,6 +203,29 @@ class _AdminApi:
             return json_error(503, "Redis unreachable, retry later")
         return Response(status_code=204) if deleted else json_error(404, "no such watch")
 
+    async def journey(self, request: Request) -> Response:
+        provider, object_id = request.path_params["provider"], request.path_params["id"]
+        tenant = request.query_params.get("tenant", DEFAULT_TENANT)
+        if not _TENANT.fullmatch(tenant):
+            return json_error(400, f"tenant: {_TENANT_RULE}")
+        if (problem := account_problem(self.settings, provider, tenant)) is not None:
+            return problem
+        if not 1 <= len(object_id) <= 600:
+            return json_error(400, "id: must be 1 to 600 characters")
+        try:
+            found = await self.console.journey(provider, object_id, tenant)
+        except (RedisError, OSError):
+            return json_error(503, "Redis unreachable, retry later")
+        if found is None:
+            days = self.settings.journey_ttl_s / 86_400
+            return json_error(
+                404,
+                f"nothing known of {object_id[:300]!r} at {provider} for tenant {tenant!r}: "
+                f"no callback, fetch, watch, dead letter or stored result (a journey is kept "
+                f"{days:g} days after its last event)",
+            )
+        return json_answer(200, found)
+
     async def openapi(self, request: Request) -> Response:
         return json_answer(200, OPENAPI)
 
@@ -192,6 +249,9 @@ _TENANT_PARAM: dict[str, Any] = {
     "description": "whose watches: each tenant's watch of an id is its own",
 }
 
+_JOURNEY_SCHEMA = JourneyAnswer.model_json_schema(ref_template="#/components/schemas/{model}")
+_JOURNEY_DEFS: dict[str, Any] = _JOURNEY_SCHEMA.pop("$defs", {})
+
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "nopoll admin API", "version": "1"},
@@ -202,6 +262,8 @@ OPENAPI: dict[str, Any] = {
             "WatchAnswer": WatchAnswer.model_json_schema(),
             "SubmitRequest": SubmitRequest.model_json_schema(),
             "ReplayRequest": ReplayRequest.model_json_schema(),
+            "JourneyAnswer": _JOURNEY_SCHEMA,
+            **_JOURNEY_DEFS,
         },
     },
     "security": [{"bearer": []}],
@@ -259,6 +321,43 @@ OPENAPI: dict[str, Any] = {
                     "204": {"description": "ended"},
                     "404": _ERROR,
                     "400": _ERROR,
+                    "401": _ERROR,
+                    "503": _ERROR,
+                },
+            }
+        },
+        "/admin/v1/journey/{provider}/{id}": {
+            "get": {
+                "summary": "Where is my result? The journey of one id: callbacks, fetch tries, "
+                "sinks, watch, dead letters and the stored envelope's link",
+                "parameters": [
+                    {
+                        "name": "provider",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                        "description": "a response id, batch id, {batch_id}/{custom_id} row key "
+                        "or a callback's webhook-id",
+                    },
+                    _TENANT_PARAM | {"description": "whose id: each tenant's journeys are its own"},
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the journey",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/JourneyAnswer"}
+                            }
+                        },
+                    },
+                    "400": _ERROR,
+                    "404": _ERROR,
                     "401": _ERROR,
                     "503": _ERROR,
                 },

@@ -43,6 +43,7 @@ from receiver.batches.writer import DONE, SinkWriter
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
 from receiver.fanout.fanout import FanOut
+from receiver.journey.store import JourneyStore
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.queue.deadletter import DeadLetters
@@ -99,15 +100,18 @@ class BatchRunner:
         dead_letters: DeadLetters,
         metrics: Metrics,
         dead_after_s: float,
+        journey: JourneyStore | None = None,
     ) -> None:
         """``dead_after_s`` is the liveness bound: a worker silent that long is taken for
-        dead and its batch passes to another (:mod:`receiver.worker.liveness`)."""
+        dead and its batch passes to another (:mod:`receiver.worker.liveness`). A
+        ``journey`` store gets the run's events: the rows fetched, then one per sink."""
         self.settings = settings
         self.redis = redis
         self.fanout = fanout
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.dead_after_s = dead_after_s
+        self.journey = journey
 
     def state(self, provider: str, batch_id: str) -> BatchState:
         """A batch's progress; ``provider`` is scoped by tenant (see
@@ -225,6 +229,7 @@ class BatchRunner:
         await self._summarize(fetch, ctx, outcome)
         outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
         await ctx.state.finish()
+        await self._trail(ctx, outcome, writers)
         log.info(
             "batch %s/%s: %d rows delivered in %.1f s (%s)",
             ctx.provider,
@@ -234,6 +239,36 @@ class BatchRunner:
             ", ".join(f"{n} {status}" for status, n in sorted(outcome.by_status.items())),
         )
         return outcome
+
+    async def _trail(
+        self, ctx: _Context, outcome: BatchOutcome, writers: dict[str, SinkWriter]
+    ) -> None:
+        """The run on the batch's journey: one event for the rows, one per sink (never one
+        per row or chunk: a 100,000-row batch is still a short trail)."""
+        if self.journey is None:
+            return
+        by_status = dict(outcome.by_status)
+        await self.journey.record(
+            ctx.provider,
+            ctx.batch_id,
+            "fetch",
+            ctx.tenant,
+            kind="batch",
+            rows=outcome.rows,
+            rows_by_status=by_status,
+            chunks_skipped=outcome.chunks_skipped,
+        )
+        for name, writer in writers.items():
+            await self.journey.record(
+                ctx.provider,
+                ctx.batch_id,
+                "sink",
+                ctx.tenant,
+                sink=name,
+                rows=writer.rows,
+                chunks=writer.chunks,
+                handed_off=writer.handed_off,
+            )
 
     async def _stream(
         self,

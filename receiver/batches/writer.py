@@ -52,6 +52,9 @@ class SinkWriter:
         self.state = state
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=settings.batch.sink_queue_chunks)
         self.handed_off = 0
+        self.rows = 0
+        """Rows this run wrote (what the batch's journey shows)."""
+        self.chunks = 0
 
     async def run(self) -> None:
         while True:
@@ -105,6 +108,8 @@ class SinkWriter:
                 await self.state.commit(self.name, number, handoff=job)
                 return
             await self.state.commit(self.name, number)
+            self.rows += len(envelopes)
+            self.chunks += 1
             return
 
     async def _dead_letter(

@@ -216,6 +216,9 @@ class Settings(ConfigModel):
     dedupe_ttl_s: int = Field(default=7 * 86_400, ge=60)
     """How long a webhook-id is remembered; providers retry for up to 72 hours."""
     job_expiry_s: int = Field(default=7 * 86_400, ge=3600)
+    journey_ttl_s: int = Field(default=7 * 86_400, ge=0)
+    """How long an id's journey (its callbacks, fetches, sinks, dead letters) is kept after
+    its last event; 0 keeps none."""
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     sinks: dict[str, Any] = Field(default_factory=dict)
     routes: list[RouteConfig] = Field(default_factory=list)

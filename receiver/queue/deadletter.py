@@ -21,10 +21,11 @@ import orjson
 from redis.asyncio import Redis
 
 from nopoll.envelope import DEFAULT_TENANT
+from receiver.journey.store import JourneyStore, envelope_ids
 from receiver.providers.client import provider_said
-from receiver.queue.enqueue import PUT_JOB_LUA, QueuedJob
+from receiver.queue.enqueue import DELIVER, PUT_JOB_LUA, QueuedJob
 
-__all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters", "letter_tenant"]
+__all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters", "journeys_of", "letter_tenant"]
 
 log = logging.getLogger("nopoll.dlq")
 
@@ -109,11 +110,26 @@ def _cut(error: str) -> str:
     return error[: _ERROR_CHARS - len(tail) - 1] + "\u2026" + tail
 
 
-class DeadLetters:
-    """The dead-letter store on the shared Redis."""
+def journeys_of(function: str, kwargs: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The journeys a letter's work belongs to: ``(provider, tenant, id)`` of a fetch's
+    object, or of a delivery's envelopes (a batch row's is its batch's)."""
+    if function == DELIVER:
+        envelopes = kwargs.get("envelopes") or []
+        return envelope_ids(e for e in envelopes if isinstance(e, dict))
+    object_id = kwargs.get("response_id") or kwargs.get("batch_id")
+    provider = kwargs.get("provider")
+    if not (isinstance(object_id, str) and isinstance(provider, str)):
+        return []
+    return [(provider, str(kwargs.get("tenant") or DEFAULT_TENANT), object_id)]
 
-    def __init__(self, redis: Redis) -> None:
+
+class DeadLetters:
+    """The dead-letter store on the shared Redis. With a ``journey`` store, each letter kept
+    or replayed is also an event on the journeys of its work."""
+
+    def __init__(self, redis: Redis, *, journey: JourneyStore | None = None) -> None:
         self._redis = redis
+        self._journey = journey
 
     async def add(
         self,
@@ -141,6 +157,18 @@ class DeadLetters:
             pipe.hset(_DATA, letter.id, orjson.dumps(asdict(letter)).decode())
             pipe.zadd(_INDEX, {letter.id: letter.created_at})
             pipe.hincrby(_BY_SINK, sink, 1)
+            if self._journey is not None:
+                for p, tenant, object_id in journeys_of(function, kwargs):
+                    self._journey.add_to(
+                        pipe,
+                        p,
+                        object_id,
+                        "dead_letter",
+                        tenant,
+                        letter=letter.id,
+                        sink=sink,
+                        error=letter.error[:500],
+                    )
             await pipe.execute()
         return letter
 
@@ -247,7 +275,16 @@ class DeadLetters:
                 letter.sink,
             )
             done += 1
+            if self._journey is not None:
+                for p, tenant, object_id in journeys_of(letter.function, letter.kwargs):
+                    await self._journey.record(p, object_id, "replay", tenant, letter=letter.id)
         return done
+
+    async def of_journey(self, provider: str, object_id: str, tenant: str) -> list[DeadLetter]:
+        """The letters kept for one journey's work (every letter is read: a page's worth
+        of dead letters is what an operator looks at)."""
+        target = (provider, tenant, object_id)
+        return [d for d in await self.find() if target in journeys_of(d.function, d.kwargs)]
 
     async def count(self) -> int:
         """How many dead letters are kept."""

@@ -31,6 +31,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
+from nopoll.envelope import DEFAULT_TENANT
+from receiver.journey.store import PUSH_LUA, callback_head, hook_key, journey_key
 from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
 from receiver.queue.trips import RoundTrips
 
@@ -101,9 +103,14 @@ atomic step as the state change that asks for it."""
 # full. The fill is counted in steps of 16 for one id in 16 (digest byte 5 picks them).
 # '@' is not allowed in provider names: no clash with the nopoll:seen:<p>:<id> keys of
 # older versions, still looked up during the first window (since).
-# KEYS: 1 legacy seen key, 2 job key, 3 result key, 4 queue. ARGV: 1 now ms, 2 window ms,
-# 3 bucket width ms, 4 job expiry ms, 5 digest, 6 job id, 7 payload.
-_ENQUEUE_LUA = """
+# Then, with journeys on, the callback's event on its id's trail (receiver/journey/store.py)
+# and, unless a duplicate, the webhook-id's id.
+# KEYS: 1 legacy seen key, 2 job key, 3 result key, 4 queue, [5 journey key, 6 hook key].
+# ARGV: 1 now ms, 2 window ms, 3 bucket width ms, 4 job expiry ms, 5 digest, 6 job id,
+# 7 payload, [8 the event's head, 9 the object id, 10 the journey's ttl ms].
+_ENQUEUE_LUA = (
+    PUSH_LUA
+    + """
 local P = 'nopoll:seen:@'
 local SPEC = '(%d+):(%d+):(%d+):(%d+)'
 local function int(x) return string.format('%d', x) end
@@ -164,13 +171,20 @@ local function seen(digest, now, window, width, legacy)
   if digest:byte(5) % 16 == 0 then redis.call('HINCRBY', head, 'n', 16) end
   return false
 end
-local now = tonumber(ARGV[1])
-if seen(ARGV[5], now, tonumber(ARGV[2]), tonumber(ARGV[3]), KEYS[1]) then return 0 end
-if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return 2 end
-redis.call('SET', KEYS[2], ARGV[7], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[4], ARGV[1], ARGV[6])
-return 1
+local now, r = tonumber(ARGV[1]), 1
+if seen(ARGV[5], now, tonumber(ARGV[2]), tonumber(ARGV[3]), KEYS[1]) then r = 0
+elseif redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then r = 2
+else
+  redis.call('SET', KEYS[2], ARGV[7], 'PX', ARGV[4])
+  redis.call('ZADD', KEYS[4], ARGV[1], ARGV[6])
+end
+if KEYS[5] then
+  journey_push(KEYS[5], ARGV[8] .. r .. '}', ARGV[10])
+  if r ~= 0 then redis.call('SET', KEYS[6], ARGV[9], 'PX', ARGV[10]) end
+end
+return r
 """
+)
 _MIN_TRIP = 16  # requests per round trip before pending ones are split over several
 _BUCKETS_PER_WINDOW = 7  # 8 lookups; an id's memory is held for the window + <= 1/7 of it
 
@@ -206,6 +220,10 @@ class CallbackJob:
     job_id: str
     kwargs: dict[str, Any]
     queue: str = JOBS_QUEUE
+    object_id: str = ""
+    """The response or batch the callback is about (its journey's id)."""
+    event_type: str = ""
+    tenant: str = DEFAULT_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +302,7 @@ class Enqueuer:
         max_batch: int = 512,
         max_in_flight: int = 4,
         max_pending: int | None = None,
+        journey_ttl_s: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._redis = redis
@@ -291,6 +310,7 @@ class Enqueuer:
         self._window_ms = str(dedupe_ttl_s * 1000)
         self._width_ms = str(max(1, math.ceil(dedupe_ttl_s / _BUCKETS_PER_WINDOW)) * 1000)
         self._job_expiry_ms = str(job_expiry_s * 1000)
+        self._journey_ms = str(journey_ttl_s * 1000) if journey_ttl_s > 0 else None
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._max_pending = max_batch * max_in_flight if max_pending is None else max_pending
@@ -369,16 +389,34 @@ class Enqueuer:
         return results
 
     def _command(self, job: CallbackJob, now_ms: int, fixed: tuple[str, ...]) -> tuple[Any, ...]:
-        return (
+        command: tuple[Any, ...] = (
             "EVALSHA",
             self._sha,
-            "4",
+            "4" if self._journey_ms is None or not job.object_id else "6",
             f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
             JOB_KEY + job.job_id,
             RESULT_KEY + job.job_id,
             job.queue,
+        )
+        if self._journey_ms is None or not job.object_id:
+            return (
+                *command,
+                *fixed,
+                id_digest(job.provider, job.webhook_id),
+                job.job_id,
+                job_payload(job.function, job.kwargs, 1, now_ms),
+            )
+        # job.provider is scoped already: the journey's keys take the plain name + tenant
+        provider = job.provider.partition("@")[0]
+        return (
+            *command,
+            journey_key(provider, job.object_id, job.tenant),
+            hook_key(provider, job.webhook_id, job.tenant),
             *fixed,
             id_digest(job.provider, job.webhook_id),
             job.job_id,
             job_payload(job.function, job.kwargs, 1, now_ms),
+            callback_head(now_ms, job.event_type, job.webhook_id, job.tenant),
+            job.object_id,
+            self._journey_ms,
         )

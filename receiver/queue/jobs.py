@@ -151,12 +151,16 @@ class FetchJob:
         webhook_id: str,
         *,
         tenant: str = DEFAULT_TENANT,
+        event_type: str = "",
         **more: Any,
     ) -> CallbackJob:
         """The job a verified callback about ``object_id`` queues, deduped by its
-        ``webhook_id`` (the job's ``event_id``); ``more``: its other fields (a batch's
-        ``event_type``). Its kwargs have no ``tenant`` for the default tenant, nor the keys
-        of ``_callback_leaves_out``: callbacks never queued them."""
+        ``webhook_id`` (the job's ``event_id``); ``event_type`` goes in its kwargs where
+        the job has the field (a batch's) and on the id's journey; ``more``: its other
+        fields. Its kwargs have no ``tenant`` for the default tenant, nor the keys of
+        ``_callback_leaves_out``: callbacks never queued them."""
+        if event_type and "event_type" in cls.__dataclass_fields__:
+            more["event_type"] = event_type
         job = cls.from_kwargs(
             {
                 "provider": provider,
@@ -172,7 +176,17 @@ class FetchJob:
             leave_out += ("tenant",)
         kwargs = job._kwargs(leave_out)
         scope = scoped(provider, tenant)
-        return CallbackJob(scope, webhook_id, cls.function, job.job_id, kwargs, job.queue)
+        return CallbackJob(
+            scope,
+            webhook_id,
+            cls.function,
+            job.job_id,
+            kwargs,
+            job.queue,
+            object_id,
+            event_type,
+            tenant,
+        )
 
     def polled(self) -> QueuedJob:
         """This job as the watch poller queues (or keeps in an expired watch's dead letter)

@@ -37,6 +37,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from receiver.auth import TokenBook
+from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.console import MAX_OFFSET, Console
 from receiver.providers.client import provider_said
@@ -88,6 +89,7 @@ def _duration(seconds: float | None) -> str:
 class _Ui:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.console = Console(settings, redis)
+        self.tenants = set(settings.tenants)
         self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
         self.consumers = [
             (c.token.get_secret_value().encode(), c.tenant) for c in settings.consumer_tokens
@@ -377,15 +379,31 @@ class _Ui:
             else "a worker delivers them now."
         )
         back = _filters(form.get("back_sink") or None, form.get("back_tenant") or None)
+        if form.get("back_q"):  # replayed from a journey page: back to it
+            asked = {"q": form["back_q"][:600], "tenant": form.get("back_tenant", "")[:64]}
+            return RedirectResponse(
+                "/ui/journey?" + urlencode({k: v for k, v in asked.items() if v}), 303
+            )
         return RedirectResponse("/ui/deadletters" + (f"?{urlencode(back)}" if back else ""), 303)
 
-
-def _filters(sink: str | None, tenant: str | None) -> dict[str, str]:
-    """The query of a dead letters page filtered by ``sink`` and ``tenant``."""
-    return {
-        **({"sink": sink} if sink else {}),
-        **({"tenant": tenant} if tenant else {}),
-    }
+    async def journey(self, request: Request) -> Response:
+        """Where is my result? ``q`` (an id, row key or webhook-id) at the first configured
+        provider, and tenant unless ``tenant`` is given, that knows it."""
+        if (denied := await self._guard(request)) is not None:
+            return denied
+        q = request.query_params.get("q", "").strip()[:600]
+        tenant = request.query_params.get("tenant") or None
+        if tenant is not None and tenant != DEFAULT_TENANT and tenant not in self.tenants:
+            return self.refuse(request, 400, f"There is no tenant {tenant[:64]!r}.")
+        found = await self.console.find_journey(q, tenant) if q else None
+        data = {
+            "q": q,
+            "tenant": tenant,
+            "j": found,
+            "ttl_days": f"{self.console.settings.journey_ttl_s / 86_400:g}",
+            "outcome": request.session.pop("outcome", None),
+        }
+        return self.render(request, "journey.html", 200 if found or not q else 404, **data)
 
 
 _LIVE = {"overview": ("Overview", 5), "batches": ("Batches", 2), "watches": ("Watches", 5)}
@@ -432,7 +450,16 @@ def ui_routes(settings: Settings, redis: Redis) -> list[BaseRoute]:
         Route("/deadletters", safe(ui.dead_letters), methods=["GET"]),
         Route("/deadletters/replay", safe(ui.confirm_replay), methods=["GET"]),
         Route("/deadletters/replay", safe(ui.replay), methods=["POST"]),
+        Route("/journey", safe(ui.journey), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(SessionCookies, sessions=ui.sessions, secure=ui.secure, path="/ui")]
     return [Mount("/ui", routes=routes, middleware=middleware)]
+
+
+def _filters(sink: str | None, tenant: str | None) -> dict[str, str]:
+    """The query of a dead letters page filtered by ``sink`` and ``tenant``."""
+    return {
+        **({"sink": sink} if sink else {}),
+        **({"tenant": tenant} if tenant else {}),
+    }

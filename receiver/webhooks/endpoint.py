@@ -220,7 +220,9 @@ def _job(
     """The fetch job a callback asks for: a response's on the short queue, a batch's on
     the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
     if event_type in RESPONSE_EVENTS:
-        return FetchResponse.callback(provider, object_id, webhook_id, tenant=tenant)
+        return FetchResponse.callback(
+            provider, object_id, webhook_id, tenant=tenant, event_type=event_type
+        )
     return FetchBatch.callback(
         provider, object_id, webhook_id, tenant=tenant, event_type=event_type
     )

@@ -18,6 +18,7 @@ from typing import Any
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batches.progress import BatchState
+from receiver.journey.store import envelope_ids
 from receiver.queue.enqueue import DELIVER, put_job
 from receiver.queue.jobs import DeliverJob, rejection_text
 from receiver.worker.retry import dead_letter, guarded, retry_or_give_up
@@ -116,6 +117,10 @@ async def deliver(
         return await retry_or_give_up(ctx, DELIVER, kwargs, str(exc), exc.retry_after_s)
     if batch_state is not None and settle is not None:
         await batch_state_for(state, batch_state).settle(sink, settle)
+    for provider, tenant, object_id in envelope_ids(envelopes):
+        await state.trail(
+            provider, object_id, "sink", tenant, sink=sink, rows=len(envelopes), retry=True
+        )
     log.info("sink %s took %d result(s) on a retry: %s", sink, len(envelopes), _keys(envelopes))
     state.metrics.jobs.labels(DELIVER, "ok").inc()
     return {"rows": len(envelopes)}

@@ -106,10 +106,21 @@ async def fetch_response(
             path = f"responses/{job.response_id}"
             raise ResultNotReady(provider=job.provider, path=path, status=status)
     except TransientProviderError as exc:
+        await _fetch_failed(ctx, job, exc)
         error, retry_after_s = str(exc), exc.retry_after_s
         return await retry_or_give_up(ctx, FETCH_RESPONSE, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
+        await _fetch_failed(ctx, job, exc)
         return await dead_letter(ctx, FETCH_RESPONSE, job.to_kwargs(), str(exc))
+    await ctx["state"].trail(
+        job.provider,
+        job.response_id,
+        "fetch",
+        job.tenant,
+        kind="response",
+        status=str(body.get("status") or ""),
+        **{"try": int(ctx.get("job_try") or 1)},
+    )
     envelope = envelope_from_response(
         body,
         provider=job.provider,
@@ -130,6 +141,18 @@ async def fetch_response(
     )
     ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
     return landed
+
+
+async def _fetch_failed(ctx: dict[str, Any], job: FetchJob, exc: ProviderError) -> None:
+    """The failed try on the id's journey, with the provider's own words (in ``exc``)."""
+    kind = "batch" if isinstance(job, FetchBatch) else "response"
+    fields: dict[str, Any] = {"kind": kind, "try": int(ctx.get("job_try") or 1)}
+    if exc.status is not None:
+        fields["http"] = exc.status
+    if isinstance(exc, ResultNotReady):
+        fields["status"] = exc.object_status
+    state: WorkerState = ctx["state"]
+    await state.trail(job.provider, job.object_id, "fetch", job.tenant, error=str(exc), **fields)
 
 
 def _recheck_s(ctx: dict[str, Any], provider: str) -> float:
@@ -183,6 +206,14 @@ async def _land(ctx: dict[str, Any], envelope: Envelope) -> dict[str, Any]:
     state: WorkerState = ctx["state"]
     shares = state.fanout.route([envelope])
     failures = await state.fanout.write(shares)
+    await state.trail(
+        envelope.provider,
+        envelope.key,
+        "sink",
+        envelope.tenant,
+        sinks=sorted(n for n in shares if n not in failures),
+        failed=sorted(failures),
+    )
     if failures:
         await queue_retries(ctx, failures, shares)
     if log.isEnabledFor(logging.INFO):
@@ -225,9 +256,11 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
         return {"lease_lost": True}
     except TransientProviderError as exc:
         state.metrics.batches.labels(job.provider, "retry").inc()
+        await _fetch_failed(ctx, job, exc)
         error, retry_after_s = str(exc), exc.retry_after_s
         return await retry_or_give_up(ctx, FETCH_BATCH, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
+        await _fetch_failed(ctx, job, exc)
         return await dead_letter(ctx, FETCH_BATCH, job.to_kwargs(), str(exc))
     except SinkError as exc:
         return await retry_or_give_up(ctx, FETCH_BATCH, job.to_kwargs(), str(exc))

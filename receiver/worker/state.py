@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from redis.asyncio import Redis
@@ -23,6 +24,7 @@ from receiver.config.settings import ProviderConfig, Settings
 from receiver.fanout.fanout import FanOut, ManagedSink
 from receiver.fanout.publish import add_publication
 from receiver.fanout.routing import Router
+from receiver.journey.store import JourneyStore
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue._arq import arq_pool
@@ -48,6 +50,15 @@ class WorkerState:
     batch_runner: BatchRunner
     tenant_dialects: Mapping[tuple[str, str], Dialect] = field(default_factory=dict)
     """Each ``(tenant, provider)`` account of the other tenants, with its own api_key."""
+    journey: JourneyStore | None = None
+    """Where the jobs note each id's fetch tries and sink writes (None: nowhere)."""
+
+    async def trail(
+        self, provider: str, object_id: str, step: str, tenant: str = DEFAULT_TENANT, **fields: Any
+    ) -> None:
+        """One event on the id's journey (best-effort: see :mod:`receiver.journey.store`)."""
+        if self.journey is not None:
+            await self.journey.record(provider, object_id, step, tenant, **fields)
 
     def dialect(self, provider: str, tenant: str = DEFAULT_TENANT) -> Dialect | None:
         """The dialect that fetches ``tenant``'s results at ``provider`` (with the tenant's
@@ -100,7 +111,8 @@ def build_state(
     router = add_publication(sinks, router, settings, redis_url, metrics)
     fanout = FanOut(sinks, router, metrics)
     redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
-    dead_letters = DeadLetters(redis)
+    journey = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
+    dead_letters = DeadLetters(redis, journey=journey)
     runner = BatchRunner(
         settings,
         redis=redis,
@@ -108,7 +120,8 @@ def build_state(
         dead_letters=dead_letters,
         metrics=metrics,
         dead_after_s=DEAD_AFTER_S,
+        journey=journey,
     )
     return WorkerState(
-        settings, metrics, redis, dialects, fanout, dead_letters, runner, tenant_dialects
+        settings, metrics, redis, dialects, fanout, dead_letters, runner, tenant_dialects, journey
     )

@@ -138,6 +138,7 @@ async def test_the_openapi_document_describes_the_routes(admin):
         "/admin/v1/batches",
         "/admin/v1/deadletters",
         "/admin/v1/deadletters/replay",
+        "/admin/v1/journey/{provider}/{id}",
     }
     request = doc["components"]["schemas"]["WatchRequest"]
     assert set(request["required"]) == {"provider", "kind", "ids"}

@@ -1,0 +1,197 @@
+"""The journey of one response or batch: what nopoll did with it, newest events kept.
+
+"Where is my result?" is asked about one id: did its callback come, was it fetched, where
+did it land, why not. Each id gets a short trail of events, written where each step
+happens and read by ``GET /admin/v1/journey/...`` and ``/ui/journey``. Keys, where
+``<scoped>`` is :func:`receiver.config.accounts.scoped` (``provider@tenant`` for the
+tenants other than the default)::
+
+    nopoll:journey:<scoped>:<id>            list: events (compact JSON), oldest first, the
+                                            newest :data:`MAX_EVENTS` kept; expires
+                                            ``journey_ttl_s`` after its last event
+    nopoll:journey-hook:<scoped>:<webhook-id>
+                                            string: the id a callback's webhook-id named,
+                                            for as long
+
+An event is ``{"at": unix seconds, "step": ..., ...}``; the steps:
+
+- ``callback``: ``event`` (its type), ``webhook_id``, ``tenant``, ``outcome`` (0 a
+  duplicate answered 200, 1 queued, 2 its fetch was queued already: both 202), shown as
+  ``answer``. Written by the enqueue Lua (:mod:`receiver.queue.enqueue`) in the
+  callback's own round trip, through :data:`PUSH_LUA`.
+- ``fetch``: ``kind``, ``try``, then ``status`` (the provider's) or ``http`` and
+  ``error`` (the provider's own message).
+- ``sink``: a response's ``sinks`` written and ``failed``; a delivery's ``sink``
+  (``retry``); a batch's ``sink`` with its ``rows`` and ``chunks``, one event per sink
+  and run, never one per row.
+- ``dead_letter``: ``letter`` (its id, to replay it), ``sink``, ``error``;
+  ``replay``: ``letter``.
+
+A trail is a diagnostic: the writes outside the enqueue and the dead letters are
+best-effort (:meth:`JourneyStore.record` logs and drops an event Redis cannot take), so a
+lost event never fails or re-runs the work it describes. ``journey_ttl_s: 0`` keeps none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
+
+from receiver.config.accounts import DEFAULT_TENANT, scoped
+
+__all__ = [
+    "ANSWERS",
+    "HOOK_PREFIX",
+    "JOURNEY_PREFIX",
+    "MAX_EVENTS",
+    "PUSH_LUA",
+    "JourneyStore",
+    "callback_head",
+    "envelope_ids",
+    "hook_key",
+    "journey_key",
+]
+
+log = logging.getLogger("nopoll.journey")
+
+JOURNEY_PREFIX = "nopoll:journey:"
+HOOK_PREFIX = "nopoll:journey-hook:"
+MAX_EVENTS = 64
+"""The newest events kept per id: enough for every try of a fetch and its sinks; a
+longer story (a watch polled for days) keeps its end."""
+ANSWERS = {0: "200 duplicate", 1: "202 queued", 2: "202 already queued"}
+"""A callback event's ``outcome`` (the enqueue script's answer) as the provider got it."""
+
+PUSH_LUA = f"""
+local function journey_push(key, event, ttl_ms)
+  redis.call('RPUSH', key, event)
+  redis.call('LTRIM', key, -{MAX_EVENTS}, -1)
+  redis.call('PEXPIRE', key, ttl_ms)
+end
+"""
+"""A Lua function other scripts include: append one event to a trail, keep the newest
+:data:`MAX_EVENTS`, and expire the trail ``ttl_ms`` after it."""
+
+
+def journey_key(provider: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    """The trail of ``tenant``'s ``object_id`` at ``provider``."""
+    return f"{JOURNEY_PREFIX}{scoped(provider, tenant)}:{object_id}"
+
+
+def hook_key(provider: str, webhook_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    """Where a webhook-id's object id is kept (``provider`` scoped as in
+    :func:`journey_key`)."""
+    return f"{HOOK_PREFIX}{scoped(provider, tenant)}:{webhook_id}"
+
+
+def callback_head(at_ms: int, event_type: str, webhook_id: str, tenant: str) -> bytes:
+    """A callback event without its end: the enqueue Lua appends the outcome and ``}``."""
+    event = {
+        "at": at_ms / 1000,
+        "step": "callback",
+        "event": event_type,
+        "webhook_id": webhook_id,
+        "tenant": tenant,
+    }
+    return orjson.dumps(event)[:-1] + b',"outcome":'
+
+
+class JourneyStore:
+    """Every id's trail on the shared Redis (see the module docs)."""
+
+    def __init__(self, redis: Redis, *, ttl_s: int) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+
+    @property
+    def enabled(self) -> bool:
+        return self.ttl_s > 0
+
+    def add_to(
+        self,
+        pipe: Pipeline,
+        provider: str,
+        object_id: str,
+        step: str,
+        tenant: str = DEFAULT_TENANT,
+        **fields: Any,
+    ) -> None:
+        """Queue the event's write on ``pipe`` (it lands with the pipeline's other work)."""
+        if not self.enabled:
+            return
+        key = journey_key(provider, object_id, tenant)
+        event = orjson.dumps({"at": round(time.time(), 3), "step": step, **fields})
+        pipe.rpush(key, event)
+        pipe.ltrim(key, -MAX_EVENTS, -1)
+        pipe.pexpire(key, self.ttl_s * 1000)
+
+    async def record(
+        self,
+        provider: str,
+        object_id: str,
+        step: str,
+        tenant: str = DEFAULT_TENANT,
+        **fields: Any,
+    ) -> None:
+        """Append one event to the id's trail, in one round trip; an event Redis cannot
+        take now is logged and dropped (the work goes on)."""
+        if not self.enabled:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                self.add_to(pipe, provider, object_id, step, tenant, **fields)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.debug("journey event %s of %s/%s dropped: %s", step, provider, object_id, exc)
+
+    async def events(
+        self, provider: str, object_id: str, tenant: str = DEFAULT_TENANT
+    ) -> list[dict[str, Any]]:
+        """The id's events, oldest first (a callback's outcome also as its ``answer``)."""
+        raw = await self.redis.lrange(journey_key(provider, object_id, tenant), 0, -1)  # type: ignore[misc]
+        events = []
+        for item in raw:
+            try:
+                event = orjson.loads(item)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("step") == "callback" and "outcome" in event:
+                event["answer"] = ANSWERS.get(event["outcome"], str(event["outcome"]))
+            events.append(event)
+        return events
+
+    async def by_webhook(
+        self, provider: str, webhook_id: str, tenant: str = DEFAULT_TENANT
+    ) -> str | None:
+        """The id a callback with this webhook-id was about, while its trail is kept."""
+        found = await self.redis.get(hook_key(provider, webhook_id, tenant))
+        return found.decode() if isinstance(found, bytes) else found
+
+
+def envelope_ids(envelopes: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """The journeys envelopes (as dicts) belong to, each once: ``(provider, tenant, id)``,
+    a batch row's (or summary's) being its batch's; at most :data:`_MOST_IDS` of them."""
+    found: dict[tuple[str, str, str], None] = {}
+    for env in envelopes:
+        object_id = env.get("batch_id") or env.get("key")
+        provider = env.get("provider")
+        if not (isinstance(object_id, str) and isinstance(provider, str)):
+            continue
+        tenant = env.get("tenant") or DEFAULT_TENANT
+        found[(provider, str(tenant), object_id)] = None
+        if len(found) >= _MOST_IDS:
+            break
+    return list(found)
+
+
+_MOST_IDS = 20
+"""A write of many responses' envelopes (a replay of many) marks the first ones' trails."""
