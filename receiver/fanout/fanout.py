@@ -17,6 +17,8 @@ from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
 from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
+from receiver.tracing import enabled as tracing_enabled
+from receiver.tracing import span
 from sinks.base import Sink, SinkConfig
 from sinks.registry import create_sink
 
@@ -84,6 +86,14 @@ class ManagedSink:
         await self._timed(part, envelopes)
 
     async def _timed(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
+        if not tracing_enabled():
+            await self._write(part, envelopes)
+            return
+        attributes = {"nopoll.sink": self.name, "nopoll.rows": len(envelopes)}
+        with span(f"write {self.name}", attributes, kind="client"):
+            await self._write(part, envelopes)
+
+    async def _write(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.timeout_s):
