@@ -86,7 +86,7 @@ class ManagedSink:
         await self._timed(part, envelopes)
 
     async def _timed(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
-        if not tracing_enabled():
+        if not tracing_enabled() or not envelopes:  # an empty write only opens the sink
             await self._write(part, envelopes)
             return
         attributes = {"nopoll.sink": self.name, "nopoll.rows": len(envelopes)}
