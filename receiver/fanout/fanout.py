@@ -161,10 +161,12 @@ class FanOut:
         self._metrics = metrics
 
     def route(self, envelopes: Sequence[Envelope]) -> dict[str, list[Envelope]]:
-        """Each sink's share of ``envelopes`` (sinks with no share are left out)."""
+        """Each sink's share of ``envelopes`` (sinks with no share are left out). Called
+        once per landed result (per chunk of a batch), it counts them and their tokens."""
         shares: dict[str, list[Envelope]] = defaultdict(list)
         for (provider, kind), n in Counter((e.provider, e.kind) for e in envelopes).items():
             self._metrics.results.labels(provider, kind).inc(n)
+        self._metrics.count_tokens(envelopes)  # once per result, as nopoll_results
         for env in envelopes:
             names = self._router.sinks_for(env)
             if not names:
