@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from receiver.activity import last_hour, processes
+from receiver.activity import last_hour, processes, tokens_by_hour
 from receiver.batches.progress import BATCH_INDEX_KEY
 from receiver.config.settings import Settings
 from receiver.fanout.health import queue_depths, sink_states
@@ -42,7 +42,8 @@ class Console:
         self.watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
 
     async def overview(self) -> dict[str, Any]:
-        """Activity of the last hour, queues, processes, sinks, dead letters, watches."""
+        """Activity of the last hour, queues, processes, sinks, dead letters, watches, and
+        the tokens landed per hour and model over the last day."""
         now = time.time()
         return {
             "at": now,
@@ -52,6 +53,7 @@ class Console:
             "sinks": await self.sinks(),
             "dead_letters": await self.letters.count(),
             "watches": await self.watch_counts(),
+            "tokens": await tokens_by_hour(self.redis, now),
         }
 
     async def sinks(self) -> list[dict[str, Any]]:
