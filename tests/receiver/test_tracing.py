@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from receiver import tracing
 from receiver.queue.jobs import FetchBatch, FetchResponse
 from receiver.webhooks.endpoint import _job
@@ -59,3 +62,14 @@ def test_configure_from_the_environment(monkeypatch) -> None:
     finally:
         tracing.shutdown()
     assert not tracing.enabled()
+
+
+def test_off_nothing_of_opentelemetry_is_imported() -> None:
+    code = (
+        "import sys, receiver.runtime, receiver.worker.process, sinks.http, sinks.kafka\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
