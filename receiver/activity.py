@@ -8,10 +8,12 @@ metrics' own (one source of truth), summed over every pod::
     nopoll:activity:<unix minute>   hash: callbacks, accepted, results, dead_letters
                                     (expires after two hours)
     nopoll:processes                hash: "<host>:<pid>" -> {"roles", "at", "started"}
+    nopoll:activity:tokens:<unix hour>  hash: model -> tokens (input and output) of the
+                                    results landed (``nopoll_tokens``; expires after 26 hours)
 
 The status page (``/ui``) and ``GET /admin/v1/overview`` read them back with
-:func:`last_hour` and :func:`processes`. A flush that finds Redis down keeps its deltas
-for the next one: a minute may show late, it never shows less.
+:func:`last_hour`, :func:`processes` and :func:`tokens_by_hour`. A flush that finds Redis
+down keeps its deltas for the next one: a minute may show late, it never shows less.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from redis.exceptions import RedisError
 
 from receiver.metrics import Metrics
 
-__all__ = ["ActivityRecorder", "last_hour", "processes"]
+__all__ = ["ActivityRecorder", "last_hour", "processes", "tokens_by_hour"]
 
 log = logging.getLogger("nopoll.activity")
 
@@ -64,6 +66,7 @@ class ActivityRecorder:
         self._metrics = metrics
         self._roles = sorted(roles)
         self._sent: dict[str, float] = dict.fromkeys(FIELDS, 0.0)
+        self._tokens_sent: dict[str, float] = {}
         self._id = f"{socket.gethostname()}:{os.getpid()}"
         self._started = time.time()
 
@@ -83,15 +86,20 @@ class ActivityRecorder:
         deltas = {k: int(totals[k] - self._sent[k]) for k in FIELDS}
         key = f"{_PREFIX}{int(now // 60)}"
         beat = orjson.dumps({"roles": self._roles, "at": now, "started": self._started}).decode()
+        tokens = _tokens_by_model(self._metrics)
+        token_deltas = {m: int(n - self._tokens_sent.get(m, 0.0)) for m, n in tokens.items()}
         async with self._redis.pipeline(transaction=True) as pipe:
             for field, n in deltas.items():
                 if n:
                     pipe.hincrby(key, field, n)
             pipe.expire(key, _TTL_S)
             pipe.hset(PROCESSES_KEY, self._id, beat)
+            _add_tokens(pipe, token_deltas, now)
             await pipe.execute()
         for field, n in deltas.items():
             self._sent[field] += n
+        for model, n in token_deltas.items():
+            self._tokens_sent[model] = self._tokens_sent.get(model, 0.0) + n
 
     async def run(self, stopping: asyncio.Event, interval_s: float = 5.0) -> None:
         """Flush every ``interval_s`` until ``stopping`` is set, then once more."""
@@ -152,3 +160,48 @@ async def processes(redis: Redis, now: float | None = None) -> list[dict[str, An
     if gone:
         await redis.hdel(PROCESSES_KEY, *gone)  # type: ignore[misc]
     return sorted(alive, key=lambda p: p["process"])
+
+
+_TOKENS_PREFIX = "nopoll:activity:tokens:"
+_TOKENS_TTL_S = 26 * 3600
+
+
+def _tokens_by_model(metrics: Metrics) -> dict[str, float]:
+    """``nopoll_tokens`` of this process so far, input and output, by model."""
+    totals: dict[str, float] = {}
+    for family in metrics.tokens.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                model = sample.labels["model"]
+                totals[model] = totals.get(model, 0.0) + sample.value
+    return totals
+
+
+def _add_tokens(pipe: Any, deltas: dict[str, int], now: float) -> None:
+    """Queue the tokens gained since the last flush into the current hour's hash."""
+    if not any(deltas.values()):
+        return
+    key = f"{_TOKENS_PREFIX}{int(now // 3600)}"
+    for model, n in deltas.items():
+        if n:
+            pipe.hincrby(key, model, n)
+    pipe.expire(key, _TOKENS_TTL_S)
+
+
+async def tokens_by_hour(redis: Redis, now: float | None = None, hours: int = 24) -> dict[str, Any]:
+    """Tokens of the results landed per hour and model over the last ``hours`` hours,
+    summed over every process: ``{"hours": [unix seconds, oldest first], "models":
+    {model: [tokens per hour]}}``, the busiest model first."""
+    now = time.time() if now is None else now
+    current = int(now // 3600)
+    hour_numbers = list(range(current - hours + 1, current + 1))
+    async with redis.pipeline(transaction=False) as pipe:
+        for hour in hour_numbers:
+            pipe.hgetall(f"{_TOKENS_PREFIX}{hour}")
+        raw = await pipe.execute()
+    models: dict[str, list[int]] = {}
+    for i, values in enumerate(raw):
+        for model, n in values.items():
+            models.setdefault(model.decode(), [0] * hours)[i] = int(n)
+    busiest = sorted(models.items(), key=lambda item: (-sum(item[1]), item[0]))
+    return {"hours": [h * 3600 for h in hour_numbers], "models": dict(busiest)}

@@ -19,7 +19,7 @@ import orjson
 from redis.asyncio import Redis
 
 from nopoll.envelope import DEFAULT_TENANT
-from receiver.activity import last_hour, processes
+from receiver.activity import last_hour, processes, tokens_by_hour
 from receiver.batches.progress import BATCH_INDEX_KEY
 from receiver.config.settings import Settings
 from receiver.fanout.health import queue_depths, sink_states
@@ -55,8 +55,10 @@ class Console:
 
     async def overview(self, tenant: str | None = None) -> dict[str, Any]:
         """Activity of the last hour, queues, processes, sinks, dead letters, watches, and
-        the counts of each tenant (``tenant`` given: that tenant's dead letters, watches
-        and counts only; activity, queues, processes and sinks are the deployment's)."""
+        the counts of each tenant, the tokens landed per hour and model over the last day
+        (``tenant`` given: that tenant's dead letters, watches and counts only, and no
+        tokens, which are counted per model for every tenant together; activity, queues,
+        processes and sinks are the deployment's)."""
         now = time.time()
         by_tenant = await self.tenant_counts()
         if tenant is not None:
@@ -72,6 +74,9 @@ class Console:
             else by_tenant[tenant]["dead_letters"],
             "watches": await self.watch_counts(tenant),
             "tenants": by_tenant,
+            "tokens": await tokens_by_hour(self.redis, now)
+            if tenant is None
+            else {"hours": [], "models": {}},
         }
 
     async def tenant_counts(self) -> dict[str, dict[str, int]]:

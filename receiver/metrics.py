@@ -6,12 +6,14 @@ Labels never carry secrets or client-chosen strings: an unknown provider is coun
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+
+from nopoll.envelope import Envelope
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -105,6 +107,35 @@ class Metrics:
         self.unrouted = _counter(
             r, "nopoll_unrouted_results", "Results no route sent anywhere", "provider"
         )
+        self.tokens = _counter(
+            r,
+            "nopoll_tokens",
+            "Tokens of the results landed (their usage), by direction: input or output",
+            "provider",
+            "model",
+            "tenant",
+            "kind",
+            "direction",
+        )
+
+    def count_tokens(self, envelopes: Iterable[Envelope]) -> None:
+        """Add the usage of landed results to ``nopoll_tokens``: summed first, so a batch
+        chunk costs one increment per model and direction, not one per row."""
+        sums: dict[tuple[str, ...], list[int]] = {}
+        for env in envelopes:
+            if env.input_tokens is None and env.output_tokens is None:
+                continue
+            key = (env.provider, (env.model or "unknown")[:100], env.tenant, env.kind)
+            both = sums.get(key)
+            if both is None:
+                both = sums[key] = [0, 0]
+            both[0] += env.input_tokens or 0
+            both[1] += env.output_tokens or 0
+        for labels, (inputs, outputs) in sums.items():
+            if inputs:
+                self.tokens.labels(*labels, "input").inc(inputs)
+            if outputs:
+                self.tokens.labels(*labels, "output").inc(outputs)
 
     def set_queue_depths(self, depths: dict[str, float] | None) -> None:
         """Queue gauges read at scrape time; ``None`` (Redis unreachable) leaves them out."""

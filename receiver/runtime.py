@@ -44,6 +44,8 @@ from receiver.queue._arq import stop_workers, wait_stopped
 from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
 from receiver.redis_link import RedisLink, redis_settings_problems
 from receiver.responses import json_answer
+from receiver.tracing import configure as configure_tracing
+from receiver.tracing import shutdown as shutdown_tracing
 from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
 __all__ = ["api_server_config", "redis_url_for", "run"]
@@ -142,6 +144,14 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
     api = (roles.host, roles.port) if roles.api else None
     for line in describe(settings, redis_url, api=api, worker=roles.worker, config=roles.config):
         log.info("%s", line)
+    otel = settings.otel
+    configure_tracing(  # opt-in: the otel block or OTEL_TRACES_EXPORTER
+        enabled=otel.enabled,
+        service_name=otel.service_name,
+        exporter=otel.exporter,
+        endpoint=otel.endpoint,
+        role="+".join(r for r in ("api", "worker") if getattr(roles, r)),
+    )
 
     workers: list[NopollWorker] = []
     if roles.worker:
@@ -175,6 +185,7 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
         await asyncio.wait_for(activity, 5)
     with contextlib.suppress(Exception):
         await recorder_redis.aclose()
+    shutdown_tracing()  # the spans still buffered go out
     if not roles.api:
         await redis.aclose()
     if refused:

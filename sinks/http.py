@@ -33,6 +33,7 @@ from standardwebhooks.webhooks import Webhook
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
 from nopoll.wire import RETRY_LATER, decode_webhook_secret, retry_after_s, url_secrets
+from sinks._trace import trace_headers
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["HttpSink", "HttpSinkConfig", "HttpSinkError", "SinkRejected", "webhook_id"]
@@ -244,6 +245,7 @@ class HttpSink(SinkBase):
             "webhook-signature": signature,
             "content-type": "application/json",
             "accept-encoding": "identity",  # a bounded read of the answer is its size
+            **trace_headers(),  # the W3C traceparent of the write, while tracing
         }
         try:
             async with client.stream(

@@ -1,7 +1,8 @@
 """The ``kafka`` sink: one message per envelope, keyed ``{provider}:{key}``.
 
 The value is the envelope as JSON, the headers ``nopoll-kind``, ``nopoll-status`` and
-``nopoll-event-id`` carry UTF-8 text. Delivery is at-least-once: a write sends every
+``nopoll-event-id`` carry UTF-8 text (and ``traceparent``, the W3C trace context, while the
+process traces). Delivery is at-least-once: a write sends every
 envelope and waits for all acknowledgements; if any fails the whole write fails and is
 retried, so consumers dedupe on the message key. A message over ``max_message_bytes``
 goes out with ``body_ref`` (where the body is, from the claim-check hook) instead of
@@ -29,6 +30,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
+from sinks._trace import trace_headers
 from sinks.base import SinkBase, SinkConfig
 
 __all__ = ["ClaimCheck", "KafkaSink", "KafkaSinkConfig"]
@@ -202,9 +204,10 @@ class KafkaSink(SinkBase):
         # that can never go out (too large) is refused alone, after the others are sent.
         records = []
         refused: dict[str, str] = {}
+        traced = [(k, v.encode()) for k, v in trace_headers().items()]  # W3C traceparent
         for env in envelopes:
             try:
-                records.append(await self._record(env))
+                records.append(await self._record(env, traced))
             except SinkRejected as exc:
                 refused[env.key] = str(exc.args[0])
         topic = self.config.topic
@@ -242,8 +245,11 @@ class KafkaSink(SinkBase):
                 rejected=refused,
             )
 
-    async def _record(self, env: Envelope) -> tuple[bytes, bytes, _Headers]:
-        """Key, value and headers of one envelope's message, claim-checked if too large."""
+    async def _record(
+        self, env: Envelope, traced: _Headers | None = None
+    ) -> tuple[bytes, bytes, _Headers]:
+        """Key, value and headers of one envelope's message (``traced``: the trace context's
+        headers to add), claim-checked if too large."""
         name = f"{env.provider}:{env.key}"
         if env.tenant != DEFAULT_TENANT:  # a provider name has no "/": no default key is like it
             name = f"{env.tenant}/{name}"
@@ -254,6 +260,7 @@ class KafkaSink(SinkBase):
                 ("nopoll-kind", env.kind.encode()),
                 ("nopoll-status", env.status.encode()),
                 ("nopoll-event-id", (env.event_id or "").encode()),
+                *(traced or ()),
             ]
             doc = env.to_dict()
             value = orjson.dumps(doc)

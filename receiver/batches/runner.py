@@ -47,6 +47,7 @@ from receiver.journey.store import JourneyStore
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
 from receiver.queue.deadletter import DeadLetters
+from receiver.tracing import span
 
 __all__ = ["BatchOutcome", "BatchRunner", "Lease", "LeaseLost", "batch_state_key"]
 
@@ -191,6 +192,17 @@ class BatchRunner:
         return work.result()
 
     async def _run(
+        self,
+        dialect: Dialect,
+        ctx: _Context,
+        force: bool,
+        on_progress: Callable[[int], None] | None,
+    ) -> BatchOutcome:
+        attributes = {"nopoll.provider": ctx.provider, "nopoll.batch_id": ctx.batch_id}
+        with span("batch", attributes):  # the parent of its chunks' spans
+            return await self._run_traced(dialect, ctx, force, on_progress)
+
+    async def _run_traced(
         self,
         dialect: Dialect,
         ctx: _Context,

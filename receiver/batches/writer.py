@@ -17,6 +17,7 @@ from receiver.metrics import Metrics
 from receiver.queue.deadletter import DeadLetters
 from receiver.queue.enqueue import DELIVER
 from receiver.queue.jobs import DeliverJob, rejection_text
+from receiver.tracing import span
 
 __all__ = ["DONE", "SinkWriter"]
 
@@ -71,6 +72,11 @@ class SinkWriter:
             self.committed = number
 
     async def _write(self, number: int, envelopes: list[Envelope]) -> None:
+        attributes = {"nopoll.sink": self.name, "nopoll.chunk": number}
+        with span("batch chunk", attributes):  # a child of the batch's span
+            await self._write_chunk(number, envelopes)
+
+    async def _write_chunk(self, number: int, envelopes: list[Envelope]) -> None:
         sink = self.fanout.sinks[self.name]
         settings = self.settings
         attempts = settings.batch.sink_attempts

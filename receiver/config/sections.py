@@ -22,6 +22,7 @@ __all__ = [
     "ApiConfig",
     "BatchConfig",
     "HttpConfig",
+    "OtelConfig",
     "RetryConfig",
     "UiConfig",
     "WatchConfig",
@@ -173,3 +174,18 @@ class WorkerConfig(ConfigModel):
     response_job_timeout_s: float = Field(default=120.0, gt=1)
     health_check_interval_s: float = Field(default=10.0, gt=0)
     shutdown_wait_s: float = Field(default=20.0, ge=0)
+
+
+class OtelConfig(ConfigModel):
+    """OpenTelemetry traces (:mod:`receiver.tracing`): off unless ``enabled`` here or the
+    standard ``OTEL_TRACES_EXPORTER`` variable names an exporter. Needs ``nopoll[otel]``."""
+
+    enabled: bool = False
+    service_name: str = Field(default="nopoll", min_length=1, max_length=200)
+    """``service.name`` of the spans (``OTEL_SERVICE_NAME`` wins when set)."""
+    exporter: str | None = Field(default=None, pattern=r"^[a-z0-9_]{1,64}$")
+    """``otlp`` (OTLP over HTTP), ``console``, or an installed exporter's entry-point
+    name; unset: ``OTEL_TRACES_EXPORTER``, else ``otlp``."""
+    endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    """The OTLP collector's base URL (``/v1/traces`` is added); unset: the
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` variables, else ``http://localhost:4318``."""

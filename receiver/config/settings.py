@@ -44,6 +44,7 @@ from receiver.config.sections import (
     BatchConfig,
     ConfigModel,
     HttpConfig,
+    OtelConfig,
     RetryConfig,
     UiConfig,
     WatchConfig,
@@ -77,6 +78,7 @@ __all__ = [
     "BatchConfig",
     "ConsumerToken",
     "HttpConfig",
+    "OtelConfig",
     "ProviderConfig",
     "ResultsConfig",
     "RetryConfig",
@@ -242,6 +244,8 @@ class Settings(ConfigModel):
     consumer_tokens: list[ConsumerToken] = Field(default_factory=list)
     """Bearer tokens of the results API (``/v1``); none: ``/v1`` is 404."""
     results: ResultsConfig = Field(default_factory=ResultsConfig)
+    otel: OtelConfig = Field(default_factory=OtelConfig)
+    """OpenTelemetry traces, opt-in (docs/configuration.md#traces)."""
     redis_policy_check: Literal["refuse", "warn"] = "refuse"
     """A Redis whose ``maxmemory-policy`` may evict keys can drop queued jobs: refuse to
     start (default), or only warn."""

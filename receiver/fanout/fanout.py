@@ -17,6 +17,8 @@ from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
 from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
+from receiver.tracing import enabled as tracing_enabled
+from receiver.tracing import span
 from sinks.base import Sink, SinkConfig
 from sinks.registry import create_sink
 
@@ -84,6 +86,14 @@ class ManagedSink:
         await self._timed(part, envelopes)
 
     async def _timed(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
+        if not tracing_enabled() or not envelopes:  # an empty write only opens the sink
+            await self._write(part, envelopes)
+            return
+        attributes = {"nopoll.sink": self.name, "nopoll.rows": len(envelopes)}
+        with span(f"write {self.name}", attributes, kind="client"):
+            await self._write(part, envelopes)
+
+    async def _write(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.timeout_s):
@@ -151,10 +161,12 @@ class FanOut:
         self._metrics = metrics
 
     def route(self, envelopes: Sequence[Envelope]) -> dict[str, list[Envelope]]:
-        """Each sink's share of ``envelopes`` (sinks with no share are left out)."""
+        """Each sink's share of ``envelopes`` (sinks with no share are left out). Called
+        once per landed result (per chunk of a batch), it counts them and their tokens."""
         shares: dict[str, list[Envelope]] = defaultdict(list)
         for (provider, kind), n in Counter((e.provider, e.kind) for e in envelopes).items():
             self._metrics.results.labels(provider, kind).inc(n)
+        self._metrics.count_tokens(envelopes)  # once per result, as nopoll_results
         for env in envelopes:
             names = self._router.sinks_for(env)
             if not names:

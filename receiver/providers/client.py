@@ -25,6 +25,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -35,6 +36,8 @@ from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
+from receiver.tracing import enabled as tracing_enabled
+from receiver.tracing import span
 
 __all__ = ["SAFE_ID", "SAID", "ProviderClient", "provider_said", "retry_after_s", "safe_id"]
 
@@ -285,12 +288,19 @@ class ProviderClient:
         :class:`TransientProviderError`."""
         measured = _Measured()
         started = time.perf_counter()
-        try:
-            with self._transient(path, _timeout_text, "connection failed"):
-                yield measured
-        finally:
-            if self._on_request is not None:
-                self._on_request(self.name, measured.status, time.perf_counter() - started)
+        attributes = None
+        if tracing_enabled():  # the path without its query (a signed URL's is a secret)
+            where = urlsplit(path).path if "://" in path else path.partition("?")[0]
+            attributes = {"nopoll.provider": self.name, "url.path": where[:200]}
+        with span("GET", attributes, kind="client") as traced:
+            try:
+                with self._transient(path, _timeout_text, "connection failed"):
+                    yield measured
+            finally:
+                if self._on_request is not None:
+                    self._on_request(self.name, measured.status, time.perf_counter() - started)
+                if traced is not None and measured.status is not None:
+                    traced.set_attribute("http.response.status_code", measured.status)
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None

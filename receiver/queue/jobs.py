@@ -17,6 +17,10 @@ A fetch job's id names the provider as :func:`~receiver.config.accounts.scoped` 
 it again (a retry, a dead letter); a callback's and a poll's leave out the keys they never
 carried (see :meth:`FetchJob.callback` and :meth:`FetchJob.polled`), the reader's defaults
 fill them in.
+
+Every fetch job may also carry ``traceparent`` (the W3C trace context of the callback that
+queued it, :mod:`receiver.tracing`): only while tracing is on, so a worker older than this
+key never sees it unless tracing is turned on before it is upgraded.
 """
 
 from __future__ import annotations
@@ -122,6 +126,8 @@ class FetchJob:
     event_id: str | None = None
     received_at: str
     tenant: str = DEFAULT_TENANT
+    traceparent: str | None = None
+    """The callback's W3C trace context; None (and left out of the kwargs): not traced."""
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Self:
@@ -130,8 +136,12 @@ class FetchJob:
         return cls(**kwargs)
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The job's kwargs, every key set (what a retry queues and a dead letter replays)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The job's kwargs, every key set (what a retry queues and a dead letter replays);
+        ``traceparent`` only when it has one."""
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.traceparent is None:
+            del kwargs["traceparent"]
+        return kwargs
 
     @property
     def object_id(self) -> str:
@@ -152,6 +162,7 @@ class FetchJob:
         *,
         tenant: str = DEFAULT_TENANT,
         event_type: str = "",
+        traceparent: str | None = None,
         **more: Any,
     ) -> CallbackJob:
         """The job a verified callback about ``object_id`` queues, deduped by its
@@ -168,6 +179,7 @@ class FetchJob:
                 "event_id": webhook_id,
                 "received_at": now_rfc3339(),
                 "tenant": tenant,
+                "traceparent": traceparent,
                 **more,
             }
         )
@@ -236,7 +248,7 @@ class FetchBatch(FetchJob):
 
     def runner_kwargs(self) -> dict[str, Any]:
         """What :meth:`receiver.batches.runner.BatchRunner.run` needs to know of the job."""
-        return self._kwargs(("event_type", "from_watch"))
+        return self._kwargs(("event_type", "from_watch", "traceparent"))
 
 
 _BY_ID_PREFIX: dict[str, type[FetchJob]] = {"resp": FetchResponse, "batch": FetchBatch}

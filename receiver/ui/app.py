@@ -41,7 +41,7 @@ from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.console import MAX_OFFSET, Console
 from receiver.providers.client import provider_said
-from receiver.ui.charts import bar_chart
+from receiver.ui.charts import PALETTE, bar_chart, stacked_chart
 from receiver.ui.session import SessionCookies, Sessions
 
 __all__ = ["MAX_FORM", "ui_routes"]
@@ -254,6 +254,12 @@ class _Ui:
             "results": bar_chart([m["results"] for m in activity], title="Results landed"),
         }
         data["last"] = activity[-1] if activity else {}
+        data["token_models"] = _token_series(data["tokens"]["models"])
+        data["charts"]["tokens"] = stacked_chart(
+            {m["model"]: m["hours"] for m in data["token_models"]},
+            title="Tokens by model",
+            unit="per hour",
+        )
         return await self._page(request, "overview", data)
 
     async def batches(self, request: Request) -> Response:
@@ -404,6 +410,20 @@ class _Ui:
             "outcome": request.session.pop("outcome", None),
         }
         return self.render(request, "journey.html", 200 if found or not q else 404, **data)
+
+
+def _token_series(models: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """The busiest models, each with its colour, hourly tokens and total; the rest summed
+    as "other" (one colour each: the chart stays readable)."""
+    shown = list(models.items())
+    if len(shown) > len(PALETTE):
+        rest = shown[len(PALETTE) - 1 :]
+        other = [sum(hour) for hour in zip(*(v for _, v in rest), strict=True)]
+        shown = [*shown[: len(PALETTE) - 1], (f"other ({len(rest)} models)", other)]
+    return [
+        {"model": name, "colour": colour, "hours": hours, "total": sum(hours)}
+        for colour, (name, hours) in zip(PALETTE, shown, strict=False)
+    ]
 
 
 _LIVE = {"overview": ("Overview", 5), "batches": ("Batches", 2), "watches": ("Watches", 5)}

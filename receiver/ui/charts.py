@@ -4,12 +4,14 @@ reader through their label. The drawing stretches to any width; its labels are H
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
-__all__ = ["bar_chart"]
+__all__ = ["PALETTE", "bar_chart", "stacked_chart"]
 
 _W, _H, _PAD = 600, 120, 2
+PALETTE = ("#2f6fba", "#d08a1e", "#3f9a5a", "#a2479b", "#c4473f", "#6b7380")
+"""One colour per series of :func:`stacked_chart`, the last for "other"."""
 
 
 def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") -> str:
@@ -44,5 +46,45 @@ def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") ->
         f'<span class="peak" aria-hidden="true">{peak:,}</span>'
         '<div class="ticks" aria-hidden="true">'
         f"<span>-{len(values)} min</span><span>now</span></div>"
+        "</div>"
+    )
+
+
+def stacked_chart(series: Mapping[str, Sequence[int]], *, title: str, unit: str) -> str:
+    """One stacked bar per period (oldest first), a colour per series in ``series``' order
+    (:data:`PALETTE`; give at most that many), scaled to the tallest stack."""
+    columns = list(zip(*series.values(), strict=True)) if series else []
+    n = max(len(columns), 1)
+    stacks = [sum(c) for c in columns]
+    peak = max(stacks, default=0)
+    names = ", ".join(f"{name} {sum(values):,}" for name, values in series.items())
+    label = (
+        f"{title}, last {len(columns)} hours: {sum(stacks):,} in all"
+        f"{' (' + names + ')' if names else ''}, peak {peak:,} {unit}"
+    )
+    step = (_W - 2) / n
+    bars = []
+    for i, column in enumerate(columns):
+        y = float(_H - _PAD)
+        for colour, name, v in zip(PALETTE, series, column, strict=False):
+            if not v:
+                continue
+            h = (_H - _PAD - 2) * v / peak
+            y -= h
+            bars.append(
+                f'<rect x="{1 + i * step:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" '
+                f'height="{h:.1f}" fill="{colour}"><title>{escape(name)}: {v:,}</title></rect>'
+            )
+    return (
+        '<div class="chart-box">'
+        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(label)}" '
+        f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
+        f"<title>{escape(label)}</title>"
+        f'<line x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}" class="axis"/>'
+        f"<g>{''.join(bars)}</g>"
+        "</svg>"
+        f'<span class="peak" aria-hidden="true">{peak:,}</span>'
+        '<div class="ticks" aria-hidden="true">'
+        f"<span>-{len(columns)} h</span><span>now</span></div>"
         "</div>"
     )

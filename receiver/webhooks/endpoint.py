@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nopoll.exceptions import VerificationError
 from receiver.config.accounts import DEFAULT_TENANT
@@ -32,6 +32,8 @@ from receiver.providers import safe_id
 from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
 from receiver.queue.jobs import FetchBatch, FetchResponse
 from receiver.redis_link import RedisLink
+from receiver.tracing import enabled as tracing_enabled
+from receiver.tracing import span, traceparent
 from receiver.webhooks.limits import WebhookLimits, client_address
 from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
 from receiver.webhooks.verify import Verifier
@@ -85,9 +87,27 @@ class WebhookEndpoint:
         self._rejections = Throttle(log)
         limits = WebhookLimits(settings.api)
         self._limits = limits if limits.enabled else None
+        self._traced = tracing_enabled()
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, endpoint: TenantEndpoint | None = None
+    ) -> None:
+        if not self._traced:  # tracing off: nothing more on the hot path
+            await self._answer(scope, receive, send, endpoint)
+            return
+        path = scope["path"][:80] if endpoint is None else TENANT_PREFIX + "..."  # no token
+        with span("webhook", {"url.path": path}, kind="server") as traced:
+            assert traced is not None
+
+            async def send_traced(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    traced.set_attribute("http.response.status_code", message["status"])
+                await send(message)
+
+            await self._answer(scope, receive, send_traced, endpoint)
+
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: TenantEndpoint | None
     ) -> None:
         if endpoint is None:  # POST /webhooks/{provider}: the hot path, nothing more to do
             provider, tenant = scope["path"][len(_PREFIX) :], DEFAULT_TENANT
@@ -219,12 +239,10 @@ def _job(
 ) -> CallbackJob:
     """The fetch job a callback asks for: a response's on the short queue, a batch's on
     the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
-    if event_type in RESPONSE_EVENTS:
-        return FetchResponse.callback(
-            provider, object_id, webhook_id, tenant=tenant, event_type=event_type
-        )
-    return FetchBatch.callback(
-        provider, object_id, webhook_id, tenant=tenant, event_type=event_type
+    context = traceparent()  # None unless tracing is on: then the job continues this trace
+    job = FetchResponse if event_type in RESPONSE_EVENTS else FetchBatch
+    return job.callback(
+        provider, object_id, webhook_id, tenant=tenant, event_type=event_type, traceparent=context
     )
 
 

@@ -38,6 +38,7 @@ from receiver.config.accounts import scoped
 from receiver.providers import Dialect
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
+from receiver.tracing import span
 from receiver.watches.store import RECHECK_S, Kind, WatchStore
 from receiver.worker.deliver import deliver, queue_retries
 from receiver.worker.liveness import ServedAccounts
@@ -83,7 +84,10 @@ def _fetch_job(
                 if job.tenant != DEFAULT_TENANT:
                     error += f" for tenant {job.tenant!r}"
                 return await dead_letter(ctx, function, job.to_kwargs(), error)
-            return await body(ctx, job, dialect)
+            # a callback's job continues its trace (a no-op while tracing is off)
+            attributes = {"nopoll.provider": job.provider, "nopoll.id": job.object_id}
+            with span(function, attributes, parent=job.traceparent, kind="consumer"):
+                return await body(ctx, job, dialect)
 
         return run
 

@@ -15,11 +15,13 @@ import pytest
 from nopoll import exceptions
 from nopoll.envelope import Envelope, envelope_from_response
 from nopoll.exceptions import ConfigError, SinkError
+from receiver import tracing
 from receiver.demo.simulator import make_response
 from sinks.http import HttpSink, HttpSinkError, SinkRejected
 from sinks.registry import create_sink, validate_sink_config
 from tests.servers import free_port
 from tests.subscriber import Subscriber
+from tests.traces import in_memory_traces, named, traceparent_of
 
 
 def envelope(i: int, provider: str = "sim") -> Envelope:
@@ -84,6 +86,18 @@ async def test_one_envelope_is_one_signed_object(hooked) -> None:
     assert got.headers["user-agent"].startswith("nopoll")
     assert got.headers["webhook-id"].startswith("msg_")
     assert abs(int(got.headers["webhook-timestamp"]) - time.time()) < 60
+
+
+async def test_the_subscriber_gets_the_writes_traceparent(hooked) -> None:
+    sub, sink = await hooked()
+    await sink.write([envelope(1)])  # untraced: no header
+    with in_memory_traces() as spans:
+        with tracing.span("write hook"):
+            await sink.write([envelope(2)])
+        [write] = named(spans, "write hook")
+    untraced, traced = sub.deliveries
+    assert "traceparent" not in untraced.headers
+    assert traced.verified and traced.headers["traceparent"] == traceparent_of(write)
 
 
 async def test_many_envelopes_are_arrays_of_batch_size_in_order(hooked) -> None:

@@ -18,12 +18,14 @@ import pytest
 
 from nopoll.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
 from nopoll.exceptions import ConfigError, SinkError, SinkRowsRejected
+from receiver import tracing
 from receiver.demo.simulator import make_response
 from sinks.kafka import KafkaSink, KafkaSinkConfig
 from sinks.registry import create_sink, validate_sink_config
 from tests.kafka_broker import TansuBroker
 from tests.servers import free_port
 from tests.sinks.helpers import consume
+from tests.traces import in_memory_traces, named, traceparent_of
 
 RECEIVED = "2026-11-29T10:00:00.123Z"
 PASSWORD = "hunter2-not-for-logs"
@@ -111,6 +113,27 @@ async def test_every_envelope_arrives_with_key_value_and_headers(
         assert tuple(message.headers) == expected_headers(env)
     assert {m.headers[0][1] for m in messages} == {b"response", b"batch_row"}
     assert b"" in {m.headers[2][1] for m in messages}
+
+
+async def test_a_traced_write_carries_the_traceparent_header(
+    kafka_config: Callable[..., KafkaSinkConfig], kafka_bootstrap: str, topic: str
+) -> None:
+    envs = envelopes(2)
+    sink = create_sink("bus", kafka_config())
+    with in_memory_traces() as spans:
+        async with sink:  # type: ignore[attr-defined]
+            with tracing.span("write bus"):
+                await sink.write(envs)
+        [write] = named(spans, "write bus")
+
+    messages = await consume(kafka_bootstrap, topic, 2)
+    assert len(messages) == 2
+    expected = {f"{e.provider}:{e.key}".encode(): e for e in envs}
+    for message in messages:
+        assert tuple(message.headers) == (
+            *expected_headers(expected[message.key]),
+            ("traceparent", traceparent_of(write).encode()),
+        )
 
 
 async def test_rewrite_sends_again_with_the_same_keys(
