@@ -25,7 +25,7 @@ COPY nopoll ./nopoll
 COPY receiver ./receiver
 COPY sinks ./sinks
 # constraints.txt pins every dependency (./scripts/lock): a later build installs the same.
-RUN /opt/venv/bin/pip install -c constraints.txt ".[postgres]"
+RUN /opt/venv/bin/pip install -c constraints.txt ".[postgres,otel]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="nopoll" \

@@ -42,7 +42,7 @@ def test_dockerfile_builds_a_venv_and_runs_it_as_a_fixed_non_root_user() -> None
         "install",
         "-c",
         "constraints.txt",
-        ".[postgres]",
+        ".[postgres,otel]",
     ]
 
     runtime = by_stage["runtime"]
