@@ -170,8 +170,11 @@ async def test_a_batch_row_key_finds_its_batchs_journey_and_the_rows_envelope(
         ).status_code == 202
 
         async def written() -> dict | None:
+            # the row's envelope is stored as its chunk lands; the sinks' events follow
+            # once every chunk of the batch has gone to that sink
             answer = (await journey(base, f"sim/{row}")).json()
-            return answer if answer.get("envelope") else None
+            done = answer.get("envelope") and steps(answer).count("sink") == 2
+            return answer if done else None
 
         answer = await wait_for(written)
     assert (answer["id"], answer["row"], answer["kind"]) == ("batch_j", row, "batch")
