@@ -33,21 +33,7 @@ def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") ->
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" height="{h:.1f}">'
             f"<title>{v:,}</title></rect>"
         )
-    # The labels are HTML beside the drawing, not SVG text: the drawing stretches to the
-    # width it is given (preserveAspectRatio none), which would squeeze text on a phone.
-    return (
-        '<div class="chart-box">'
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(label)}" '
-        f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
-        f"<title>{escape(label)}</title>"
-        f'<line x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}" class="axis"/>'
-        f'<g class="bars">{"".join(bars)}</g>'
-        "</svg>"
-        f'<span class="peak" aria-hidden="true">{peak:,}</span>'
-        '<div class="ticks" aria-hidden="true">'
-        f"<span>-{len(values)} min</span><span>now</span></div>"
-        "</div>"
-    )
+    return _frame(label, f'<g class="bars">{"".join(bars)}</g>', peak, f"-{len(values)} min")
 
 
 def stacked_chart(series: Mapping[str, Sequence[int]], *, title: str, unit: str) -> str:
@@ -75,16 +61,23 @@ def stacked_chart(series: Mapping[str, Sequence[int]], *, title: str, unit: str)
                 f'<rect x="{1 + i * step:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" '
                 f'height="{h:.1f}" fill="{colour}"><title>{escape(name)}: {v:,}</title></rect>'
             )
+    return _frame(label, f"<g>{''.join(bars)}</g>", peak, f"-{len(columns)} h")
+
+
+def _frame(label: str, bars: str, peak: int, since: str) -> str:
+    """The drawing with its axis, and its labels as HTML beside it, not SVG text: the
+    drawing stretches to the width it is given (preserveAspectRatio none), which would
+    squeeze text on a phone."""
     return (
         '<div class="chart-box">'
         f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(label)}" '
         f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
         f"<title>{escape(label)}</title>"
         f'<line x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}" class="axis"/>'
-        f"<g>{''.join(bars)}</g>"
+        f"{bars}"
         "</svg>"
         f'<span class="peak" aria-hidden="true">{peak:,}</span>'
         '<div class="ticks" aria-hidden="true">'
-        f"<span>-{len(columns)} h</span><span>now</span></div>"
+        f"<span>{since}</span><span>now</span></div>"
         "</div>"
     )
