@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from receiver.config.settings import WatchConfig
 from receiver.watches.store import WatchStore
 from tests.e2e.helpers import Processes
 from tests.e2e.losses import BATCH
+from tests.servers import missing
 
 
 @pytest.fixture
@@ -87,3 +89,35 @@ async def watch_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, 
     yield make
     for client in clients:
         await client.aclose()
+
+
+SHOTS = os.environ.get("NOPOLL_UI_SCREENSHOTS")  # read at import: the tests clear NOPOLL_*
+"""Where the browser tests put their screenshots (``docs/ui/`` is made that way)."""
+
+
+@pytest.fixture
+async def browser():
+    """Debian's chromium under Playwright (a missing browser fails in CI, never skips)."""
+    from playwright.async_api import async_playwright
+
+    path = (
+        os.environ.get("NOPOLL_TEST_CHROMIUM")
+        or shutil.which("chromium")
+        or shutil.which("chromium-browser")
+    )
+    if not path:
+        missing("no chromium browser: apt-get install chromium (scripts/test installs it)")
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """``$NOPOLL_UI_SCREENSHOTS`` when set, else the test's own folder."""
+    folder = Path(SHOTS or tmp_path / "shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

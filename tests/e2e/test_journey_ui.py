@@ -10,45 +10,15 @@ way), else into the test's own temporary folder.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.e2e.helpers import post
-from tests.servers import missing, running_api, running_worker
+from tests.servers import running_api, running_worker
 
 pytestmark = pytest.mark.slow
 
 ADMIN = "ui-journey-token-0123456789abcdef"
-SHOTS = os.environ.get("NOPOLL_UI_SCREENSHOTS")  # read at import: the tests clear NOPOLL_*
-
-
-@pytest.fixture
-async def browser():
-    from playwright.async_api import async_playwright
-
-    path = (
-        os.environ.get("NOPOLL_TEST_CHROMIUM")
-        or shutil.which("chromium")
-        or shutil.which("chromium-browser")
-    )
-    if not path:
-        missing("no chromium browser: apt-get install chromium (scripts/test installs it)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=path, args=["--no-sandbox"])
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    folder = Path(SHOTS or tmp_path / "shots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 async def test_find_an_id_see_its_failed_fetch_replay_it_and_see_it_land(

@@ -8,11 +8,8 @@ way), else into the test's own temporary folder.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import shutil
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,7 +22,7 @@ from receiver.queue.enqueue import FETCH_RESPONSE, JOBS_QUEUE
 from receiver.watches.store import WatchStore
 from tests.dead_letters import keep_letter
 from tests.e2e.helpers import CSRF, await_ready, logged_in_as, pg_rows, wait_for, write_config
-from tests.servers import free_port, missing, running_api
+from tests.servers import free_port, running_api
 
 pytestmark = pytest.mark.slow
 
@@ -35,38 +32,6 @@ TEAM_B = "team-b-consumer-token-0123456789"
 PHONE = {"width": 390, "height": 844}
 HEADER_MAX_PX = 56
 """The header on a phone: one line of links and a button (three lines were ~130 px)."""
-SHOTS = os.environ.get("NOPOLL_UI_SCREENSHOTS")  # read at import: the tests clear NOPOLL_*
-
-
-def chromium() -> str:
-    path = (
-        os.environ.get("NOPOLL_TEST_CHROMIUM")
-        or shutil.which("chromium")
-        or shutil.which("chromium-browser")
-    )
-    if not path:
-        missing("no chromium browser: apt-get install chromium (scripts/test installs it)")
-    return str(path)
-
-
-@pytest.fixture
-async def browser():
-    from playwright.async_api import async_playwright
-
-    path = chromium()
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=path, args=["--no-sandbox"])
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    folder = Path(SHOTS or tmp_path / "shots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 @pytest.fixture
