@@ -28,6 +28,7 @@ other failure is a plain :class:`~nopoll.exceptions.SinkError` for the whole wri
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import logging
@@ -232,8 +233,10 @@ class SqlSink(SinkBase):
                 await self._postgres.open(
                     dsn, pool_size=self.config.pool_size, timeout_s=self.config.timeout_s
                 )
-        except Exception as exc:
-            await self.aclose()
+        except BaseException as exc:  # cancelled too: close what was opened so far
+            await asyncio.shield(self.aclose())
+            if not isinstance(exc, Exception):
+                raise
             raise SinkError(
                 f"cannot prepare table {self.config.table}: {_describe(exc)}", sink=self.name
             ) from exc

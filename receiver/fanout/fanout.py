@@ -8,6 +8,7 @@ the others: the caller gets the failures back and queues a retry for each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -72,7 +73,14 @@ class ManagedSink:
                 sink = self._factory(self.name, self.config)
                 if self.claim_check is not None and hasattr(sink, "claim_check"):
                     sink.claim_check = self.claim_check
-                await sink.open()
+                try:
+                    await sink.open()
+                except BaseException:
+                    # failed or cancelled (a worker stopped during start-up): what the
+                    # open had made is closed now, not left for the garbage collector
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(sink.aclose())
+                    raise
                 self._sink = sink
         return self._sink
 
