@@ -693,7 +693,8 @@ async def wait_stopped(
     while pending and time.monotonic() < deadline:
         _, pending = await asyncio.wait(pending, timeout=0.5)
         for w in workers:
-            idle = force or (not w.allow_pick_jobs and not w.tasks)
+            # a stop_at_once worker's jobs were cancelled with it: repeat its cancel too
+            idle = force or w.stop_at_once or (not w.allow_pick_jobs and not w.tasks)
             if idle and w.main_task is not None and not w.main_task.done():
                 w.main_task.cancel()
     for task in pending:
