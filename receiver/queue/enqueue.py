@@ -18,10 +18,8 @@ EXISTS, MULTI/EXEC). Requests waiting for a pipeline are bounded: beyond the bou
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -29,12 +27,11 @@ from hashlib import blake2b
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from nopoll.envelope import DEFAULT_TENANT
 from receiver.journey.store import PUSH_LUA, callback_head, hook_key, journey_key
 from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
-from receiver.queue.trips import RoundTrips
+from receiver.queue.trips import SharedTrips, TripsBusy
 
 __all__ = [
     "BATCHES_QUEUE",
@@ -185,7 +182,6 @@ end
 return r
 """
 )
-_MIN_TRIP = 16  # requests per round trip before pending ones are split over several
 _BUCKETS_PER_WINDOW = 7  # 8 lookups; an id's memory is held for the window + <= 1/7 of it
 
 
@@ -305,94 +301,37 @@ class Enqueuer:
         journey_ttl_s: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._redis = redis
-        self._trips = RoundTrips(redis)
+        self._shared = SharedTrips(
+            redis, max_batch=max_batch, max_in_flight=max_in_flight, max_pending=max_pending
+        )
         self._window_ms = str(dedupe_ttl_s * 1000)
         self._width_ms = str(max(1, math.ceil(dedupe_ttl_s / _BUCKETS_PER_WINDOW)) * 1000)
         self._job_expiry_ms = str(job_expiry_s * 1000)
         self._journey_ms = str(journey_ttl_s * 1000) if journey_ttl_s > 0 else None
-        self._max_batch = max_batch
-        self._max_in_flight = max_in_flight
-        self._max_pending = max_batch * max_in_flight if max_pending is None else max_pending
         self._clock = clock
-        self._sha: str | None = None
-        self._pending: deque[tuple[CallbackJob, asyncio.Future[EnqueueOutcome]]] = deque()
-        self._flushers: set[asyncio.Task[None]] = set()
-        self._starter: asyncio.Task[None] | None = None  # started, has not taken its batch
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a round trip to leave."""
+        return self._shared.pending
 
     async def enqueue(self, job: CallbackJob) -> EnqueueOutcome:
         """Queue one job; returns once Redis has it (or raises a RedisError, or
         :class:`QueueBusy` when too many requests wait already)."""
-        if len(self._pending) >= self._max_pending:
-            raise QueueBusy(f"{len(self._pending)} callbacks wait for Redis already")
-        future: asyncio.Future[EnqueueOutcome] = asyncio.get_running_loop().create_future()
-        self._pending.append((job, future))
-        self._start_flusher()
-        return await future
-
-    def _start_flusher(self) -> None:
-        if self._starter is None and len(self._flushers) < self._max_in_flight:
-            # Started, not run yet: requests handled in this turn of the event loop join it.
-            self._starter = task = asyncio.create_task(self._flush())
-            self._flushers.add(task)
-            task.add_done_callback(self._flushers.discard)  # also when cancelled unstarted
-
-    async def _flush(self) -> None:
-        me = asyncio.current_task()
-        try:
-            while self._pending:
-                # Several small trips in flight, not one big one that everything waits on.
-                share = max(_MIN_TRIP, -(-len(self._pending) // self._max_in_flight))
-                take = min(self._max_batch, share, len(self._pending))
-                batch = [self._pending.popleft() for _ in range(take)]
-                if self._starter is me:
-                    self._starter = None
-                if self._pending:
-                    self._start_flusher()  # the rest leaves in a trip of its own
-                await self._settle(batch)
-        finally:
-            if self._starter is me:
-                self._starter = None
-            self._flushers.discard(me)
-
-    async def _settle(self, batch: list[tuple[CallbackJob, asyncio.Future[Any]]]) -> None:
-        try:
-            results = await self._run(batch)
-        except Exception as exc:  # this round trip failed: only its callers see it
-            results = [exc] * len(batch)
-        except BaseException:
-            for _, future in batch:
-                future.cancel()
-            raise
-        for (_, future), result in zip(batch, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(EnqueueOutcome(int(result)))
-
-    async def _run(self, batch: list[tuple[CallbackJob, Any]], *, reload: bool = True) -> list[Any]:
-        if self._sha is None:
-            self._sha = await self._redis.script_load(_ENQUEUE_LUA)
         now_ms = int(self._clock() * 1000)
         fixed = (str(now_ms), self._window_ms, self._width_ms, self._job_expiry_ms)
-        commands = [self._command(job, now_ms, fixed) for job, _ in batch]
-        results = await self._trips.run(commands)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing and reload:
-            # Redis restarted and lost its script cache: load it again and redo those.
-            self._sha = await self._redis.script_load(_ENQUEUE_LUA)
-            redone = await self._run([batch[i] for i in missing], reload=False)
-            for i, result in zip(missing, redone, strict=True):
-                results[i] = result
-        return results
+        try:
+            [reply] = await self._shared.run([self._command(job, now_ms, fixed)])
+        except TripsBusy:
+            raise QueueBusy(f"{self._shared.pending} callbacks wait for Redis already") from None
+        if isinstance(reply, Exception):
+            raise reply
+        return EnqueueOutcome(int(reply))
 
     def _command(self, job: CallbackJob, now_ms: int, fixed: tuple[str, ...]) -> tuple[Any, ...]:
-        command: tuple[Any, ...] = (
-            "EVALSHA",
-            self._sha,
-            "4" if self._journey_ms is None or not job.object_id else "6",
+        command: tuple[Any, ...] = self._shared.evalsha(
+            _ENQUEUE_LUA,
+            4 if self._journey_ms is None or not job.object_id else 6,
             f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
             JOB_KEY + job.job_id,
             RESULT_KEY + job.job_id,

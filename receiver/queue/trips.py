@@ -1,16 +1,21 @@
-"""The hot path's outgoing wire: pipelined Redis round trips (:class:`RoundTrips`), many
+"""The hot paths' outgoing wire: pipelined Redis round trips (:class:`RoundTrips`), many
 commands in one write, their replies read back under one deadline, on a connection held
-from one trip to the next."""
+from one trip to the next; and :class:`SharedTrips`, which lets concurrent callers (the
+API's callbacks, the worker's jobs) share those trips."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from redis import __version__ as redis_version
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 try:
@@ -20,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover - arq installs redis[hiredis]
     _hiredis_pack = None
 
-__all__ = ["RoundTrips"]
+__all__ = ["RoundTrips", "SharedTrips", "TripsBusy"]
 
 
 class RoundTrips:
@@ -81,3 +86,122 @@ def _pack(conn: Any, command: tuple[Any, ...]) -> list[bytes]:
     if _hiredis_pack is not None:
         return [_hiredis_pack(command)]
     return list(conn.pack_command(*command))
+
+
+_MIN_TRIP = 16
+"""Callers per round trip before pending ones are split over several trips in flight."""
+
+
+class SharedTrips:
+    """Concurrent callers' Redis commands share pipelined round trips (:class:`RoundTrips`):
+    up to ``max_in_flight`` trips at once, each carrying the commands of up to
+    ``max_batch`` callers. Callers that arrive while every trip is in flight wait for the
+    next one to leave; at most ``max_pending`` of them (default: one more full trip per
+    trip in flight): beyond that :meth:`run` raises :class:`TripsBusy` at once.
+
+    A caller hands in its commands and gets their replies, in order, a ``ResponseError``
+    in its command's place (never raised); a trip that breaks (Redis down, a timeout)
+    raises its ``RedisError`` to each of its callers. Scripts go as ``EVALSHA`` of their
+    source's digest (:meth:`evalsha`): a Redis that lost its script cache (restarted)
+    answers ``NOSCRIPT``, and those commands are sent again once the scripts are loaded.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        max_batch: int = 512,
+        max_in_flight: int = 4,
+        max_pending: int | None = None,
+    ) -> None:
+        self._redis = redis
+        self._trips = RoundTrips(redis)
+        self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
+        self._max_pending = max_batch * max_in_flight if max_pending is None else max_pending
+        self._scripts: dict[str, str] = {}
+        self._pending: deque[tuple[Sequence[tuple[Any, ...]], asyncio.Future[list[Any]]]] = deque()
+        self._flushers: set[asyncio.Task[None]] = set()
+        self._starter: asyncio.Task[None] | None = None  # started, has not taken its callers
+
+    @property
+    def pending(self) -> int:
+        """Callers waiting for a trip to leave."""
+        return len(self._pending)
+
+    def evalsha(self, source: str, numkeys: int, *keys_and_args: Any) -> tuple[Any, ...]:
+        """The command that runs the Lua ``source`` (by its digest; see the class docs)."""
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        self._scripts.setdefault(sha, source)
+        return ("EVALSHA", sha, str(numkeys), *keys_and_args)
+
+    async def run(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` in the next trip; their replies (see the class docs)."""
+        if len(self._pending) >= self._max_pending:
+            raise TripsBusy(f"{len(self._pending)} callers wait for Redis already")
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._pending.append((commands, future))
+        self._start_flusher()
+        return await future
+
+    def _start_flusher(self) -> None:
+        if self._starter is None and len(self._flushers) < self._max_in_flight:
+            # Started, not run yet: callers in this turn of the event loop join it.
+            self._starter = task = asyncio.create_task(self._flush())
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)  # also when cancelled unstarted
+
+    async def _flush(self) -> None:
+        me = asyncio.current_task()
+        try:
+            while self._pending:
+                # Several small trips in flight, not one big one that everything waits on.
+                share = max(_MIN_TRIP, -(-len(self._pending) // self._max_in_flight))
+                take = min(self._max_batch, share, len(self._pending))
+                batch = [self._pending.popleft() for _ in range(take)]
+                if self._starter is me:
+                    self._starter = None
+                if self._pending:
+                    self._start_flusher()  # the rest leaves in a trip of its own
+                await self._settle(batch)
+        finally:
+            if self._starter is me:
+                self._starter = None
+            self._flushers.discard(me)
+
+    async def _settle(
+        self, batch: list[tuple[Sequence[tuple[Any, ...]], asyncio.Future[list[Any]]]]
+    ) -> None:
+        try:
+            replies = await self._send([c for commands, _ in batch for c in commands])
+        except Exception as exc:  # this round trip failed: only its callers see it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:
+            for _, future in batch:
+                future.cancel()
+            raise
+        start = 0
+        for commands, future in batch:
+            end = start + len(commands)
+            if not future.done():
+                future.set_result(replies[start:end])
+            start = end
+
+    async def _send(self, commands: list[tuple[Any, ...]], *, reload: bool = True) -> list[Any]:
+        replies = await self._trips.run(commands)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing and reload:
+            # Redis restarted and lost its script cache: load them again and redo those.
+            for sha in {commands[i][1] for i in missing}:
+                await self._redis.script_load(self._scripts[sha])
+            redone = await self._send([commands[i] for i in missing], reload=False)
+            for i, reply in zip(missing, redone, strict=True):
+                replies[i] = reply
+        return replies
+
+
+class TripsBusy(Exception):
+    """Too many callers wait for a Redis round trip already."""

@@ -100,7 +100,7 @@ async def test_several_round_trips_are_in_flight_at_once(redis, clock, monkeypat
     await until(lambda: len(spy.sizes) >= 3)
     await asyncio.sleep(0.05)  # no fourth trip starts meanwhile
     assert len(spy.sizes) == 3  # three trips wait on Redis together; the rest wait for one
-    assert len(enq._pending) == 200 - sum(spy.sizes) > 0
+    assert enq.pending == 200 - sum(spy.sizes) > 0
     spy.gate.set()
     assert set(await asyncio.gather(*tasks)) == {EnqueueOutcome.ENQUEUED}
     assert sum(spy.sizes) == 200
@@ -134,12 +134,12 @@ async def test_a_flood_beyond_the_pending_bound_is_refused_at_once(redis, clock,
     refused = [t for t in flood if t.done() and isinstance(t.exception(), QueueBusy)]
     waiting = [t for t in flood if not t.done()]
     assert 0 < len(waiting) <= 10 and len(refused) == 5000 - len(waiting)
-    assert len(enq._pending) <= 5  # what the Enqueuer holds does not grow with the flood
+    assert enq.pending <= 5  # what the Enqueuer holds does not grow with the flood
     more = [asyncio.create_task(enq.enqueue(job(f"msg_more_{i}"))) for i in range(1000)]
     await until(lambda: sum(t.done() for t in more) >= 995)  # refused at once
     waiting += [t for t in more if not t.done()]
     assert sum(isinstance(t.exception(), QueueBusy) for t in more if t.done()) >= 995
-    assert len(waiting) <= 10 and len(enq._pending) <= 5  # in flight + one more batch
+    assert len(waiting) <= 10 and enq.pending <= 5  # in flight + one more batch
     spy.gate.set()
     assert set(await asyncio.gather(*waiting)) == {EnqueueOutcome.ENQUEUED}
     assert await redis.zcard(JOBS_QUEUE) == len(waiting)
