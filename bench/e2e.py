@@ -30,6 +30,7 @@ import itertools
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -363,7 +364,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("debug", "info", "warning", "error"),
         help="nopoll's log level (info, the default of a config, logs a line per result)",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="SVG",
+        type=Path,
+        help="record the worker with py-spy (on PATH or in NOPOLL_PY_SPY) while callbacks "
+        "are sent, and write its flamegraph to SVG (collapsed stacks when it ends in .txt)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the worker to the last CPU and everything else (API, simulator, sender, "
+        "poller) to the others, as `taskset` would; needs two or more CPUs and no --serve",
+    )
     args = parser.parse_args(argv)
+    if args.pin and (args.serve or len(os.sched_getaffinity(0)) < 2):
+        parser.error("--pin needs two or more CPUs and separate API and worker (no --serve)")
+    if args.profile and args.serve:
+        parser.error("--profile records the worker process: drop --serve")
     if not (0 < args.rate <= 5000 and 0 < args.seconds <= 600 and 0 <= args.drain <= 600):
         parser.error("--rate 0..5000, --seconds 0..600, --drain 0..600")
     if not 1 <= args.poll_ms <= 1000:
@@ -371,6 +389,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.connections <= 256:
         parser.error("--connections 1..256")
     return args
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads started later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+def pin_all(servers: list[Server], others: dict[str, int]) -> str:
+    """The worker alone on the last CPU, the rest (this process included) on the others."""
+    cpus = sorted(os.sched_getaffinity(0))
+    worker_cpu, rest = {cpus[-1]}, set(cpus[:-1])
+    for server in servers:
+        pin(server.proc.pid, worker_cpu if server.role == "worker" else rest)
+    for name, pid in others.items():
+        if not name.startswith("redis"):
+            pin(pid, rest)
+    return f"worker pinned to CPU {cpus[-1]}, the rest to CPU {','.join(map(str, rest))}"
+
+
+def start_profiler(svg: Path, pid: int, seconds: float) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` (Python frames only, without pausing it) for ``seconds``."""
+    exe = os.environ.get("NOPOLL_PY_SPY") or shutil.which("py-spy")
+    if not exe:
+        raise SystemExit("--profile: py-spy is not on PATH (pip install py-spy) nor NOPOLL_PY_SPY")
+    svg.parent.mkdir(parents=True, exist_ok=True)
+    form = "raw" if svg.suffix == ".txt" else "flamegraph"
+    command = [exe, "record", "--nonblocking", "--rate", "200", "--format", form]
+    command += ["--duration", str(max(1, int(seconds))), "--pid", str(pid), "--output", str(svg)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def start_servers(args: argparse.Namespace, config: Path, work: Path) -> tuple[list[Server], int]:
@@ -489,8 +538,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"{common.load_note()}"
             )
             others = {"simulator": sim.pid, "sender + poller": os.getpid()}
+            if args.pin:
+                print(pin_all(servers, others))
             others.update(redis_pid())
+            profiler = None
+            if args.profile:
+                worker = next(s for s in servers if s.role == "worker")
+                profiler = start_profiler(args.profile, worker.proc.pid, args.seconds)
             run = asyncio.run(measure(args, port, ids, servers, others))
+            if profiler is not None:
+                _, err = profiler.communicate(timeout=60)
+                status = "written" if profiler.returncode == 0 else f"FAILED: {err.decode()[-300:]}"
+                print(f"worker flamegraph ({args.seconds:g}s of sending): {args.profile} {status}")
             for server in servers:
                 scrape_metrics(server.metrics_url, run.server_metrics)
         finally:
