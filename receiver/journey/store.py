@@ -124,13 +124,29 @@ class JourneyStore:
         **fields: Any,
     ) -> None:
         """Queue the event's write on ``pipe`` (it lands with the pipeline's other work)."""
+        for command, *args in self.commands(provider, object_id, step, tenant, **fields):
+            pipe.execute_command(command, *args)
+
+    def commands(
+        self,
+        provider: str,
+        object_id: str,
+        step: str,
+        tenant: str = DEFAULT_TENANT,
+        **fields: Any,
+    ) -> list[tuple[Any, ...]]:
+        """The Redis commands that write the event (none while trails are off), for a
+        caller that sends them with its own (the worker lands a result's events and ends
+        its watch in one round trip); stamped now."""
         if not self.enabled:
-            return
+            return []
         key = journey_key(provider, object_id, tenant)
         event = orjson.dumps({"at": round(time.time(), 3), "step": step, **fields})
-        pipe.rpush(key, event)
-        pipe.ltrim(key, -MAX_EVENTS, -1)
-        pipe.pexpire(key, self.ttl_s * 1000)
+        return [
+            ("RPUSH", key, event),
+            ("LTRIM", key, -MAX_EVENTS, -1),
+            ("PEXPIRE", key, self.ttl_s * 1000),
+        ]
 
     async def record(
         self,

@@ -50,6 +50,7 @@ from redis.asyncio import Redis
 
 from nopoll.wire import safe_id
 from receiver.config.accounts import DEFAULT_TENANT, scoped
+from receiver.queue.trips import SharedTrips
 from receiver.watches import scripts as lua
 
 __all__ = [
@@ -163,9 +164,22 @@ class Watch:
 class WatchStore:
     """The watches of every provider and tenant on the shared Redis (see the module docs)."""
 
-    def __init__(self, redis: Redis, *, ended_ttl_s: int = 7 * 86_400) -> None:
+    def __init__(
+        self, redis: Redis, *, ended_ttl_s: int = 7 * 86_400, trips: SharedTrips | None = None
+    ) -> None:
         self.redis = redis
         self._ended_ttl_s = ended_ttl_s
+        self._trips = trips
+        """A worker's: its jobs' transitions share round trips (and go by ``EVALSHA``)."""
+
+    async def _eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any:
+        """Run one transition's script: in a shared round trip when this store has one."""
+        if self._trips is None:
+            return await self.redis.eval(script, numkeys, *keys_and_args)  # type: ignore[misc]
+        [reply] = await self._trips.run([self._trips.evalsha(script, numkeys, *keys_and_args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     async def register(
         self,
@@ -238,7 +252,7 @@ class WatchStore:
         ``lease_s``; with ``owner`` (a worker id, :mod:`receiver.worker.liveness`), taken by that
         worker: handed on as soon as it is found dead, and only it can reschedule or land
         them."""
-        members: list[bytes] = await self.redis.eval(  # type: ignore[misc]
+        members: list[bytes] = await self._eval(
             lua.TAKE,
             2,
             due_key(provider),
@@ -270,7 +284,7 @@ class WatchStore:
     ) -> None:
         """Poll ``watch`` again in ``in_s``; ``polled=False``: its take made no request
         (no rate-limit slot), so it does not count as a poll."""
-        await self.redis.eval(  # type: ignore[misc]
+        await self._eval(
             *_transition(lua.RESCHEDULE, watch.provider, watch.kind, watch.id, watch.keyed_as),
             str(_ms() + int(in_s * 1000)),
             status or "",
@@ -282,7 +296,7 @@ class WatchStore:
         """A poll found the object terminal: True if this poll delivers it (within
         ``lease_s``, else the watch comes due again)."""
         return bool(
-            await self.redis.eval(  # type: ignore[misc]
+            await self._eval(
                 *_transition(
                     lua.CLAIM_LANDING, watch.provider, watch.kind, watch.id, watch.keyed_as
                 ),
@@ -306,7 +320,37 @@ class WatchStore:
         """``tenant``'s watch ended: ``landed`` (with the object's final ``status`` when
         known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
         if a callback left one, says ``state``."""
-        await self.redis.eval(  # type: ignore[misc]
+        await self._eval(*self._finish_args(provider, kind, object_id, state, tenant, status, via))
+
+    def finish_command(
+        self,
+        provider: str,
+        kind: str,
+        object_id: str,
+        state: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        status: str | None = None,
+        via: str = "",
+    ) -> tuple[Any, ...]:
+        """:meth:`finish` as a command for the store's shared trips, to send with others
+        (its reply an error or not, nothing else)."""
+        assert self._trips is not None, "finish_command needs a store with shared trips"
+        return self._trips.evalsha(
+            *self._finish_args(provider, kind, object_id, state, tenant, status, via)
+        )
+
+    def _finish_args(
+        self,
+        provider: str,
+        kind: str,
+        object_id: str,
+        state: str,
+        tenant: str,
+        status: str | None,
+        via: str,
+    ) -> tuple[Any, ...]:
+        return (
             *_transition(lua.FINISH, provider, kind, object_id, tenant),
             state,
             str(_ms()),
@@ -334,7 +378,7 @@ class WatchStore:
         watch it) or ``callback`` (go on; polling stops, unless the job has not landed it
         ``recheck_s`` from now), ``landed``/``landing`` (a poll delivered it: skip). Other
         tenants' watches of the same id are not touched."""
-        result = await self.redis.eval(  # type: ignore[misc]
+        result = await self._eval(
             *_transition(lua.CALLBACK, provider, kind, object_id, tenant),
             str(_ms() + int(recheck_s * 1000)),
             str(MARKER_TTL_S),

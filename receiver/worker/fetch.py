@@ -116,15 +116,9 @@ async def fetch_response(
     except ProviderError as exc:
         await _fetch_failed(ctx, job, exc)
         return await dead_letter(ctx, FETCH_RESPONSE, job.to_kwargs(), str(exc))
-    await ctx["state"].trail(
-        job.provider,
-        job.response_id,
-        "fetch",
-        job.tenant,
-        kind="response",
-        status=str(body.get("status") or ""),
-        **{"try": int(ctx.get("job_try") or 1)},
-    )
+    state: WorkerState = ctx["state"]
+    fetched: dict[str, Any] = {"kind": "response", "status": str(body.get("status") or "")}
+    fetched["try"] = int(ctx.get("job_try") or 1)
     envelope = envelope_from_response(
         body,
         provider=job.provider,
@@ -132,19 +126,38 @@ async def fetch_response(
         event_id=job.event_id,
         tenant=job.tenant,
     )
-    landed = await _land(ctx, envelope)
-    # the callback ended its watch (or, not watched yet, the marker says it landed)
-    await watches.finish(
-        job.provider,
-        "response",
-        job.response_id,
-        "landed",
-        tenant=job.tenant,
-        status=envelope.status,
-        via="callback",
-    )
-    ctx["state"].metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
+    # the callback ends its watch (or, not watched yet, the marker says it landed)
+    ended = _Ended(watches, job, envelope.status)
+    landed = await _land(ctx, envelope, fetched=fetched, ended=ended)
+    state.metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
     return landed
+
+
+class _Ended:
+    """A callback's result landed: its watch ends ``landed`` (see :func:`_land`)."""
+
+    __slots__ = ("job", "status", "watches")
+
+    def __init__(self, watches: WatchStore, job: FetchResponse, status: str) -> None:
+        self.watches, self.job, self.status = watches, job, status
+
+    def command(self) -> tuple[Any, ...]:
+        job = self.job
+        return self.watches.finish_command(
+            *(job.provider, "response", job.response_id, "landed"),
+            tenant=job.tenant,
+            status=self.status,
+            via="callback",
+        )
+
+    async def run(self) -> None:
+        job = self.job
+        await self.watches.finish(
+            *(job.provider, "response", job.response_id, "landed"),
+            tenant=job.tenant,
+            status=self.status,
+            via="callback",
+        )
 
 
 async def _fetch_failed(ctx: dict[str, Any], job: FetchJob, exc: ProviderError) -> None:
@@ -167,6 +180,8 @@ def _recheck_s(ctx: dict[str, Any], provider: str) -> float:
 
 def _watches(ctx: dict[str, Any]) -> WatchStore:
     state: WorkerState = ctx["state"]
+    if state.watches is not None:
+        return state.watches
     return WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
 
 
@@ -204,22 +219,53 @@ async def land_response(
     return await _land({"state": state}, envelope)
 
 
-async def _land(ctx: dict[str, Any], envelope: Envelope) -> dict[str, Any]:
+async def _land(
+    ctx: dict[str, Any],
+    envelope: Envelope,
+    *,
+    fetched: dict[str, Any] | None = None,
+    ended: _Ended | None = None,
+) -> dict[str, Any]:
     """Write ``envelope`` to every routed sink side by side; a sink that failed gets its own
-    delivery (a sink that refused it, a dead letter); then the result's log line."""
+    delivery (a sink that refused it, a dead letter); then the result's log line.
+
+    The trail's events (the ``fetched`` event of a job that fetched it, then the sinks')
+    and the end of the watch (``ended``) share one round trip with the other jobs' when
+    every sink took it; when one failed, its retry is queued before the watch ends."""
     state: WorkerState = ctx["state"]
     shares = state.fanout.route([envelope])
     failures = await state.fanout.write(shares)
-    await state.trail(
-        envelope.provider,
-        envelope.key,
-        "sink",
-        envelope.tenant,
-        sinks=sorted(n for n in shares if n not in failures),
-        failed=sorted(failures),
-    )
+    events = []
+    if fetched is not None:
+        events.append(("fetch", fetched))
+    sinks = sorted(n for n in shares if n not in failures)
+    events.append(("sink", {"sinks": sinks, "failed": sorted(failures)}))
+    if state.trips is None or state.journey is None:
+        for step, fields in events:
+            await state.trail(envelope.provider, envelope.key, step, envelope.tenant, **fields)
+        trail: list[tuple[Any, ...]] = []
+    else:
+        journey = state.journey
+        at = (envelope.provider, envelope.key)
+        trail = [
+            command
+            for step, fields in events
+            for command in journey.commands(*at, step, envelope.tenant, **fields)
+        ]
     if failures:
+        if trail:
+            await state.send_trail(trail)
+            trail = []
         await queue_retries(ctx, failures, shares)
+    if ended is not None and state.trips is not None:
+        [reply] = await state.send_trail(trail, ended.command())
+        if isinstance(reply, Exception):
+            raise reply
+    else:
+        if trail:
+            await state.send_trail(trail)
+        if ended is not None:
+            await ended.run()
     if log.isEnabledFor(logging.INFO):
         _log_landed(envelope, shares, failures)
     return {"sinks": len(shares), "failed": sorted(failures)}

@@ -81,7 +81,9 @@ class WatchPoller:
         self.owner = owner
         """This process's worker id (:mod:`receiver.worker.liveness`): the watches it takes
         name it."""
-        self.store = WatchStore(state.redis, ended_ttl_s=state.settings.dedupe_ttl_s)
+        self.store = state.watches or WatchStore(
+            state.redis, ended_ttl_s=state.settings.dedupe_ttl_s
+        )
         self.providers: dict[str, ProviderConfig] = dict(state.settings.providers)
         self.limiters = {
             name: RateLimiter(state.redis, name, cfg.watch.rate_limit_rps)

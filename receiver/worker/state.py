@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from receiver.batches.runner import BatchRunner
 from receiver.config.accounts import DEFAULT_TENANT, tenant_providers
@@ -29,6 +30,8 @@ from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
+from receiver.queue.trips import SharedTrips
+from receiver.watches.store import WatchStore
 from receiver.worker.liveness import DEAD_AFTER_S
 
 __all__ = ["WorkerState", "build_state"]
@@ -52,13 +55,37 @@ class WorkerState:
     """Each ``(tenant, provider)`` account of the other tenants, with its own api_key."""
     journey: JourneyStore | None = None
     """Where the jobs note each id's fetch tries and sink writes (None: nowhere)."""
+    trips: SharedTrips | None = None
+    """Round trips the jobs share: their watch transitions and trail events ride together."""
+    watches: WatchStore | None = None
+    """The watches, through :attr:`trips`."""
 
     async def trail(
         self, provider: str, object_id: str, step: str, tenant: str = DEFAULT_TENANT, **fields: Any
     ) -> None:
         """One event on the id's journey (best-effort: see :mod:`receiver.journey.store`)."""
-        if self.journey is not None:
+        if self.journey is None:
+            return
+        if self.trips is None:
             await self.journey.record(provider, object_id, step, tenant, **fields)
+            return
+        await self.send_trail(self.journey.commands(provider, object_id, step, tenant, **fields))
+
+    async def send_trail(
+        self, commands: list[tuple[Any, ...]], *also: tuple[Any, ...]
+    ) -> list[Any]:
+        """Trail events' commands and ``also`` (others of the job's) in one shared trip; the
+        replies of ``also``. A trail event Redis cannot take is logged and dropped (the
+        work goes on); a failed trip raises only when ``also`` was sent."""
+        assert self.trips is not None
+        try:
+            replies = await self.trips.run([*commands, *also])
+        except (RedisError, OSError) as exc:
+            if also:
+                raise
+            log.debug("journey events dropped: %s", exc)
+            return []
+        return replies[len(commands) :]
 
     def dialect(self, provider: str, tenant: str = DEFAULT_TENANT) -> Dialect | None:
         """The dialect that fetches ``tenant``'s results at ``provider`` (with the tenant's
@@ -112,6 +139,8 @@ def build_state(
     fanout = FanOut(sinks, router, metrics)
     redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
     journey = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
+    trips = SharedTrips(redis)
+    watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s, trips=trips)
     dead_letters = DeadLetters(redis, journey=journey)
     runner = BatchRunner(
         settings,
@@ -123,5 +152,15 @@ def build_state(
         journey=journey,
     )
     return WorkerState(
-        settings, metrics, redis, dialects, fanout, dead_letters, runner, tenant_dialects, journey
+        settings,
+        metrics,
+        redis,
+        dialects,
+        fanout,
+        dead_letters,
+        runner,
+        tenant_dialects,
+        journey,
+        trips,
+        watches,
     )
