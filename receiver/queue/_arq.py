@@ -130,6 +130,8 @@ from arq.worker import (  # noqa: E402
 from redis.asyncio import ConnectionPool, Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
 
+from receiver.queue.trips import SharedTrips  # noqa: E402
+
 JOB_KEY = job_key_prefix
 """``arq:job:<id>``: a queued job's payload."""
 RESULT_KEY = result_key_prefix
@@ -247,7 +249,7 @@ class JobRunner(Worker):
         if kwargs.get("cron_jobs"):
             raise ValueError("nopoll's worker runs no cron jobs")
         super().__init__(*args, **kwargs)
-        self._finish_script: Any = None
+        self._trips: SharedTrips | None = None
         self._finishes = GroupCommit(self._finish_group)
 
     async def run_claimed(self, job: Claimed) -> None:
@@ -414,12 +416,22 @@ class JobRunner(Worker):
 
     async def _finish_group(self, group: list[tuple[_Finish, asyncio.Future[None]]]) -> None:
         """One Lua call for every job in ``group`` (see :data:`_FINISH`)."""
-        if self._finish_script is None:
-            self._finish_script = self.pool.register_script(_FINISH)
         args: list[Any] = [in_progress_key_prefix, retry_key_prefix, job_key_prefix]
         for (job_id, finish, incr_score), _ in group:
             args += [job_id, int(finish), incr_score]
-        await self._finish_script(keys=[self.queue_name, abort_jobs_ss], args=args)
+        await self.script(_FINISH, [self.queue_name, abort_jobs_ss], args)
+
+    async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Run the Lua ``source`` in a round trip shared with the worker's other claims and
+        finishes (:class:`~receiver.queue.trips.SharedTrips`); its reply, or its error
+        raised."""
+        if self._trips is None:
+            self._trips = SharedTrips(self.pool)
+        trips = self._trips
+        [reply] = await trips.run([trips.evalsha(source, len(keys), *keys, *args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
 
 def given_up(job_id: str, result_data: bytes | None, functions: Mapping[str, Any]) -> GivenUp:
@@ -505,7 +517,6 @@ class SeamWorker(JobRunner):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._claim_script: Any = None
         self._claim_ttl_s = claim_ttl_s
         self._worker_id = worker_id or uuid.uuid4().hex[:12]
         """The start of every claim's token: the process's id when its liveness is kept."""
@@ -583,16 +594,12 @@ class SeamWorker(JobRunner):
     async def _claim(self, free: int) -> None:
         """One Lua call claims up to ``free`` due jobs (not in progress) and does what arq's
         ``run_job`` does first for each: count the try and read the payload."""
-        if self._claim_script is None:
-            self._claim_script = self.pool.register_script(_CLAIM)
         now = timestamp_ms()
         token = f"{self._worker_id}:{now}"
         ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
         prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
-        reply = await self._claim_script(
-            keys=[self.queue_name],
-            args=[now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key],
-        )
+        args = [now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key]
+        reply = await self.script(_CLAIM, [self.queue_name], args)
         for i in range(0, len(reply), 4):
             job = Claimed(reply[i].decode(), int(float(reply[i + 1])), reply[i + 2], reply[i + 3])
             lease = self.leases[job.id] = Lease(self.pool, job.id, token)
