@@ -18,7 +18,9 @@ inflate a whole network chunk in one call): a gzip bomb costs the cap, not its r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import itertools
 import re
 import ssl
@@ -302,15 +304,17 @@ class ProviderClient:
                 if traced is not None and measured.status is not None:
                     traced.set_attribute("http.response.status_code", measured.status)
 
-    def _wait(self, state: RetryCallState) -> float:
+    def _wait(self, state: RetryCallState, tried_before: int = 0) -> float:
         exc = state.outcome.exception() if state.outcome else None
         retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
-        return self._backoff.delay(state.attempt_number, retry_after)
+        return self._backoff.delay(tried_before + state.attempt_number, retry_after)
 
-    def _retrying(self, attempts: int | None = None) -> AsyncRetrying:
+    def _retrying(self, attempts: int | None = None, *, tried_before: int = 0) -> AsyncRetrying:
+        """Tries up to ``attempts`` (default ``http.attempts``) in all, ``tried_before`` of
+        them made already: the waits go on from there."""
         return AsyncRetrying(
-            stop=stop_after_attempt(attempts or self._http.attempts),
-            wait=self._wait,
+            stop=stop_after_attempt((attempts or self._http.attempts) - tried_before),
+            wait=functools.partial(self._wait, tried_before=tried_before),
             retry=retry_if_exception(self._worth_retrying_now),
             reraise=True,
         )
@@ -324,7 +328,13 @@ class ProviderClient:
     async def get_json(self, path: str, *, attempts: int | None = None) -> dict[str, Any]:
         """GET ``{base_url}/{path}`` and return its JSON object, trying transient failures
         up to ``attempts`` times (default ``http.attempts``)."""
-        async for attempt in self._retrying(attempts):
+        try:  # the first try outside the retry loop: most GETs need no more, at less cost
+            return await self._get_once(path)
+        except TransientProviderError as exc:
+            if (attempts or self._http.attempts) <= 1 or not self._worth_retrying_now(exc):
+                raise
+            await asyncio.sleep(self._backoff.delay(1, exc.retry_after_s))
+        async for attempt in self._retrying(attempts, tried_before=1):
             with attempt:
                 return await self._get_once(path)
         raise AssertionError("unreachable")  # pragma: no cover
