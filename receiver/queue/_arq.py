@@ -426,7 +426,8 @@ class JobRunner(Worker):
         finishes (:class:`~receiver.queue.trips.SharedTrips`); its reply, or its error
         raised."""
         if self._trips is None:
-            self._trips = SharedTrips(self.pool)
+            # one trip out at a time: claims and finishes asked meanwhile share the next
+            self._trips = SharedTrips(self.pool, max_in_flight=1)
         trips = self._trips
         [reply] = await trips.run([trips.evalsha(source, len(keys), *keys, *args)])
         if isinstance(reply, Exception):

@@ -139,7 +139,8 @@ def build_state(
     fanout = FanOut(sinks, router, metrics)
     redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
     journey = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
-    trips = SharedTrips(redis)
+    # one trip out at a time: whatever the jobs ask meanwhile leaves together in the next
+    trips = SharedTrips(redis, max_in_flight=1)
     watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s, trips=trips)
     dead_letters = DeadLetters(redis, journey=journey)
     runner = BatchRunner(
