@@ -386,7 +386,7 @@ async def test_every_page_shows_and_filters_by_tenant_and_a_tenant_login_sees_on
         )
         assert r.status_code == 403
         assert {d.tenant for d in await letters.find()} == {"team-a", "default"}
-    async with httpx.AsyncClient(base_url=base) as nobody:  # an unlimited consumer: no login
+    async with httpx.AsyncClient(base_url=base) as nobody:  # a token not configured: no login
         page = await nobody.get("/ui/login")
         token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
         r = await nobody.post("/ui/login", data={"token": TEAM_A[::-1], "csrf": token})
