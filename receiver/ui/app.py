@@ -37,7 +37,6 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from receiver.auth import TokenBook
-from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.console import MAX_OFFSET, Console
 from receiver.providers.client import provider_said
@@ -89,7 +88,6 @@ def _duration(seconds: float | None) -> str:
 class _Ui:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.console = Console(settings, redis)
-        self.tenants = set(settings.tenants)
         self.tokens = [t.get_secret_value().encode() for t in settings.admin_tokens]
         self.consumers = [
             (c.token.get_secret_value().encode(), c.tenant) for c in settings.consumer_tokens
@@ -394,13 +392,14 @@ class _Ui:
 
     async def journey(self, request: Request) -> Response:
         """Where is my result? ``q`` (an id, row key or webhook-id) at the first configured
-        provider, and tenant unless ``tenant`` is given, that knows it."""
+        provider, and tenant unless ``tenant`` is given, that knows it. A session limited
+        to a tenant looks in that tenant only."""
         if (denied := await self._guard(request)) is not None:
             return denied
         q = request.query_params.get("q", "").strip()[:600]
-        tenant = request.query_params.get("tenant") or None
-        if tenant is not None and tenant != DEFAULT_TENANT and tenant not in self.tenants:
-            return self.refuse(request, 400, f"There is no tenant {tenant[:64]!r}.")
+        tenant = self._tenant(request, request.query_params.get("tenant"))
+        if isinstance(tenant, Response):
+            return tenant
         found = await self.console.find_journey(q, tenant) if q else None
         data = {
             "q": q,

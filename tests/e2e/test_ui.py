@@ -386,11 +386,36 @@ async def test_every_page_shows_and_filters_by_tenant_and_a_tenant_login_sees_on
         )
         assert r.status_code == 403
         assert {d.tenant for d in await letters.find()} == {"team-a", "default"}
-    async with httpx.AsyncClient(base_url=base) as nobody:  # an unlimited consumer: no login
+    async with httpx.AsyncClient(base_url=base) as nobody:  # a token not configured: no login
         page = await nobody.get("/ui/login")
         token = CSRF.search(page.text).group(1)  # type: ignore[union-attr]
         r = await nobody.post("/ui/login", data={"token": TEAM_A[::-1], "csrf": token})
         assert r.status_code == 401
+
+
+async def test_a_tenant_login_finds_its_own_tenants_journeys_only(two_tenants):
+    """The search box of a team's session looks in its own tenant: another tenant's id (or
+    the default tenant's) is not found, and naming another tenant is a 403."""
+    base, _redis, _letters, _kept = two_tenants
+    async with httpx.AsyncClient(base_url=base) as admin:
+        await logged_in_as(admin, ADMIN)
+        for q in ("resp_watch_a", "resp_watch_b", "resp_dl_d"):
+            r = await admin.get("/ui/journey", params={"q": q})
+            assert r.status_code == 200 and q in r.text, q  # an admin finds every tenant's
+    async with httpx.AsyncClient(base_url=base) as team_b:
+        await logged_in_as(team_b, TEAM_B)
+        mine = await team_b.get("/ui/journey", params={"q": "resp_watch_b"})
+        assert mine.status_code == 200 and "team-b" in mine.text
+        for q in ("resp_watch_a", "resp_dl_a", "resp_watch_d", "resp_dl_d"):
+            r = await team_b.get("/ui/journey", params={"q": q})
+            assert r.status_code == 404 and 'data-testid="not-found"' in r.text, q
+            assert "team-a" not in r.text, q
+        for tenant in ("team-a", "default"):
+            r = await team_b.get("/ui/journey", params={"q": "resp_watch_a", "tenant": tenant})
+            assert r.status_code == 403 and "team-b" in r.text, tenant
+        for tenant in ("team-b", "*"):
+            r = await team_b.get("/ui/journey", params={"q": "resp_watch_b", "tenant": tenant})
+            assert r.status_code == 200, tenant
 
 
 async def test_replay_all_asks_first_with_the_count_and_fits_a_phone(browser, two_tenants, shots):

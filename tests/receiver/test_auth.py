@@ -167,6 +167,13 @@ async def test_the_login_form_takes_exactly_one_token(surfaces, typed):
     assert await _login(surfaces, typed) == 401
 
 
+async def test_a_consumer_token_logs_in_to_ui_only_when_it_is_limited_to_a_tenant(surfaces):
+    """A consumer token limited to a tenant opens that tenant's view of /ui; one that is
+    not limited reads every tenant's results, and must not open /ui at all."""
+    assert await _login(surfaces, [TEAM_A]) == 303
+    assert await _login(surfaces, [CONSUMER]) == 401
+
+
 async def test_raw_non_ascii_authorization_bytes_are_401_never_500(surfaces):
     for path in ("/admin/v1/watches", "/v1/results/sim/x", "/v1/results/stream"):
         for value in (

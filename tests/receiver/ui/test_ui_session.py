@@ -180,6 +180,31 @@ async def test_removing_a_token_from_the_config_ends_its_sessions(ui_settings, r
         assert not await _signed_in(base, cookie)
 
 
+async def test_a_team_session_ends_when_its_token_is_removed_or_limited_to_another_tenant(
+    ui_settings, redis_url
+):
+    team = "team-a-session-token-0123456789"
+
+    def limited_to(*tenants: str) -> Settings:
+        return ui_settings(
+            ui={"session_secret": SECRET},
+            tenants={"team-a": {}, "team-b": {}},
+            tenant_keys=["k" * 40],
+            consumer_tokens=[{"token": team, "tenant": t} for t in tenants],
+        )
+
+    async with (
+        running_api(limited_to("team-a"), redis_url) as (base, _),
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        await _log_in(client, team)
+        cookie = client.cookies[COOKIE]
+        assert await _signed_in(base, cookie)
+    for settings, why in ((limited_to("team-b"), "limited to team-b"), (limited_to(), "removed")):
+        async with running_api(settings, redis_url) as (base, _):
+            assert not await _signed_in(base, cookie), why
+
+
 @pytest.mark.parametrize("csrf", ["é" * 43, "\u2028", "%FF%FE"], ids=["accents", "sep", "bad-utf8"])
 async def test_a_non_ascii_csrf_value_is_403_with_a_reason_on_every_form(
     ui_settings, redis_url, csrf
