@@ -222,6 +222,42 @@ def test_openai_batches_files_and_file_lines_are_sdk_shapes(provider_sim):
             strict(Response, item["response"]["body"])
 
 
+def test_an_openai_chat_completions_batch_serves_sdk_chat_completions(provider_sim):
+    """A batch of ``/v1/chat/completions`` lines answers chat completions in its output file,
+    as OpenAI does, not Responses objects (created by ``POST /v1/batches`` or added)."""
+    sim = provider_sim(api_key=KEY)
+    sim.add_batch("openai", "batch_chat", 6, failed_every=4, endpoint="/v1/chat/completions")
+    line = {
+        "custom_id": "c0",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m-1", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    with httpx.Client(headers=OPENAI) as http:
+        upload = http.post(
+            f"{sim.base_url}/files",
+            files={"file": ("b.jsonl", orjson.dumps(line) + b"\n")},
+            data={"purpose": "batch"},
+        ).json()
+        created = http.post(
+            f"{sim.base_url}/batches",
+            json={
+                "input_file_id": upload["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        ).json()
+        bodies = []
+        for batch_id in ("batch_chat", created["id"]):
+            batch = strict(Batch, http.get(f"{sim.base_url}/batches/{batch_id}").json())
+            assert batch.endpoint == "/v1/chat/completions"
+            out = http.get(f"{sim.base_url}/files/{batch.output_file_id}/content").content
+            bodies += [orjson.loads(x)["response"]["body"] for x in out.splitlines()]
+    assert len(bodies) == 5 + 1
+    for body in bodies:
+        assert strict(ChatCompletion, body).choices[0].message.content
+
+
 def test_the_openai_objects_in_the_other_dialects_batches_are_sdk_shapes(provider_sim):
     """The other dialects' batch routes have no official SDK, but what they carry is
     OpenAI's: sference's ``result_json`` is a chat completion, Sail's inline and per-row
