@@ -13,7 +13,8 @@ Prints, each measured in this run:
      request at the simulator, concurrency 32).                 target: >= 1,000 rows/s
   4. rows/s and peak RSS of an Anthropic Message Batch (``--anthropic-rows``, 20,000 by
      default: poll the batch object, stream its results_url JSONL) into the same sql sink,
-     beside the same figures for an sference batch of as many rows.
+     beside the same figures for a batch of as many rows in each other dialect (sference,
+     openai, sail, valar).
 
 Talks to 127.0.0.1 only: the simulator (a separate process), Postgres (database ``test``,
 tables ``bench_batch_*`` dropped first) and Redis database 13 (flushed first).
@@ -41,6 +42,16 @@ import redis
 
 PG = os.environ.get("NOPOLL_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("NOPOLL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+
+
+SIDE_BY_SIDE = {
+    "sference": ("results.jsonl", "bench_side"),
+    "openai": ("output file", "bench_side_openai"),
+    "sail": ("inline results", "bench_side_sail"),
+    "valar": ("per-row GETs", "bench_side_valar"),
+}
+"""The batches measured beside the Anthropic one, as many rows each: (where its rows come
+from, its batch id). Valar's per-row GETs have no delay here (part 3 has the 20 ms one)."""
 
 
 def free_port() -> int:
@@ -203,7 +214,10 @@ def main() -> int:
             f"sference:bench_small:{args.small_rows}:{body},failed_every=50",
             f"valar:bench_valar:{args.valar_rows}:row_delay_s={args.valar_delay},failed_every=50",
             f"anthropic:msgbatch_bench:{args.anthropic_rows}:{body},errored_every=50",
-            f"sference:bench_side:{args.anthropic_rows}:{body},failed_every=50",
+            *(
+                f"{dialect}:{batch_id}:{args.anthropic_rows}:{body},failed_every=50"
+                for dialect, (_, batch_id) in SIDE_BY_SIDE.items()
+            ),
         ],
     )
     try:
@@ -257,11 +271,21 @@ def main() -> int:
             )
             n, rate, rss, _ = run_fetch_batch(anthropic_config, "msgbatch_bench")
             assert n == args.anthropic_rows, n
-            _, side_rate, side_rss, _ = run_fetch_batch(pg_config, "bench_side")
-            print(f"{args.anthropic_rows:,}-row batch → sql, beside each other:")
-            print(f"  anthropic (results_url JSONL) {rate:>8,.0f} rows/s  peak RSS {rss:.0f} MB")
-            side = f"{side_rate:>8,.0f} rows/s  peak RSS {side_rss:.0f} MB"
-            print(f"  sference  (results.jsonl)     {side}")
+            lines = [f"  {'anthropic':<9} {'(results_url JSONL)':<20} {rate:>8,.0f} rows/s"]
+            lines[0] += f"  peak RSS {rss:.0f} MB"
+            for dialect, (source, batch_id) in SIDE_BY_SIDE.items():
+                side_config = tmp / f"nopoll-side-{dialect}.yaml"
+                side_config.write_text(
+                    pg_config.read_text().replace("dialect: sference", f"dialect: {dialect}")
+                )
+                n, side_rate, side_rss, _ = run_fetch_batch(side_config, batch_id)
+                assert n == args.anthropic_rows, (dialect, n)
+                lines.append(
+                    f"  {dialect:<9} {f'({source})':<20} {side_rate:>8,.0f} rows/s"
+                    f"  peak RSS {side_rss:.0f} MB"
+                )
+            print(f"{args.anthropic_rows:,}-row batch → sql, every dialect beside the others:")
+            print("\n".join(lines))
     finally:
         sim.send_signal(signal.SIGTERM)
         try:

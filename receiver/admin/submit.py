@@ -80,6 +80,13 @@ def submit_endpoint(settings: Settings, redis: Redis) -> Callable[[Request], Awa
             return body
         if (problem := account_problem(settings, body.provider, body.tenant)) is not None:
             return problem
+        config = tenant_provider(settings, body.tenant, body.provider)
+        if body.requests is not None and config and not config.dialect_info.single_responses:
+            return json_error(
+                400,
+                f"requests: {body.provider} speaks the {config.dialect} dialect, which has "
+                "batches only (no single background requests): send the lines as batch",
+            )
         try:
             return await _run(settings, redis, body)
         except (RedisError, OSError):

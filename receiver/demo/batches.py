@@ -64,6 +64,7 @@ class SimBatch:
     input_file_id: str | None = None
     """openai: the uploaded input file (else ``file-in-{batch_id}``)."""
     endpoint: str = "/v1/responses"
+    """openai: the batch's endpoint; ``/v1/chat/completions`` answers chat completions."""
     _by_custom_id: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)
     _indexed: int = field(default=-1, init=False, repr=False)
 
@@ -212,10 +213,11 @@ class SimBatch:
                 }
                 line["error"] = None
             else:
+                chat = self.endpoint == "/v1/chat/completions"  # the endpoint's own object
                 line["response"] = {
                     "status_code": 200,
                     "request_id": f"req_{i}",
-                    "body": self.response_body(i),
+                    "body": self.chat_body(i) if chat else self.response_body(i),
                 }
                 line["error"] = None
             yield from self._row_parts(-1 if errors else n, line, b"\n")

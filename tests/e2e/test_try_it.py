@@ -345,26 +345,42 @@ def test_send_test_needs_only_its_own_providers_variables(stack):
     assert "environment variable OTHER_SECRET_NOT_SET is not set" in refused.stderr
 
 
-def test_simulate_sail_prints_no_secret_and_its_printed_commands_land_a_row(tmp_path):
-    """Sail sends no webhooks: no secret, no send-test; what it prints instead (a submit
-    that nopoll polls) lands a row when pasted as it is. ``--name`` keeps its variables
-    apart from another simulator's."""
+@pytest.mark.parametrize("dialect", ["sail", "anthropic"])
+def test_simulate_without_webhooks_prints_no_secret_and_its_printed_commands_land_rows(
+    tmp_path, dialect
+):
+    """Sail and Anthropic send no webhooks: no secret, no send-test; what it prints instead
+    (a submit that nopoll polls: single responses for Sail, a Message Batch for Anthropic,
+    and a watch of the batch it serves) lands its rows when pasted as it is. ``--name``
+    keeps its variables apart from another simulator's."""
+    name, batch_rows = f"{dialect}1", 3
     started = Started(tmp_path, _clean_env())
     try:
         proc, out = started.start(
-            "simulate", "simulate", "--port", "0", "--dialect", "sail", "--name", "sail1"
+            "simulate",
+            "simulate",
+            "--port",
+            "0",
+            "--dialect",
+            dialect,
+            "--name",
+            name,
+            "--batch",
+            f"b_try:{batch_rows}",
         )
         text = _wait_for_output(out, proc, "Ctrl-C stops the simulator")
         assert "WEBHOOK_SECRET" not in text and "webhook_secrets" not in text, text
         assert "nopoll send-test" not in text and "whsec_" not in text
-        assert "sail sends no webhooks" in text
+        assert f"{dialect} sends no webhooks" in text
         exports = dict(re.findall(r"^export ([A-Z0-9_]+)=(\S+)$", text, re.MULTILINE))
-        assert set(exports) == {"SAIL1_API_KEY"}, text
+        assert set(exports) == {f"{name.upper()}_API_KEY"}, text
         block = re.search(r"^providers:\n(?:  .*\n)+sinks:\n(?:  .*\n)+", text, re.MULTILINE)
         assert block, text
         config = yaml.safe_load(block.group(0))
-        assert config["providers"]["sail1"]["dialect"] == "sail"
-        assert "webhook_secrets" not in config["providers"]["sail1"]
+        assert config["providers"][name]["dialect"] == dialect
+        assert "webhook_secrets" not in config["providers"][name]
+        # Anthropic's base_url is the API host, as in its SDK; the others' end in /v1
+        assert config["providers"][name]["base_url"].endswith("/v1") is (dialect != "anthropic")
         (tmp_path / "nopoll.yaml").write_text(block.group(0))
         started.env = {**started.env, **exports}
         port = free_port()
@@ -393,7 +409,15 @@ def test_simulate_sail_prints_no_secret_and_its_printed_commands_land_a_row(tmp_
         )
         assert done.returncode == 0, done.stdout + done.stderr
         assert "1 landed" in done.stdout, done.stdout
-        rows = _wait_rows(tmp_path / "nopoll-data" / "results.db", 1, "kind = 'response'")
-        assert rows[0][2] == "completed"
+        db = tmp_path / "nopoll-data" / "results.db"
+        if dialect == "anthropic":  # a Message Batch of the one line, then the served batch
+            submitted = _wait_rows(db, 1, "kind = 'batch_row' AND key NOT LIKE 'b_try/%'")
+            assert [row[2] for row in submitted] == ["completed"], submitted
+            assert submitted[0][1].startswith("msgbatch_") and submitted[0][3]
+        else:
+            rows = _wait_rows(db, 1, "kind = 'response'")
+            assert rows[0][2] == "completed"
+        served = _wait_rows(db, batch_rows, "kind = 'batch_row' AND key LIKE 'b_try/%'")
+        assert {row[2] for row in served} == {"completed"}
     finally:
         started.stop()

@@ -113,3 +113,40 @@ async def test_bad_input_is_400_naming_the_field(stack, redis_url, body, error):
     assert r.status_code == 400 and error in r.json()["error"], r.text
     assert denied.status_code == 401
     assert sim.request_count("/v1/") == 0
+
+
+async def test_an_anthropic_provider_takes_a_batch_and_refuses_single_requests(
+    make_settings, provider_sim, redis_url
+):
+    """Anthropic's Message Batches API has no single background requests: ``requests`` is
+    refused before anything is sent (as ``nopoll submit`` without ``--batch`` is), and
+    ``batch`` lines become one Message Batch, watched."""
+    key = "sk-test-not-a-real-key"
+    sim = provider_sim(api_key=key)
+    settings = make_settings(sim.host_url, redis_url=redis_url, admin_tokens=[TOKEN])
+    provider = settings.providers["sim"].model_copy(
+        update={"dialect": "anthropic", "webhook_secrets": []}
+    )
+    settings = settings.model_copy(update={"providers": {"sim": provider}})
+    params = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    lines = [{"custom_id": f"c{i}", "params": params} for i in range(5)]
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    async with (
+        running_api(settings, redis_url) as (base, _),
+        httpx.AsyncClient(base_url=base, headers=auth, timeout=30) as client,
+    ):
+        single = await client.post(
+            "/admin/v1/submit", json={"provider": "sim", "requests": _bodies(2)}
+        )
+        assert sim.request_count() == 0  # nothing was sent
+        batch = await client.post("/admin/v1/submit", json={"provider": "sim", "batch": lines})
+    assert single.status_code == 400, single.text
+    assert "batches only" in single.json()["error"] and "batch" in single.json()["error"]
+    assert batch.status_code == 200, batch.text
+    assert batch.json()["batch_id"] == sim.anthropic.created[0] and batch.json()["rows"] == 5
+    redis = Redis.from_url(redis_url)
+    try:
+        watch = await WatchStore(redis).get("sim", "batch", batch.json()["batch_id"])
+    finally:
+        await redis.aclose()
+    assert watch is not None and not watch.expect_callback

@@ -19,6 +19,7 @@ openai = pytest.importorskip("openai")
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse  # noqa: E402
 from anthropic.types.shared import ErrorResponse  # noqa: E402
 from openai.types import Batch, FileObject  # noqa: E402
+from openai.types.chat import ChatCompletion  # noqa: E402
 from openai.types.responses import Response  # noqa: E402
 from openai.types.webhooks import (  # noqa: E402
     BatchCancelledWebhookEvent,
@@ -31,7 +32,7 @@ from openai.types.webhooks import (  # noqa: E402
     ResponseIncompleteWebhookEvent,
 )
 
-from receiver.demo.responses import sign_callback  # noqa: E402
+from receiver.demo.responses import send_callback, sign_callback  # noqa: E402
 
 KEY = "sk-sim-test"
 ANTHROPIC = {"authorization": f"Bearer {KEY}", "anthropic-version": "2026-10-21"}
@@ -221,6 +222,71 @@ def test_openai_batches_files_and_file_lines_are_sdk_shapes(provider_sim):
             strict(Response, item["response"]["body"])
 
 
+def test_an_openai_chat_completions_batch_serves_sdk_chat_completions(provider_sim):
+    """A batch of ``/v1/chat/completions`` lines answers chat completions in its output file,
+    as OpenAI does, not Responses objects (created by ``POST /v1/batches`` or added)."""
+    sim = provider_sim(api_key=KEY)
+    sim.add_batch("openai", "batch_chat", 6, failed_every=4, endpoint="/v1/chat/completions")
+    line = {
+        "custom_id": "c0",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m-1", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    with httpx.Client(headers=OPENAI) as http:
+        upload = http.post(
+            f"{sim.base_url}/files",
+            files={"file": ("b.jsonl", orjson.dumps(line) + b"\n")},
+            data={"purpose": "batch"},
+        ).json()
+        created = http.post(
+            f"{sim.base_url}/batches",
+            json={
+                "input_file_id": upload["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        ).json()
+        bodies = []
+        for batch_id in ("batch_chat", created["id"]):
+            batch = strict(Batch, http.get(f"{sim.base_url}/batches/{batch_id}").json())
+            assert batch.endpoint == "/v1/chat/completions"
+            out = http.get(f"{sim.base_url}/files/{batch.output_file_id}/content").content
+            bodies += [orjson.loads(x)["response"]["body"] for x in out.splitlines()]
+    assert len(bodies) == 5 + 1
+    for body in bodies:
+        assert strict(ChatCompletion, body).choices[0].message.content
+
+
+def test_the_openai_objects_in_the_other_dialects_batches_are_sdk_shapes(provider_sim):
+    """The other dialects' batch routes have no official SDK, but what they carry is
+    OpenAI's: sference's ``result_json`` is a chat completion, Sail's inline and per-row
+    results and Valar's per-row results are Responses objects."""
+    sim = provider_sim(api_key=KEY)
+    sim.add_batch("sference", "b_sference", 6, failed_every=3)
+    sim.add_batch("sail", "b_sail", 6, failed_every=3)
+    sim.add_batch("sail", "b_sail_rows", 6, failed_every=3, inline=False)
+    sim.add_batch("valar", "b_valar", 6, failed_every=3)
+    chats, responses = [], []
+    with httpx.Client(headers=OPENAI) as http:
+        lines = http.get(f"{sim.base_url}/batches/b_sference/results.jsonl").content
+        chats += [r["result_json"] for r in map(orjson.loads, lines.splitlines())]
+        sail = http.get(f"{sim.base_url}/batches/b_sail").json()
+        responses += [r["response"] and r["response"]["body"] for r in sail["results"]]
+        for batch_id in ("b_sail_rows", "b_valar"):
+            statuses = http.get(f"{sim.base_url}/batches/{batch_id}").json()["request_status"]
+            for custom_id, state in statuses.items():
+                if state["status"] == "COMPLETED":
+                    url = f"{sim.base_url}/batches/{batch_id}/{custom_id}"
+                    responses.append(http.get(url).json())
+    chats, responses = [c for c in chats if c], [r for r in responses if r]
+    assert (len(chats), len(responses)) == (4, 4 + 4 + 4)
+    for chat in chats:
+        assert strict(ChatCompletion, chat).choices[0].message.content
+    for response in responses:
+        assert strict(Response, response).output_text
+
+
 # --- signed callbacks -------------------------------------------------------------------
 _EVENTS = {
     "response.completed": ResponseCompletedWebhookEvent,
@@ -254,3 +320,79 @@ def test_a_callback_signed_with_another_secret_fails_openais_unwrap(signed_callb
     body, headers = signed_callback("resp_abc123")
     with pytest.raises(openai.InvalidWebhookSignatureError):
         client.webhooks.unwrap(body, headers)
+
+
+def _unwrapped_by_openai(secret: str, body: bytes, headers: Any, event_type: str, oid: str) -> None:
+    """``body`` and ``headers`` pass the openai SDK's ``webhooks.unwrap`` with ``secret`` and
+    parse strictly as the SDK's event type for ``event_type``, about ``oid``."""
+    client = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    event = client.webhooks.unwrap(body, dict(headers))
+    assert isinstance(event, _EVENTS[event_type]) and event.data.id == oid
+    strict(_EVENTS[event_type], orjson.loads(body))
+
+
+def _object_id(event_type: str) -> str:
+    return ("batch_" if event_type.startswith("batch.") else "resp_") + "abc123"
+
+
+@pytest.mark.parametrize("event_type", sorted(_EVENTS))
+async def test_the_simulators_callbacks_pass_openais_own_unwrap(webhook_secret, event_type):
+    """What the simulator sends (callbacks of created responses, ``nopoll demo``, the
+    deploy tests): ``send_callback``'s request as it goes out."""
+    sent: list[httpx.Request] = []
+
+    def capture(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(202)
+
+    oid = _object_id(event_type)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(capture)) as client:
+        url = "http://nopoll.test/webhooks/sim"
+        await send_callback(client, url, webhook_secret, oid, event_type=event_type)
+    [request] = sent
+    _unwrapped_by_openai(webhook_secret, request.content, request.headers, event_type, oid)
+
+
+@pytest.mark.parametrize("secret_form", ["whsec", "raw"])
+@pytest.mark.parametrize("event_type", sorted(_EVENTS))
+def test_nopoll_send_test_callbacks_pass_openais_own_unwrap(
+    tmp_path, monkeypatch, webhook_secret, event_type, secret_form
+):
+    """``nopoll send-test`` signs as the provider would: with a ``whsec_`` secret or a raw
+    one (used as its bytes, the openai SDK's rule too)."""
+    from receiver.cli import _try, main
+
+    secret = webhook_secret if secret_form == "whsec" else "a-raw-secret-0123456789abcdef"
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(
+        "providers:\n  sim:\n    dialect: openai\n    base_url: http://127.0.0.1:9/v1\n"
+        f"    webhook_secrets: ['{secret}']\n"
+    )
+    sent: list[tuple[bytes, dict[str, str]]] = []
+
+    def capture(url: str, target: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        sent.append((body, headers))
+        return httpx.Response(202, json={"status": "queued"})
+
+    monkeypatch.setattr(_try, "_post_callback", capture)
+    oid = _object_id(event_type)
+    which = "--batch-id" if event_type.startswith("batch.") else "--response-id"
+    args = ["send-test", "--config", str(config), "sim", which, oid, "--event", event_type]
+    assert main(args) == 0
+    [(body, headers)] = sent
+    _unwrapped_by_openai(secret, body, headers, event_type, oid)
+
+
+def test_the_soaks_callbacks_pass_openais_own_unwrap():
+    """The soak (tests/soak.py, bench/soak.py) signs its own callbacks."""
+    from types import SimpleNamespace
+
+    from standardwebhooks.webhooks import Webhook
+
+    from tests import soak
+
+    signer = SimpleNamespace(signer=Webhook(soak.SECRET))
+    for event_type in ("response.completed", "response.failed", "batch.completed"):
+        oid = _object_id(event_type)
+        body, headers = soak.Soak._signed(signer, event_type, oid, f"msg_{oid}")  # type: ignore[arg-type]
+        _unwrapped_by_openai(soak.SECRET, body, headers, event_type, oid)
