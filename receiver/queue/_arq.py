@@ -130,7 +130,7 @@ from arq.worker import (  # noqa: E402
 from redis.asyncio import ConnectionPool, Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
 
-from receiver.queue.trips import SharedTrips  # noqa: E402
+from receiver.queue.trips import UNBOUNDED, SharedTrips  # noqa: E402
 
 JOB_KEY = job_key_prefix
 """``arq:job:<id>``: a queued job's payload."""
@@ -427,7 +427,7 @@ class JobRunner(Worker):
         raised."""
         if self._trips is None:
             # one trip out at a time: claims and finishes asked meanwhile share the next
-            self._trips = SharedTrips(self.pool, max_in_flight=1)
+            self._trips = SharedTrips(self.pool, max_in_flight=1, max_pending=UNBOUNDED)
         trips = self._trips
         [reply] = await trips.run([trips.evalsha(source, len(keys), *keys, *args)])
         if isinstance(reply, Exception):

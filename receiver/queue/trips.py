@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover - arq installs redis[hiredis]
     _hiredis_pack = None
 
-__all__ = ["RoundTrips", "SharedTrips", "TripsBusy"]
+__all__ = ["UNBOUNDED", "RoundTrips", "SharedTrips", "TripsBusy"]
 
 
 class RoundTrips:
@@ -89,6 +89,8 @@ def _pack(conn: Any, command: tuple[Any, ...]) -> list[bytes]:
 
 
 _MIN_TRIP = 16
+UNBOUNDED = 2**62
+"""``max_pending`` for callers that bound themselves (a worker's own jobs)."""
 """Callers per round trip before pending ones are split over several trips in flight."""
 
 

@@ -30,7 +30,7 @@ from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
-from receiver.queue.trips import SharedTrips
+from receiver.queue.trips import UNBOUNDED, SharedTrips
 from receiver.watches.store import WatchStore
 from receiver.worker.liveness import DEAD_AFTER_S
 
@@ -139,8 +139,9 @@ def build_state(
     fanout = FanOut(sinks, router, metrics)
     redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
     journey = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
-    # one trip out at a time: whatever the jobs ask meanwhile leaves together in the next
-    trips = SharedTrips(redis, max_in_flight=1)
+    # one trip out at a time: whatever the jobs ask meanwhile leaves together in the next;
+    # no bound on who waits: the callers are this process's own jobs (worker.max_jobs)
+    trips = SharedTrips(redis, max_in_flight=1, max_pending=UNBOUNDED)
     watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s, trips=trips)
     dead_letters = DeadLetters(redis, journey=journey)
     runner = BatchRunner(
