@@ -5,7 +5,7 @@ registry is reachable from the test machines), once per build context: its tag i
 of the context, so a run reuses the image an earlier run built from the same code.
 
 The chart's manifests are played with ``podman kube play`` after the adjustments podman
-needs on these machines (docs/deployment.md, "What the tests run"): a Secret becomes a
+needs on these machines (docs/deployment.md, "Trying it on a laptop"): a Secret becomes a
 podman secret first; the config-check init container runs once as its own pod; each
 replica is its own one-replica Deployment on the host network with its own port (bound to
 127.0.0.1); probes and the preStop hook are done by the test; every emptyDir gets a name
