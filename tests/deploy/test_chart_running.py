@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from receiver.demo.simulator import ProviderSimulator, send_callback
-from tests.deploy.chart import Rendered
+from tests.deploy.chart import Rendered, pod_spec, with_changes
 from tests.deploy.podman import Image, KubePlay, Pod, release_name, wait_http
 from tests.e2e.helpers import pg_rows, wait_for
 from tests.servers import free_port
@@ -63,16 +63,28 @@ class Stack:
         assert code == 0, logs
         return logs
 
+    def port_values(self, role: str, port: int) -> dict[str, Any]:
+        """This revision's Deployment of ``role`` with its port set in values (api.port,
+        worker.healthPort): each pod on the host network needs a port of its own."""
+        key = {"api": "api__port", "worker": "worker__healthPort"}[role]
+        rendered = self.render(with_changes(self.values, **{key: port}), release=self.play.release)
+        deployment: dict[str, Any] = rendered.component("Deployment", role)
+        [container] = pod_spec(deployment)["containers"]
+        assert str(port) in container["command"], container["command"]
+        return deployment
+
     def start_api(self, index: int) -> Pod:
         name = f"{self.fullname}-api-r{self.revision}-{index}"
-        pod = self.play.play(self.deployment("api"), name, port=free_port())
+        port = free_port()
+        pod = self.play.play(self.port_values("api", port), name, port=port)
         wait_http(f"http://127.0.0.1:{pod.port}/healthz", pod=pod)  # the startup probe
         wait_http(f"http://127.0.0.1:{pod.port}/readyz", pod=pod)  # ready: takes traffic
         return pod
 
     def start_worker(self, index: int) -> Pod:
         name = f"{self.fullname}-worker-r{self.revision}-{index}"
-        pod = self.play.play(self.deployment("worker"), name, health_port=free_port())
+        port = free_port()
+        pod = self.play.play(self.port_values("worker", port), name, port=port)
         wait_http(f"http://127.0.0.1:{pod.port}/healthz", pod=pod)  # the liveness probe
         return pod
 
