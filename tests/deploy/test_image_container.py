@@ -48,7 +48,10 @@ def test_the_runtime_stage_carries_no_compilers_caches_or_tests(
     """What ships is the virtualenv on a bare Debian: no compiler, no pip cache, no source
     tree or tests; root is read-only and the process runs as 10001."""
     record_property("image_size_bytes", nopoll_image.size_bytes)
-    print(f"image {nopoll_image.ref}: {nopoll_image.size_bytes / 1e6:.0f} MB")
+    built = [line for line in nopoll_image.build_log.splitlines() if line.startswith("==>")]
+    figures = f"image {nopoll_image.ref}: {nopoll_image.size_bytes / 1e6:.0f} MB"
+    record_property("figures", "\n".join([*built, figures]))
+    print(figures)
     run = ("run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none")
     out = podman(*run, "--entrypoint", "python", nopoll_image.ref, "-c", _INSIDE).stdout
     found = json.loads(out.strip().splitlines()[-1])

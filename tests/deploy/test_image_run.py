@@ -1,9 +1,10 @@
-"""The image's install and entrypoint, for real.
+"""The image's install and entrypoint, step by step, without a container engine.
 
-There is no container engine on the test machines, so the image build is reproduced step
-by step: the build context is what .dockerignore lets through, the builder stage's COPY
-and ``pip install`` run into a fresh virtualenv, and the entrypoint starts the API and the
+The build context is what .dockerignore lets through, the builder stage's COPY and
+``pip install`` run into a fresh virtualenv, and the entrypoint starts the API and the
 worker the way the chart does, with the chart's rendered config, commands and scripts.
+The image itself is built with podman and run in test_image_container.py (marker
+``image``); this module gives quicker, narrower answers without one.
 """
 
 from __future__ import annotations
