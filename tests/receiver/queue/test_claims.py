@@ -1,6 +1,7 @@
 """The claim rules of the arq seam's SeamWorker, against a real Redis: only a due job is
 claimed, a job in progress is claimed by one worker only, the in-progress key holds the
-claim's token, and a Lease renews (or releases) the lock only while it holds that token."""
+claim's token, a Lease renews (or releases) the lock only while it holds that token, and a
+stopping worker hands back the claims it has not started."""
 
 from __future__ import annotations
 
