@@ -880,7 +880,9 @@ async def follow_kill(
     figures.watches = sum(len(watches) for _, watches in held.values())
     free: dict[tuple[str, Any], float] = {}
     resumed: dict[tuple[str, Any], float] = {}
-    things = [(w, k) for w, (locks, _) in held.items() for k in locks]
+    things: list[tuple[str, bytes | str]] = [
+        (w, k) for w, (locks, _) in held.items() for k in locks
+    ]
     things += [(w, e) for w, (_, watches) in held.items() for e in watches]
     reaped: dict[str, float] = {}
     while time.monotonic() - killed < limit_s:

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from receiver.queue._arq import IN_PROGRESS_KEY, JOB_KEY, RETRY_KEY
 from receiver.watches.store import WatchStore
 from receiver.worker.liveness import WORKERS_KEY, Liveness, held_jobs_key
-from tests.soak import KillFigures, follow_kill, held_at_kill
+from tests.soak import Held, KillFigures, follow_kill, held_at_kill
 
 JOB = "resp:p:resp_1"
 
@@ -66,7 +66,9 @@ async def test_a_finished_job_and_a_landed_watch_count_as_resumed(redis_url: str
         await store.register("p", "response", "w1", first_poll_in_s=0)
         [watch] = await store.take_due("p", limit=1, lease_s=300, owner="w_dead")
         assert await store.claim_landing(watch, "completed", lease_s=30)
-        held = {"w_dead": ({IN_PROGRESS_KEY.encode() + b"gone": None}, {"p response:w1": b"1"})}
+        held: Held = {
+            "w_dead": ({IN_PROGRESS_KEY.encode() + b"gone": None}, {"p response:w1": b"1"})
+        }
         await store.end(watch, "landed")  # landed by the worker before it died
         kill = await follow_kill(client, held, at_s=3.0, killed=time.monotonic(), limit_s=2)
     finally:
