@@ -1,14 +1,17 @@
 """The fault-schedule soak (``tests/soak.py`` does the work): nopoll api + 2 workers,
 Postgres, S3 (moto), Kafka (tansu) and the provider simulator under a steady mixed load
-while a worker is SIGKILLed mid-batch, Redis is restarted, Postgres is frozen, S3 answers
+while both workers are SIGKILLed mid-batch, Redis is restarted, Postgres is frozen, S3 answers
 500, the Kafka broker is restarted, and the provider answers 429 storms and hangs.
 
     python bench/soak.py                      # 10 minutes, every fault 20 s
     python bench/soak.py --minutes 3 --fault-s 8
     python bench/soak.py --minutes 2 --faults worker_kill   # Postgres is not frozen
 
-For each worker kill it prints how long the work the killed workers held (job locks,
-watches being polled) took to be free for the restarted workers: the liveness bound.
+For each worker kill it prints how many seconds after the kill the work the killed
+workers held (job locks, watches being polled) was all free again (released by the
+reaper: the liveness bound) and all resumed (claimed or polled again by a restarted
+worker, or finished), and when the reaper forgot each killed worker; or what had not
+resumed 120 s after the kill, or that they held nothing.
 
 Prints per fault window: callbacks acknowledged, results expected, found, missing and
 duplicated in SQL, S3 and Kafka, and the dead letters (each must say why). Target: 0
@@ -31,7 +34,9 @@ from tests.soak import FAULTS, passed, print_report, run
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--fault-s", type=float, default=20.0, help="how long each fault lasts")
     parser.add_argument("--rate", type=float, default=5.0, help="response callbacks a second")
@@ -40,7 +45,8 @@ def main() -> int:
     parser.add_argument(
         "--faults",
         default=",".join(FAULTS),
-        help=f"which faults, comma-separated (default all: {','.join(FAULTS)})",
+        help=f"which faults, comma-separated, in order; one named twice comes twice "
+        f"(default all: {','.join(FAULTS)})",
     )
     args = parser.parse_args()
     faults = tuple(f for f in args.faults.split(",") if f)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -54,6 +55,7 @@ from standardwebhooks.webhooks import Webhook
 from receiver.config.dialects import DIALECTS as DIALECT_TABLE
 from receiver.demo.profiles import PROFILES
 from receiver.demo.simulator import ProviderSimulator
+from receiver.queue._arq import IN_PROGRESS_KEY, JOB_KEY, RETRY_KEY
 from receiver.watches.store import held_watches_key, read_member, watch_key
 from receiver.worker.liveness import WORKERS_KEY, held_jobs_key
 from tests.kafka_broker import TansuBroker, tansu_binary
@@ -104,8 +106,7 @@ class Report:
     faults: list[tuple[str, float, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rows: dict[str, Any] = field(default_factory=dict)
-    resumed_s: list[float] = field(default_factory=list)
-    """Per worker kill: seconds until the last work the killed workers held was free."""
+    kills: list[KillFigures] = field(default_factory=list)
 
     def window_at(self, t: float, grace_s: float) -> str:
         for name, start, end in self.faults:
@@ -510,11 +511,11 @@ class Soak:
     # --- faults ---------------------------------------------------------------------
     async def _kill_workers(self) -> None:
         """SIGKILL both workers while a batch runs (so the one running it is among them),
-        and start them again 2 s later; then measure how long the work they held took to
-        resume (:meth:`_resumed`)."""
+        and start them again 2 s later; then follow the work they held (:func:`follow_kill`)."""
         client = Redis.from_url(self.redis.url)
         try:
-            held = await _held(client)
+            held = await held_at_kill(client)
+            at_s = self._now()
             for name in ("worker1", "worker2"):
                 victim = self.procs[name]
                 os.kill(victim.pid, signal.SIGKILL)
@@ -523,51 +524,14 @@ class Soak:
                     f"{name} (PID {victim.pid}) SIGKILLed at {self._now():.0f} s"
                 )
             killed = time.monotonic()
+            number = len(self.report.kills)
+            self.report.kills.append(KillFigures(at_s=at_s))  # its line whatever comes next
             await asyncio.sleep(2)
             for name in ("worker1", "worker2"):
                 self._start(name, "worker", "--config", str(self.config))
-            self.report.notes.append(await self._resumed(client, held, killed))
+            self.report.kills[number] = await follow_kill(client, held, at_s=at_s, killed=killed)
         finally:
             await client.aclose()
-
-    async def _resumed(
-        self, client: Redis, held: dict[str, tuple[list[bytes], list[str]]], killed: float
-    ) -> str:
-        """How long after the kill the last lock or watch the killed workers held was
-        released (taken over, finished or made due again), and when the reaper forgot them."""
-        locks = {(w, k) for w, (ks, _) in held.items() for k in ks}
-        watches = {(w, e) for w, (_, es) in held.items() for e in es}
-        left, reaped = set(locks | watches), {}
-        last = None
-        while time.monotonic() - killed < 120 and (left or len(reaped) < len(held)):
-            for worker, thing in list(left):
-                if isinstance(thing, bytes):
-                    token = await client.get(thing)
-                    free = token is None or not token.startswith(f"{worker}:".encode())
-                else:
-                    provider, member = thing.split(" ", 1)
-                    tenant, kind, object_id = read_member(member)
-                    key = watch_key(provider, kind, object_id, tenant)
-                    owner, state = await client.hmget(key, ["owner", "state"])
-                    free = owner != worker.encode() or state not in (b"polling", b"landing")
-                if free:
-                    left.discard((worker, thing))
-                    last = time.monotonic() - killed
-            for worker in held:
-                if worker not in reaped and await client.zscore(WORKERS_KEY, worker) is None:
-                    reaped[worker] = time.monotonic() - killed
-            await asyncio.sleep(0.2)
-        what = f"{len(locks)} job lock(s) and {len(watches)} watch(es)"
-        if not locks and not watches:
-            return "work resumed: the killed workers held nothing at the kill"
-        if left:
-            return f"work resumed: {len(left)} of {what} still held 120 s after the kill"
-        when = ", ".join(f"{t:.1f} s" for t in sorted(reaped.values()))
-        self.report.resumed_s.append(last or 0.0)
-        return (
-            f"work resumed: the {what} the killed workers held were all free "
-            f"{last:.1f} s after the kill (the reaper forgot the dead workers at {when})"
-        )
 
     async def _fault(self, name: str) -> None:
         start = self._now()
@@ -814,7 +778,7 @@ class Soak:
             "windows": {w: dict(c) for w, c in per.items()},
             "faults": self.report.faults,
             "notes": self.report.notes,
-            "resumed_after_kill_s": self.report.resumed_s,
+            "worker_kills": [dataclasses.asdict(k) for k in self.report.kills],
             "out_of_order": len(self.report.out_of_order),
             "out_of_order_kept_completed": out_of_order_ok,
             "wrong_status": wrong_status[:10],
@@ -829,15 +793,148 @@ class Soak:
         }
 
 
-async def _held(client: Redis) -> dict[str, tuple[list[bytes], list[str]]]:
-    """What each live worker holds now: its job locks' keys, its watches' entries."""
-    held = {}
+Held = dict[str, tuple[dict[bytes, bytes | None], dict[str, bytes | None]]]
+"""Per worker id: its job locks' keys (each with its job's try counter), and its watches'
+entries ``"<provider> <member>"`` (each with the watch's poll count)."""
+
+
+async def held_at_kill(client: Redis) -> Held:
+    """What each live worker holds now, with what tells later whether it was taken up
+    again: a job's try counter (a claim counts a try), a watch's poll count."""
+    held: Held = {}
     for raw in await client.zrange(WORKERS_KEY, 0, -1):
         worker = raw.decode()
-        locks = await client.smembers(held_jobs_key(worker))
-        watches = await client.smembers(held_watches_key(worker))
-        held[worker] = (sorted(locks), sorted(w.decode() for w in watches))
+        locks = sorted(await client.smembers(held_jobs_key(worker)))
+        tries = [await client.get(RETRY_KEY.encode() + _job_of(k)) for k in locks]
+        watches = sorted(w.decode() for w in await client.smembers(held_watches_key(worker)))
+        polls = [await client.hget(_watch_of(e), "polls") for e in watches]
+        held[worker] = (
+            dict(zip(locks, tries, strict=True)),
+            dict(zip(watches, polls, strict=True)),
+        )
     return held
+
+
+def _job_of(lock: bytes) -> bytes:
+    return lock.removeprefix(IN_PROGRESS_KEY.encode())
+
+
+def _watch_of(entry: str) -> str:
+    provider, member = entry.split(" ", 1)
+    tenant, kind, object_id = read_member(member)
+    return watch_key(provider, kind, object_id, tenant)
+
+
+@dataclass
+class KillFigures:
+    """One worker kill's held work: how many seconds after the kill all of it was free
+    (released by the reaper, or ended) and all of it resumed (claimed or polled again by a
+    live worker, or finished); None when that did not happen within ``limit_s``."""
+
+    at_s: float
+    """When the kill came, in the soak's time."""
+    locks: int = 0
+    watches: int = 0
+    free_s: float | None = None
+    resumed_s: float | None = None
+    left: int = 0
+    """How many held things had not resumed at ``limit_s``."""
+    reaped_s: list[float] = field(default_factory=list)
+    """When the reaper forgot each killed worker."""
+    limit_s: float = 120.0
+
+    def line(self, number: int) -> str:
+        head = f"worker kill {number} at {self.at_s:.0f} s: "
+        if not self.locks and not self.watches:
+            return head + "the killed workers held nothing"
+        head += f"{self.locks} job lock(s) and {self.watches} watch(es) held; "
+        limit = f"{self.limit_s:g} s after the kill"
+        free = (
+            f"all free after {self.free_s:.1f} s"
+            if self.free_s is not None
+            else f"not all free {limit}"
+        )
+        if self.left:
+            resumed = f"{self.left} of them not resumed" + (
+                "" if self.free_s is None else f" {limit}"
+            )
+        else:
+            resumed = f"all resumed after {self.resumed_s or 0.0:.1f} s"
+        reaped = ", ".join(f"{t:.1f} s" for t in sorted(self.reaped_s))
+        return f"{head}{free}, {resumed}" + (f" (reaper forgot them at {reaped})" if reaped else "")
+
+
+async def follow_kill(
+    client: Redis, held: Held, *, at_s: float, killed: float, limit_s: float = 120.0
+) -> KillFigures:
+    """Follow what the killed workers held (:func:`held_at_kill`) from ``killed``
+    (monotonic) until all of it resumed and the reaper forgot them, or ``limit_s``.
+
+    A job lock is free once it no longer holds the dead worker's token; its job resumed
+    once another claim holds it, its try counter moved (claimed again) or the job is gone
+    (finished). A watch is free once the dead worker no longer owns it polling or landing;
+    it resumed once it was polled again (its poll count moved), another worker owns it or
+    it ended."""
+    figures = KillFigures(at_s=at_s, limit_s=limit_s)
+    figures.locks = sum(len(locks) for locks, _ in held.values())
+    figures.watches = sum(len(watches) for _, watches in held.values())
+    free: dict[tuple[str, Any], float] = {}
+    resumed: dict[tuple[str, Any], float] = {}
+    things: list[tuple[str, bytes | str]] = [
+        (w, k) for w, (locks, _) in held.items() for k in locks
+    ]
+    things += [(w, e) for w, (_, watches) in held.items() for e in watches]
+    reaped: dict[str, float] = {}
+    while time.monotonic() - killed < limit_s:
+        for worker, thing in things:
+            if (worker, thing) in resumed:
+                continue
+            locks, watches = held[worker]
+            if isinstance(thing, bytes):
+                is_free, is_resumed = await _lock_state(client, worker, thing, locks[thing])
+            else:
+                is_free, is_resumed = await _watch_state(client, worker, thing, watches[thing])
+            t = time.monotonic() - killed
+            if is_free or is_resumed:
+                free.setdefault((worker, thing), t)
+            if is_resumed:
+                resumed[(worker, thing)] = t
+        for worker in held:
+            if worker not in reaped and await client.zscore(WORKERS_KEY, worker) is None:
+                reaped[worker] = time.monotonic() - killed
+        if len(resumed) == len(things) and len(reaped) == len(held):
+            break
+        await asyncio.sleep(0.2)
+    figures.reaped_s = sorted(reaped.values())
+    figures.left = len(things) - len(resumed)
+    if things and len(free) == len(things):
+        figures.free_s = max(free.values())
+    if things and not figures.left:
+        figures.resumed_s = max(resumed.values())
+    return figures
+
+
+async def _lock_state(
+    client: Redis, worker: str, lock: bytes, tries: bytes | None
+) -> tuple[bool, bool]:
+    """(free, resumed) of a job lock the killed ``worker`` held (:func:`follow_kill`)."""
+    job = _job_of(lock)
+    token = await client.get(lock)
+    taken = token is not None and not token.startswith(f"{worker}:".encode())
+    gone = not await client.exists(JOB_KEY.encode() + job)
+    tried = await client.get(RETRY_KEY.encode() + job) != tries
+    return token is None or taken, taken or gone or tried
+
+
+async def _watch_state(
+    client: Redis, worker: str, entry: str, polls: bytes | None
+) -> tuple[bool, bool]:
+    """(free, resumed) of a watch the killed ``worker`` polled (:func:`follow_kill`)."""
+    owner, state, now_polls = await client.hmget(_watch_of(entry), ["owner", "state", "polls"])
+    held = owner == worker.encode() and state in (b"polling", b"landing")
+    ended = state is None or state in (b"landed", b"expired", b"callback")
+    taken = owner is not None and owner != worker.encode()
+    return not held, ended or taken or now_polls != polls
 
 
 def passed(result: dict[str, Any]) -> bool:
@@ -859,8 +956,8 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  fault {name:14} {start:6.0f} s .. {end:6.0f} s")
     for note in result["notes"]:
         print(f"  note: {note}")
-    for i, took in enumerate(result.get("resumed_after_kill_s", []), start=1):
-        print(f"  worker kill {i}: the killed workers' work was free again after {took:.1f} s")
+    for number, kill in enumerate(result.get("worker_kills", []), start=1):
+        print(f"  {KillFigures(**kill).line(number)}")
     cols = [
         "expected",
         "sql found",

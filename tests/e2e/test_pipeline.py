@@ -111,9 +111,11 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
         await pool.aclose()
 
 
-async def test_a_dead_letter_keeps_the_providers_own_reason(stack, redis_url, signed_callback):
+async def test_a_dead_letter_keeps_the_providers_own_reason(
+    stack, redis_url, signed_callback, caplog
+):
     """A fetch the provider refuses (404 for an id it does not know) is a dead letter that
-    says what the provider said, not only its status."""
+    says what the provider said, not only its status, and so is its log line."""
     settings, _ = stack()
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         assert (await post(base, *signed_callback("resp_unknown"))).status_code == 202
@@ -121,9 +123,10 @@ async def test_a_dead_letter_keeps_the_providers_own_reason(stack, redis_url, si
         [letter] = await wait_for(DeadLetters(pool).find)
         await pool.aclose()
     assert letter.keys == ["resp_unknown"]
-    assert letter.error.endswith(
-        '(HTTP 404): unexpected status; the provider said: "no such response"'
-    )
+    said = '(HTTP 404): unexpected status; the provider said: "no such response"'
+    assert letter.error.endswith(said)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dead letter")]
+    assert line.startswith(f"dead letter {letter.id}: fetch resp_unknown") and line.endswith(said)
 
 
 async def test_provider_spellings_land_in_nopolls_words(

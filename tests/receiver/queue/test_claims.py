@@ -1,6 +1,7 @@
 """The claim rules of the arq seam's SeamWorker, against a real Redis: only a due job is
 claimed, a job in progress is claimed by one worker only, the in-progress key holds the
-claim's token, and a Lease renews (or releases) the lock only while it holds that token."""
+claim's token, a Lease renews (or releases) the lock only while it holds that token, and a
+stopping worker hands back the claims it has not started."""
 
 from __future__ import annotations
 
@@ -140,3 +141,37 @@ async def test_a_lease_renews_and_releases_only_its_own_token(pool: ArqRedis) ->
     assert not await pool.exists(key)
     assert not await mine.renew(60_000)  # a lock that is gone is not brought back
     assert not await pool.exists(key)
+
+
+async def test_a_stopping_worker_hands_back_the_jobs_it_claimed_but_has_not_started(
+    pool: ArqRedis, make_worker
+) -> None:
+    """SIGTERM (issue 20, item 2): a job claimed but not started yet is released at once,
+    for another worker to claim now, not after its lock expires; a running one is kept."""
+    await pool.enqueue_job("hold", _job_id="running")
+    first, second = make_worker(), make_worker()
+    await _poll(first)
+    held = 0  # no slot left: the next job first claims stays claimed, not started
+    while not first.sem.locked():
+        await first.sem.acquire()
+        held += 1
+    await pool.enqueue_job("hold", _job_id="waiting")
+    turn = asyncio.create_task(first._poll_iteration())
+    try:
+        for _ in range(100):
+            if "waiting" in first.leases:
+                break
+            await asyncio.sleep(0.01)
+        token = first.leases["waiting"].token.encode()
+        assert await pool.get(IN_PROGRESS_KEY + "waiting") == token
+
+        assert await first.hand_back() == 1
+        assert not await pool.exists(IN_PROGRESS_KEY + "waiting")
+        assert set(first.leases) == {"running"} and await pool.exists(IN_PROGRESS_KEY + "running")
+        await _poll(second)  # another worker claims it at once
+        assert set(second.leases) == {"waiting"}
+    finally:
+        for _ in range(held):
+            first.sem.release()
+        await asyncio.wait_for(turn, 10)
+    assert set(first.tasks) == {"running"}  # the claim that was handed back never ran here
