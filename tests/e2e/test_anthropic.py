@@ -142,8 +142,9 @@ async def test_a_batch_resumed_mid_stream_lands_every_row_though_each_download_r
     state = f"nopoll:batch:sim:{batch.batch_id}"
     assert redis_sync_client.hget(state, "c:warehouse") == b"3"
 
-    await run_batch(settings, redis_url, batch.batch_id)
+    outcome = await run_batch(settings, redis_url, batch.batch_id)
     assert batch.results_served == 2
+    assert (outcome.chunks_skipped, outcome.rows) == (0, n)  # rewritten from the first row
     rows = await pg_rows(pg_url, pg_table)
     keys = [r["key"] for r in rows if r["kind"] == "batch_row"]
     expected = {f"{batch.batch_id}/row-{i:06d}" for i in range(n)}
