@@ -5,7 +5,8 @@ short response jobs). Rows stream in numbered chunks (``batch.chunk_size`` rows,
 the batch's first run); each sink has its own small queue and writer task, so a slow sink
 holds up only its own queue. Every chunk a sink commits is recorded in the batch's
 :class:`~receiver.batches.progress.BatchState`; a worker killed mid-batch resumes after the last
-chunk every sink committed, and rewrites are idempotent. A sink that keeps failing on a
+chunk every sink committed (from the first row when the dialect's rows come in no stable
+order: ``stable_chunks``), and rewrites are idempotent. A sink that keeps failing on a
 chunk hands that chunk to its own ``deliver`` job (retried alone, then dead-lettered) and
 goes on with the next. The ``batch`` summary reaches a sink after all of that sink's rows.
 
@@ -218,16 +219,18 @@ class BatchRunner:
             outcome.already_done = True
             return outcome
         chunk_size = await ctx.state.begin(self.settings.batch.chunk_size)
+        # rows in no stable order: a chunk number names other rows this time, skip none
+        committed = progress.committed if dialect.stable_chunks else dict.fromkeys(sinks, -1)
         fetch = BatchFetch(
             batch_id=ctx.batch_id,
             chunk_size=chunk_size,
-            skip_before=min(progress.committed.values(), default=-1) + 1,
+            skip_before=min(committed.values(), default=-1) + 1,
         )
         outcome.chunks_skipped = fetch.skip_before
         writers = {
             s: SinkWriter(
                 s,
-                progress.committed[s],
+                committed[s],
                 ctx.state,
                 settings=self.settings,
                 fanout=self.fanout,

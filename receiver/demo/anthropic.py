@@ -6,36 +6,38 @@ requests, ``params`` with ``model``, ``max_tokens`` and ``messages``); ``GET
 /v1/messages/batches/{id}`` answers the MessageBatch object, ``in_progress`` then, after a
 cancel, ``canceling``, then ``ended`` with its ``results_url``; ``POST .../cancel`` starts a
 cancellation; ``GET {results_url}`` streams the JSONL results in an order of their own (never
-the input order), row by row, so a 100,000-row batch costs no memory.
+the input order, and another one on each download: the API promises no order at all), row
+by row, so a 100,000-row batch costs no memory.
 
 Requests are authenticated as the API does: ``anthropic-version`` required, the key as
 ``Authorization: Bearer`` (versions from 2026-10-21) or ``x-api-key``. Errors have the API's
 shape, ``{"type": "error", "error": {"type", "message"}}``. Faults: the batch object or the
 results answering 429 (``rate_limit_error``, with ``retry-after``) or 529
-(``overloaded_error``) a number of times first, results archived (gone), a results URL on
-another host.
+(``overloaded_error``) a number of times first, a results download that breaks off
+mid-stream (the connection drops), results archived (gone), a results URL on another host.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import re
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from receiver.demo.answers import Part, answer, json_answer
+from receiver.demo.answers import answer, json_answer
 
 __all__ = ["AnthropicBatch", "AnthropicBatches", "anthropic_error"]
 
@@ -92,6 +94,9 @@ class AnthropicBatch:
     results_fail_times: int = 0
     """The first N ``GET``s of the results answer ``results_fail_status``."""
     results_fail_status: int = 429
+    results_break_after: int | None = None
+    """The first results download breaks off after this many rows (the connection drops
+    before the answer ends)."""
     retry_after: float | None = 0.2
     archived: bool = False
     """Results archived (29 days on): ``archived_at`` set, the results gone."""
@@ -109,6 +114,7 @@ class AnthropicBatch:
     polls: int = 0
     canceling_served: int = 0
     results_served: int = 0
+    results_broken: bool = False
 
     def custom_id(self, i: int) -> str:
         return self.custom_ids[i] if self.custom_ids is not None else f"row-{i:06d}"
@@ -208,14 +214,15 @@ class AnthropicBatch:
             }
         return {"custom_id": self.custom_id(i), "result": result}
 
-    def order(self) -> list[int]:
-        """Results come in an order of their own, never the input order."""
+    def order(self, download: int = 1) -> list[int]:
+        """Results come in an order of their own, never the input order, and another one on
+        each download (the ``download``-th answer of the results)."""
         ids = list(range(self.n_rows))
-        random.Random(self.batch_id).shuffle(ids)
+        random.Random(f"{self.batch_id}/{download}").shuffle(ids)
         return ids
 
-    def result_lines(self) -> Iterator[Part]:
-        for i in self.order():
+    def result_lines(self, download: int = 1) -> Iterator[bytes]:
+        for i in self.order(download):
             yield orjson.dumps(self.line(i)) + b"\n"
 
 
@@ -402,9 +409,28 @@ class AnthropicBatches:
             if batch.archived:
                 return anthropic_error(404, "the batch's results were archived")
             batch.results_served += 1
-            if batch.results_served <= batch.results_fail_times:
+            download = batch.results_served
+            if download <= batch.results_fail_times:
                 status = batch.results_fail_status
                 message = "Overloaded" if status == 529 else "Rate limited"
                 return anthropic_error(status, message, batch.retry_after)
+            cut = None if batch.results_broken else batch.results_break_after
+            batch.results_broken = batch.results_broken or cut is not None
         await asyncio.sleep(0)
-        return answer(batch.result_lines(), media_type="application/jsonl")
+        lines = batch.result_lines(download)
+        if cut is not None:
+            return StreamingResponse(_broken_off(lines, cut), media_type="application/jsonl")
+        return answer(lines, media_type="application/jsonl")
+
+
+class _DroppedConnection(Exception):
+    """Raised mid-answer: the server closes the connection before the answer's end."""
+
+
+async def _broken_off(lines: Iterator[bytes], rows: int) -> AsyncIterator[bytes]:
+    """The first ``rows`` lines, then the connection dropped mid-answer, half a second later
+    (a client drops what it has received but not read yet when the connection breaks: the
+    pause lets it read them all)."""
+    yield b"".join(itertools.islice(lines, rows))
+    await asyncio.sleep(0.5)
+    raise _DroppedConnection(f"the simulator drops the results download after {rows} rows")

@@ -4,7 +4,9 @@ No callbacks: a batch is watched, polling ``GET /v1/messages/batches/{id}`` (``b
 the API host, ``https://api.anthropic.com``, as in Anthropic's SDK) until its
 ``processing_status`` is ``ended``, the only terminal one. Its rows are then the JSONL at the
 object's ``results_url``, fetched only when that URL has ``base_url``'s scheme, host and
-port (anything else is refused: a permanent error, so a dead letter naming the cause).
+port (anything else is refused: a permanent error, so a dead letter naming the cause). The
+API promises the results in no particular order, so a resumed batch skips nothing: it is
+rewritten from the first row (:attr:`AnthropicDialect.stable_chunks`).
 Each line is ``{"custom_id", "result": {"type", ...}}``; ``type`` is ``succeeded`` (with a
 Messages object), ``errored`` (with the API's error envelope), ``canceled`` or ``expired``.
 
@@ -116,6 +118,9 @@ class AnthropicDialect:
     max_requests: ClassVar[int] = MAX_REQUESTS
     max_bytes: ClassVar[int] = MAX_BATCH_BYTES
     whole_file_record: ClassVar[str | None] = None
+    stable_chunks: ClassVar[bool] = False
+    """Results come in no particular order, another one on each download: a resumed batch
+    is rewritten from its first row."""
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client

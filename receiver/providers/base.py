@@ -5,7 +5,9 @@ A dialect turns one provider family's API into :class:`~nopoll.envelope.BatchRow
 chunks. Chunks are numbered and their contents are deterministic for a given batch
 (file order, or sorted custom_ids), so a batch job that dies can skip the chunks every
 sink already committed: file dialects read past them without parsing, per-row dialects
-do not fetch them at all.
+do not fetch them at all. A dialect whose provider gives the rows in no stable order
+(Anthropic's results) says so (``stable_chunks = False``): its resumed batches start
+again from the first row.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ class Dialect(Protocol):
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         """Every row of the batch, in numbered chunks; fills ``fetch.batch``."""
         ...
+
+    stable_chunks: ClassVar[bool]
+    """Each numbered chunk holds the same rows on every run of a batch, so a resumed run
+    skips the chunks every sink committed; False when the provider gives the rows in no
+    stable order (a chunk number then names other rows next time): a resumed run rewrites
+    the batch from its first row."""
 
     whole_file_record: ClassVar[str | None]
     """The record of the call that creates a ``submit --batch`` file's last batch, when
@@ -159,6 +167,7 @@ class ResponsesDialect:
     request_part: ClassVar[str] = "params"
     """Where a request's body goes in an item of ``requests``."""
     whole_file_record: ClassVar[str | None] = "batch"
+    stable_chunks: ClassVar[bool] = True
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client

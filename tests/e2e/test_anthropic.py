@@ -10,6 +10,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
+from nopoll.exceptions import TransientProviderError
 from receiver.watches.store import WatchStore
 from tests.e2e.helpers import (
     jsonl_rows,
@@ -20,7 +21,7 @@ from tests.e2e.helpers import (
     wait_pg_rows,
     write_config,
 )
-from tests.e2e.losses import letters
+from tests.e2e.losses import letters, run_batch
 from tests.servers import running_worker
 
 pytestmark = pytest.mark.slow
@@ -120,6 +121,44 @@ async def test_overloaded_polls_and_results_and_the_x_api_key_form_still_land(
     assert sim.request_count("/v1/messages/batches/msgbatch_storm/results") == 4
     # the simulator refuses a Bearer token with 2023-06-01: the key went as x-api-key
     assert sim.request_count("/v1/messages/batches/msgbatch_storm") >= 4
+
+
+async def test_a_batch_resumed_mid_stream_lands_every_row_though_each_download_reorders(
+    anthropic_stack, redis_url, redis_sync_client, pg_url, pg_table, tmp_path
+):
+    """The API promises no order of results, not even from one download to the next: a
+    resumed run must not skip the chunks committed before by their position in the stream
+    (in the second download those positions hold other rows, some never stored)."""
+    settings, sim, _ = anthropic_stack()
+    n = 1000
+    # the first download breaks off at row 450, in its fifth 100-row chunk
+    batch = sim.add_batch(
+        "anthropic", "msgbatch_resume", n, errored_every=7, results_break_after=450
+    )
+    assert batch.order(1)[:400] != batch.order(2)[:400]  # each download has its own order
+    with pytest.raises(TransientProviderError, match="stream broke"):
+        await run_batch(settings, redis_url, batch.batch_id)
+    # the first run committed its four whole chunks (rows 0-399 of the first download)
+    state = f"nopoll:batch:sim:{batch.batch_id}"
+    assert redis_sync_client.hget(state, "c:warehouse") == b"3"
+
+    outcome = await run_batch(settings, redis_url, batch.batch_id)
+    assert batch.results_served == 2
+    assert (outcome.chunks_skipped, outcome.rows) == (0, n)  # rewritten from the first row
+    rows = await pg_rows(pg_url, pg_table)
+    keys = [r["key"] for r in rows if r["kind"] == "batch_row"]
+    expected = {f"{batch.batch_id}/row-{i:06d}" for i in range(n)}
+    missing = sorted(expected - set(keys))
+    assert not missing, f"{len(missing)} of {n} rows never stored, e.g. {missing[:3]}"
+    assert len(keys) == len(set(keys)) == n  # the sql sink overwrote the rewritten rows
+    files = {r["key"] for r in jsonl_rows(tmp_path / "out") if r["kind"] == "batch_row"}
+    assert files == expected  # at least once in the files sink
+    [summary] = [r for r in rows if r["kind"] == "batch"]
+    metadata = summary["metadata"]
+    metadata = metadata if isinstance(metadata, dict) else orjson.loads(metadata)
+    counts = batch.counts(True)
+    by_status = {"completed": counts["succeeded"], "failed": counts["errored"]}
+    assert metadata["rows_by_status"] == by_status
 
 
 @pytest.mark.parametrize("case", ["foreign_host", "archived"])

@@ -260,6 +260,30 @@ def test_message_batches_are_not_created_at_v1_batches(provider_sim):
     assert sim.creations("batches") == 0
 
 
+def test_message_batch_results_come_in_another_order_on_each_download(provider_sim):
+    sim = provider_sim(api_key=KEY)
+    sim.add_batch("anthropic", "msgbatch_orders", 50, results_break_after=20)
+    headers = {**AUTH, "anthropic-version": "2026-10-21"}
+    path = "/v1/messages/batches/msgbatch_orders"
+
+    def ids(text: str) -> list[str]:
+        return [orjson.loads(line)["custom_id"] for line in text.splitlines()]
+
+    with httpx.Client(base_url=sim.host_url, headers=headers, timeout=10, trust_env=False) as c:
+        assert c.get(path).json()["processing_status"] == "ended"
+        with c.stream("GET", f"{path}/results") as r:  # the first download breaks off
+            got = b""
+            with pytest.raises(httpx.RemoteProtocolError):
+                for piece in r.iter_raw():
+                    got += piece
+        first = ids(got.decode())
+        second, third = (ids(c.get(f"{path}/results").text) for _ in range(2))
+    assert len(first) == 20 and sorted(second) == sorted(third) == [
+        f"row-{i:06d}" for i in range(50)
+    ]
+    assert first != second[:20] and second != third
+
+
 def test_inline_batches_have_a_row_limit(provider_sim):
     sim = provider_sim(api_key=KEY, create_dialect="sail")
     rows = ({"custom_id": f"c{i}", "params": ROWS[0]} for i in range(100_001))
