@@ -18,7 +18,11 @@ import orjson
 import pytest
 from redis import asyncio as redis_asyncio
 
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import put_job
+from receiver.queue.jobs import DeliverJob
 from tests.e2e.helpers import NOPOLL, wait_for, wait_ready
+from tests.receiver.helpers import envelope
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -242,6 +246,56 @@ async def test_a_worker_without_the_provider_leaves_its_jobs_to_one_that_has_it(
     log = started.output("bare")
     assert "no longer configured" not in log and not letters, log
     assert "sim" in log and "this worker does not have" in log, log  # said at start-up
+
+
+async def test_a_worker_without_the_sink_leaves_its_deliveries_to_one_that_has_it(
+    started, tmp_path, provider_sim, redis_url
+):
+    """A delivery names a sink (a sink's own retry, a batch summary, a ``dlq replay``): a
+    worker whose config lacks that sink leaves it to one that has it, as it does the jobs
+    of a provider it lacks, instead of dead-lettering it as "no longer configured"."""
+    sim = provider_sim()
+    home, other = tmp_path / "deploy", tmp_path / "other"
+    config = _config(home, sim.base_url, redis_url=redis_url, callbacks=True)
+    config.write_text(
+        config.read_text()
+        .replace("  db: {", "  warehouse: {")  # a sink the built-in defaults do not have
+        .replace("poll_delay_s: 0.01,", "max_jobs: 1,")
+    )
+    port = free_port()
+    started.start(home, "serve", "serve", "--config", "nopoll.yaml", "--port", str(port))
+    await asyncio.to_thread(wait_ready, port)
+    other.mkdir()
+    bare = other / "nopoll.yaml"  # the "forgotten --config": the built-in sinks, same Redis
+    bare.write_text(f"redis_url: '{redis_url}'\n" + FAST)
+    started.start(other, "bare", "worker", "--config", str(bare))
+
+    async def bare_started():
+        return "worker for nopoll:jobs" in started.output("bare")
+
+    await wait_for(bare_started, timeout=20)
+    await asyncio.sleep(1.5)  # its poll loop is turning
+    keys = [f"resp_{i}" for i in range(10)]
+    db = home / "nopoll-data" / "results.db"
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        for key in keys:
+            job = DeliverJob.of("warehouse", [envelope(key)]).handoff(defer_s=0)
+            assert await put_job(client, job, expiry_ms=120_000)
+
+        async def all_done():  # each delivery landed, or was dead-lettered
+            landed = len(_rows(db)) if db.exists() else 0
+            return landed + len(await DeadLetters(client).find()) == len(keys)
+
+        await wait_for(all_done, timeout=60, interval=0.2)
+        letters = await DeadLetters(client).find()
+    finally:
+        await client.aclose()
+    log = started.output("bare")
+    assert not letters, [letter.error for letter in letters]
+    assert "no longer configured" not in log, log
+    assert len(_rows(db)) == len(keys)
+    assert "warehouse" in log and "this worker does not have" in log, log  # said at start-up
 
 
 # --- 3: waiting for callbacks says so; --poll polls at once -------------------------------
