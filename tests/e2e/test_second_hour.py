@@ -5,6 +5,7 @@ simulator and embedded or real Redis."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import sqlite3
@@ -142,11 +143,24 @@ async def test_from_another_folder_submit_wait_lands_every_row_in_the_configs_fo
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 landed, 0 expired, 0 still pending" in result.stdout
+    # item 5: the polls made while waiting, and their rate, on the final line (it said 0.0)
+    polls = re.search(r"\((\d+) polls, (\d+\.\d)/s while waiting\)", result.stdout)
+    assert polls and int(polls[1]) >= 3 and float(polls[2]) > 0, result.stdout
     assert sim.creations("responses") == 3
     assert sorted(p.name for p in elsewhere.iterdir()) == [source.name]  # no nopoll-data here
     rows = _rows(home / "nopoll-data" / "results.db")
     assert len(rows) == 3 and {s for _, s in rows} == {"completed"}
     assert list((home / "out" / "results" / "sim").glob("*.jsonl"))
+    # item 5: a rerun creates nothing again, and its bar starts at what already landed
+    # (it showed "0/3 landed 3")
+    wide = {**started.env, "COLUMNS": "200"}
+    again = await asyncio.to_thread(
+        run, wide, elsewhere, "submit", "--config", str(config), "sim", "cli.jsonl", "--wait"
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "0 submitted, 3 already submitted" in again.stdout, again.stdout
+    assert re.search(r"sim responses .* 3/3 landed 3,", again.stdout), again.stdout
+    assert sim.creations("responses") == 3
 
 
 async def test_submit_with_no_nopoll_running_stops_at_once_and_creates_nothing(
