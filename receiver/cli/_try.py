@@ -102,6 +102,13 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
         '  db: {type: sql, url: "sqlite:///nopoll-data/results.db"}',
         "",
     ]
+    if batches_only:  # Message Batches: a native line
+        line = (
+            '{"custom_id": "row-1", "params": {"model": "m-1", "max_tokens": 64, '
+            '"messages": [{"role": "user", "content": "hello"}]}}'
+        )
+    else:
+        line = '{"model": "m-1", "input": "hello"}'
     if secret is not None:
         lines += [
             "3. Start nopoll, then send it a signed callback from another shell (same exports):",
@@ -112,14 +119,17 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
         lines += [
             f"nopoll send-test --config nopoll.yaml {name} --batch-id {b}" for b, _ in batches
         ]
+        # this simulator calls nobody back: without --poll, submit --wait would wait
+        # reconcile_after_s for a callback before its first poll
+        lines += [
+            "",
+            "or submit a request; the simulator sends no callbacks itself, so --poll polls it "
+            "at once:",
+            "",
+            f"echo '{line}' > requests.jsonl",
+            f"nopoll submit --config nopoll.yaml {name} requests.jsonl --wait --poll",
+        ]
     else:
-        if batches_only:  # Message Batches: a native line
-            line = (
-                '{"custom_id": "row-1", "params": {"model": "m-1", "max_tokens": 64, '
-                '"messages": [{"role": "user", "content": "hello"}]}}'
-            )
-        else:
-            line = '{"model": "m-1", "input": "hello"}'
         lines += [
             "3. Start nopoll, then submit a request from another shell (same export); nopoll "
             "polls it until it is done:",

@@ -21,7 +21,8 @@ from receiver.batches.progress import BatchState
 from receiver.journey.store import envelope_ids
 from receiver.queue.enqueue import DELIVER, put_job
 from receiver.queue.jobs import DeliverJob, rejection_text
-from receiver.worker.retry import dead_letter, guarded, retry_or_give_up
+from receiver.worker.liveness import ServedAccounts
+from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
 from receiver.worker.state import WorkerState
 
 __all__ = ["batch_state_for", "deliver", "queue_retries"]
@@ -98,6 +99,8 @@ async def deliver(
     state: WorkerState = ctx["state"]
     target = state.fanout.sinks.get(sink)
     if target is None:
+        if await ServedAccounts(state.redis).serves_sink(sink):
+            return await hand_over(ctx, DELIVER)  # another live worker has this sink
         return await dead_letter(ctx, DELIVER, kwargs, f"sink {sink!r} is no longer configured")
     batch = [Envelope.from_dict(e) for e in envelopes]
     try:

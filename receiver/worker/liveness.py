@@ -31,20 +31,22 @@ On SIGTERM a worker hands back at once what it has not started (its watches: due
 owner cleared; claimed jobs it has not started) and, once its running jobs ended or were
 cancelled, everything else; then it leaves the set (:meth:`Liveness.stop`).
 
-The same beat publishes which provider accounts the process can fetch with, so that a
-worker never dead-letters work merely because its own config lacks a provider another
-worker has (``provider`` for the default tenant, ``provider@tenant`` for the others:
-:func:`receiver.config.accounts.scoped`). They are refreshed every
-``worker.health_check_interval_s`` (at the first beat after it: every :data:`BEAT_S` at
-the most), valid for three of those (plus 5 s), and withdrawn when the worker stops::
+The same beat publishes which provider accounts the process can fetch with and which
+sinks it can write to, so that a worker never dead-letters work merely because its own
+config lacks a provider or a sink another worker has (accounts: ``provider`` for the
+default tenant, ``provider@tenant`` for the others: :func:`receiver.config.accounts.scoped`).
+They are refreshed every ``worker.health_check_interval_s`` (at the first beat after it:
+every :data:`BEAT_S` at the most), valid for three of those (plus 5 s), and withdrawn when
+the worker stops::
 
-    nopoll:workers:accounts     hash: "<host>:<pid>:<worker id>" -> {"until": ms, "accounts": [...]}
+    nopoll:workers:accounts     hash: "<host>:<pid>:<worker id>"
+                                      -> {"until": ms, "accounts": [...], "sinks": [...]}
 
-A job for an account this process lacks is left to a live worker that serves it (run
-again shortly, its try not counted); only when none does is it a dead letter. At its
-first publication a worker says loudly which accounts it lacks that other live workers
-serve or queued jobs name: a ``nopoll serve`` started without its ``--config`` on a
-shared Redis.
+A job for an account (a delivery for a sink) this process lacks is left to a live worker
+that serves it (run again shortly, its try not counted); only when none does is it a dead
+letter. At its first publication a worker says loudly which accounts and sinks it lacks
+that other live workers serve or queued jobs name: a ``nopoll serve`` started without its
+``--config`` on a shared Redis.
 """
 
 from __future__ import annotations
@@ -110,33 +112,37 @@ def accounts_of(settings: Settings) -> frozenset[str]:
 
 
 class ServedAccounts:
-    """The published accounts of the live worker processes (see the module docs)."""
+    """The published accounts and sinks of the live worker processes (see the module
+    docs)."""
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
 
-    async def publish(self, process: str, accounts: Iterable[str], ttl_s: float) -> None:
+    async def publish(
+        self, process: str, accounts: Iterable[str], ttl_s: float, sinks: Iterable[str] = ()
+    ) -> None:
         until = int((time.time() + ttl_s) * 1000)
-        entry = orjson.dumps({"until": until, "accounts": sorted(accounts)}).decode()
-        await self.redis.hset(SERVED_KEY, process, entry)  # type: ignore[misc]
+        entry = {"until": until, "accounts": sorted(accounts), "sinks": sorted(sinks)}
+        await self.redis.hset(SERVED_KEY, process, orjson.dumps(entry).decode())  # type: ignore[misc]
 
     async def withdraw(self, process: str) -> None:
         await self.redis.hdel(SERVED_KEY, process)  # type: ignore[misc]
 
-    async def live(self) -> dict[str, set[str]]:
-        """The accounts of every live process, by process id (stale entries dropped)."""
+    async def live(self, what: str = "accounts") -> dict[str, set[str]]:
+        """What every live process serves, by process id: its ``"accounts"`` or its
+        ``"sinks"`` (stale entries dropped)."""
         raw = await self.redis.hgetall(SERVED_KEY)  # type: ignore[misc]
         now, found, stale = time.time() * 1000, {}, []
         for process, entry in raw.items():
             try:
                 data = orjson.loads(entry)
-                until, accounts = float(data["until"]), set(data["accounts"])
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                until, accounts = 0.0, set()
+                until, served = float(data["until"]), set(data.get(what) or ())
+            except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+                until, served = 0.0, set()
             if until < now:
                 stale.append(process)
             else:
-                found[process.decode()] = accounts
+                found[process.decode()] = served
         if stale:
             await self.redis.hdel(SERVED_KEY, *stale)  # type: ignore[misc]
         return found
@@ -145,17 +151,24 @@ class ServedAccounts:
         """Whether a live worker process serves ``account``."""
         return any(account in accounts for accounts in (await self.live()).values())
 
+    async def serves_sink(self, sink: str) -> bool:
+        """Whether a live worker process has a sink named ``sink``."""
+        return any(sink in sinks for sinks in (await self.live("sinks")).values())
 
-async def _queued_accounts(redis: Redis) -> set[str]:
-    """The accounts the first queued jobs name (job ids are ``kind:account:id``)."""
-    found = set()
+
+async def _queued(redis: Redis) -> tuple[set[str], set[str]]:
+    """The accounts and the sinks the first queued jobs name (job ids are
+    ``kind:account:id``, a delivery's ``deliver:sink:...``)."""
+    accounts, sinks = set(), set()
     for queue in (JOBS_QUEUE, BATCHES_QUEUE):
         for job_id in await redis.zrange(queue, 0, _QUEUED_LOOKED_AT - 1):
             kind, _, rest = job_id.decode().partition(":")
-            account = rest.partition(":")[0]
-            if kind in ("resp", "batch") and account:
-                found.add(account)
-    return found
+            name = rest.partition(":")[0]
+            if kind in ("resp", "batch") and name:
+                accounts.add(name)
+            elif kind == "deliver" and name:
+                sinks.add(name)
+    return accounts, sinks
 
 
 _NOW = """
@@ -231,9 +244,9 @@ return {jobs, watches}
 
 
 class Liveness:
-    """One worker process's heartbeat, its served accounts and the reaper (see the module
-    docs). With ``accounts`` (:func:`accounts_of`), the beat publishes them every
-    ``accounts_every_s``; without, it publishes none."""
+    """One worker process's heartbeat, its served accounts and sinks, and the reaper (see
+    the module docs). With ``accounts`` (:func:`accounts_of`), the beat publishes them and
+    ``sinks`` every ``accounts_every_s``; without, it publishes none."""
 
     def __init__(
         self,
@@ -243,6 +256,7 @@ class Liveness:
         beat_s: float = BEAT_S,
         dead_after_s: float = DEAD_AFTER_S,
         accounts: frozenset[str] | None = None,
+        sinks: frozenset[str] = frozenset(),
         accounts_every_s: float = BEAT_S,
     ) -> None:
         self.redis_url = redis_url
@@ -250,6 +264,7 @@ class Liveness:
         self.beat_s = beat_s
         self.dead_after_s = dead_after_s
         self.accounts = accounts
+        self.sinks = sinks
         self.accounts_every_s = accounts_every_s
         self._redis: Redis | None = None
         self._task: asyncio.Task[None] | None = None
@@ -318,23 +333,32 @@ class Liveness:
             await asyncio.sleep(self.beat_s)
 
     async def _publish_accounts(self, accounts: frozenset[str]) -> None:
-        """Publish this process's accounts; at the first publication, warn about the
-        accounts other workers serve or queued jobs name that this one lacks (a missing
-        or wrong ``--config``)."""
+        """Publish this process's accounts and sinks; at the first publication, warn about
+        the accounts and sinks other workers serve or queued jobs name that this one lacks
+        (a missing or wrong ``--config``)."""
         store = ServedAccounts(self.redis)
         if not self._looked_for_lacking:
+            queued_accounts, queued_sinks = await _queued(self.redis)
             others = set().union(*(await store.live()).values())
-            lacking = sorted((others | await _queued_accounts(self.redis)) - accounts)
+            other_sinks = set().union(*(await store.live("sinks")).values())
+            lacking = [
+                f"{what} {', '.join(sorted(names))}"
+                for what, names in (
+                    ("provider account(s)", (others | queued_accounts) - accounts),
+                    ("sink(s)", (other_sinks | queued_sinks) - self.sinks),
+                )
+                if names
+            ]
             if lacking:
                 log.warning(
-                    "provider account(s) %s are served by other workers or named by "
-                    "queued jobs, but this worker does not have them (is its --config "
-                    "missing or another one?); it leaves their jobs to a worker that "
-                    "has them",
-                    ", ".join(lacking),
+                    "%s: served by other workers or named by queued jobs, but this worker "
+                    "does not have them (is its --config missing or another one?); it "
+                    "leaves their jobs to a worker that has them",
+                    "; ".join(lacking),
                 )
             self._looked_for_lacking = True
-        await store.publish(self._served_as, accounts, 3 * self.accounts_every_s + 5)
+        ttl_s = 3 * self.accounts_every_s + 5
+        await store.publish(self._served_as, accounts, ttl_s, self.sinks)
 
     async def reap(self, now_ms: int) -> list[tuple[str, int, int]]:
         """Release what every dead worker holds: ``(worker id, locks, watches)`` each."""
@@ -377,7 +401,7 @@ class Liveness:
         return released[1] if released else 0
 
     async def stop(self) -> None:
-        """Stop beating, withdraw the accounts, hand back everything still held (nothing
+        """Stop beating, withdraw the accounts and sinks, hand back everything still held (nothing
         of this process runs any more) and leave the set of workers."""
         if self._task is not None:
             self._task.cancel()

@@ -116,7 +116,10 @@ def build_workers(
     # liveness: their claims and the watch poller's takes all name this process.
     extra = dict(extra_ctx or {})
     liveness = Liveness(
-        redis_url, accounts=accounts_of(settings), accounts_every_s=w.health_check_interval_s
+        redis_url,
+        accounts=accounts_of(settings),
+        sinks=frozenset(settings.sinks),
+        accounts_every_s=w.health_check_interval_s,
     )
     shared = Shared(redis_url, transport=extra.pop("provider_transport", None), liveness=liveness)
     extra_ctx = {"shared": shared, **extra}

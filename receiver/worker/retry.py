@@ -117,13 +117,13 @@ async def dead_letter(
 
 
 async def hand_over(ctx: dict[str, Any], function: str) -> dict[str, Any]:
-    """Leave the job to another worker (it is for a provider this process lacks and
-    another live one has): run it again shortly, this run not counted as a try."""
+    """Leave the job to another worker (it is for a provider or a sink this process lacks
+    and another live one has): run it again shortly, this run not counted as a try."""
     state: WorkerState = ctx["state"]
     job_id = ctx.get("job_id")
     if job_id:
         await state.redis.decr(RETRY_KEY + str(job_id))
-    log.debug("%s left to a worker that has its provider", function)
+    log.debug("%s left to a worker that has its provider or sink", function)
     interval = state.settings.worker.health_check_interval_s
     raise Retry(defer=min(5.0, interval) * random.uniform(0.5, 1.0))
 

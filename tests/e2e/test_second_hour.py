@@ -5,6 +5,7 @@ simulator and embedded or real Redis."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import sqlite3
@@ -18,7 +19,11 @@ import orjson
 import pytest
 from redis import asyncio as redis_asyncio
 
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import put_job
+from receiver.queue.jobs import DeliverJob
 from tests.e2e.helpers import NOPOLL, wait_for, wait_ready
+from tests.receiver.helpers import envelope
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -138,11 +143,24 @@ async def test_from_another_folder_submit_wait_lands_every_row_in_the_configs_fo
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 landed, 0 expired, 0 still pending" in result.stdout
+    # item 5: the polls made while waiting, and their rate, on the final line (it said 0.0)
+    polls = re.search(r"\((\d+) polls, (\d+\.\d)/s while waiting\)", result.stdout)
+    assert polls and int(polls[1]) >= 3 and float(polls[2]) > 0, result.stdout
     assert sim.creations("responses") == 3
     assert sorted(p.name for p in elsewhere.iterdir()) == [source.name]  # no nopoll-data here
     rows = _rows(home / "nopoll-data" / "results.db")
     assert len(rows) == 3 and {s for _, s in rows} == {"completed"}
     assert list((home / "out" / "results" / "sim").glob("*.jsonl"))
+    # item 5: a rerun creates nothing again, and its bar starts at what already landed
+    # (it showed "0/3 landed 3")
+    wide = {**started.env, "COLUMNS": "200"}
+    again = await asyncio.to_thread(
+        run, wide, elsewhere, "submit", "--config", str(config), "sim", "cli.jsonl", "--wait"
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "0 submitted, 3 already submitted" in again.stdout, again.stdout
+    assert re.search(r"sim responses .* 3/3 landed 3,", again.stdout), again.stdout
+    assert sim.creations("responses") == 3
 
 
 async def test_submit_with_no_nopoll_running_stops_at_once_and_creates_nothing(
@@ -242,6 +260,56 @@ async def test_a_worker_without_the_provider_leaves_its_jobs_to_one_that_has_it(
     log = started.output("bare")
     assert "no longer configured" not in log and not letters, log
     assert "sim" in log and "this worker does not have" in log, log  # said at start-up
+
+
+async def test_a_worker_without_the_sink_leaves_its_deliveries_to_one_that_has_it(
+    started, tmp_path, provider_sim, redis_url
+):
+    """A delivery names a sink (a sink's own retry, a batch summary, a ``dlq replay``): a
+    worker whose config lacks that sink leaves it to one that has it, as it does the jobs
+    of a provider it lacks, instead of dead-lettering it as "no longer configured"."""
+    sim = provider_sim()
+    home, other = tmp_path / "deploy", tmp_path / "other"
+    config = _config(home, sim.base_url, redis_url=redis_url, callbacks=True)
+    config.write_text(
+        config.read_text()
+        .replace("  db: {", "  warehouse: {")  # a sink the built-in defaults do not have
+        .replace("poll_delay_s: 0.01,", "max_jobs: 1,")
+    )
+    port = free_port()
+    started.start(home, "serve", "serve", "--config", "nopoll.yaml", "--port", str(port))
+    await asyncio.to_thread(wait_ready, port)
+    other.mkdir()
+    bare = other / "nopoll.yaml"  # the "forgotten --config": the built-in sinks, same Redis
+    bare.write_text(f"redis_url: '{redis_url}'\n" + FAST)
+    started.start(other, "bare", "worker", "--config", str(bare))
+
+    async def bare_started():
+        return "worker for nopoll:jobs" in started.output("bare")
+
+    await wait_for(bare_started, timeout=20)
+    await asyncio.sleep(1.5)  # its poll loop is turning
+    keys = [f"resp_{i}" for i in range(10)]
+    db = home / "nopoll-data" / "results.db"
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        for key in keys:
+            job = DeliverJob.of("warehouse", [envelope(key)]).handoff(defer_s=0)
+            assert await put_job(client, job, expiry_ms=120_000)
+
+        async def all_done():  # each delivery landed, or was dead-lettered
+            landed = len(_rows(db)) if db.exists() else 0
+            return landed + len(await DeadLetters(client).find()) == len(keys)
+
+        await wait_for(all_done, timeout=60, interval=0.2)
+        letters = await DeadLetters(client).find()
+    finally:
+        await client.aclose()
+    log = started.output("bare")
+    assert not letters, [letter.error for letter in letters]
+    assert "no longer configured" not in log, log
+    assert len(_rows(db)) == len(keys)
+    assert "warehouse" in log and "this worker does not have" in log, log  # said at start-up
 
 
 # --- 3: waiting for callbacks says so; --poll polls at once -------------------------------

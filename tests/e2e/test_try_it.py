@@ -179,6 +179,30 @@ def test_simulate_prints_a_paste_ready_config_and_the_next_command(stack):
     assert "nopoll send-test --config nopoll.yaml sim --batch-id b_try" in stack.sim.text
 
 
+def test_the_printed_submit_lands_its_row_at_once_though_no_callback_comes(stack):
+    """The simulator sends no callbacks of its own, and its config has webhook secrets:
+    a ``submit --wait`` of it waited ``reconcile_after_s`` (15 min) for a callback that
+    never came (issue 21, "done when"). The submit it prints polls at once (``--poll``)
+    and, pasted as it is, lands its row."""
+    step = stack.sim.text.split("3. Start nopoll", 1)[1].split("4. Look at the rows", 1)[0]
+    commands = [line for line in step.splitlines() if line.startswith(("echo ", "nopoll submit"))]
+    assert any(c.startswith("nopoll submit") for c in commands), step
+    env = {**stack.env, "PATH": f"{Path(NOPOLL).parent}:{os.environ['PATH']}"}
+    began = time.monotonic()
+    done = subprocess.run(
+        ["bash", "-ec", "\n".join(commands)],
+        cwd=stack.cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 landed, 0 expired, 0 still pending" in done.stdout, done.stdout
+    assert "waiting for callbacks" not in done.stdout
+    assert time.monotonic() - began < 30
+
+
 def test_send_test_is_queued_and_the_row_lands_again_with_a_new_webhook_id(stack):
     result = _send_test(stack, "sim", "--response-id", "resp_try_1", "--url", stack.url)
     assert result.returncode == 0, result.stdout + result.stderr
