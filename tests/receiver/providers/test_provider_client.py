@@ -177,3 +177,35 @@ def test_safe_ids(value):
 @pytest.mark.parametrize("value", ["..", ".", "../x", "%2e%2e", "a b", "a" * 257, "", None, 5, "é"])
 def test_unsafe_ids(value):
     assert not safe_id(value)
+
+
+async def test_the_default_transport_sends_the_headers_and_follows_no_redirect():
+    """The hot path's GETs go straight on aiohttp: what a real server sees of them."""
+    import asyncio
+
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(
+            b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/steal\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    c = client(f"http://127.0.0.1:{port}/v1")
+    try:
+        with pytest.raises(ProviderError) as info:
+            await ResponsesDialect(c).fetch_response("resp_1")
+    finally:
+        await c.aclose()
+        server.close()
+        await server.wait_closed()
+    assert info.value.status == 302 and len(seen) == 1
+    head = seen[0].decode().lower()
+    assert head.startswith("get /v1/responses/resp_1 http/1.1\r\n")
+    for header in ("authorization: bearer sk-test", "accept: application/json"):
+        assert f"\r\n{header}\r\n" in head, head
+    assert "accept-encoding: gzip, deflate" in head and "user-agent: nopoll/" in head
