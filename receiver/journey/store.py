@@ -138,12 +138,24 @@ class JourneyStore:
         """The Redis commands that write the event (none while trails are off), for a
         caller that sends them with its own (the worker lands a result's events and ends
         its watch in one round trip); stamped now."""
-        if not self.enabled:
+        return self.steps_commands(provider, object_id, [(step, fields)], tenant)
+
+    def steps_commands(
+        self,
+        provider: str,
+        object_id: str,
+        steps: list[tuple[str, Mapping[str, Any]]],
+        tenant: str = DEFAULT_TENANT,
+    ) -> list[tuple[Any, ...]]:
+        """:meth:`commands` for several events of one id, in order, in one ``RPUSH``; an
+        event's ``at`` in its fields (when it happened earlier) is kept."""
+        if not self.enabled or not steps:
             return []
         key = journey_key(provider, object_id, tenant)
-        event = orjson.dumps({"at": round(time.time(), 3), "step": step, **fields})
+        at = round(time.time(), 3)
+        events = [orjson.dumps({"at": at, "step": step, **fields}) for step, fields in steps]
         return [
-            ("RPUSH", key, event),
+            ("RPUSH", key, *events),
             ("LTRIM", key, -MAX_EVENTS, -1),
             ("PEXPIRE", key, self.ttl_s * 1000),
         ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -117,8 +118,9 @@ async def fetch_response(
         await _fetch_failed(ctx, job, exc)
         return await dead_letter(ctx, FETCH_RESPONSE, job.to_kwargs(), str(exc))
     state: WorkerState = ctx["state"]
-    fetched: dict[str, Any] = {"kind": "response", "status": str(body.get("status") or "")}
-    fetched["try"] = int(ctx.get("job_try") or 1)
+    # the fetch event goes with the sinks' (one trip), stamped now
+    fetched: dict[str, Any] = {"at": round(time.time(), 3), "kind": "response"}
+    fetched.update(status=str(body.get("status") or ""), **{"try": int(ctx.get("job_try") or 1)})
     envelope = envelope_from_response(
         body,
         provider=job.provider,
@@ -235,7 +237,7 @@ async def _land(
     state: WorkerState = ctx["state"]
     shares = state.fanout.route([envelope])
     failures = await state.fanout.write(shares)
-    events = []
+    events: list[tuple[str, Mapping[str, Any]]] = []
     if fetched is not None:
         events.append(("fetch", fetched))
     sinks = sorted(n for n in shares if n not in failures)
@@ -245,13 +247,8 @@ async def _land(
             await state.trail(envelope.provider, envelope.key, step, envelope.tenant, **fields)
         trail: list[tuple[Any, ...]] = []
     else:
-        journey = state.journey
         at = (envelope.provider, envelope.key)
-        trail = [
-            command
-            for step, fields in events
-            for command in journey.commands(*at, step, envelope.tenant, **fields)
-        ]
+        trail = state.journey.steps_commands(*at, events, envelope.tenant)
     if failures:
         if trail:
             await state.send_trail(trail)
