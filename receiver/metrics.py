@@ -7,6 +7,7 @@ Labels never carry secrets or client-chosen strings: an unknown provider is coun
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -36,6 +37,8 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._per_request: dict[tuple[str, int | None], tuple[Any, Any]] = {}
+        self._per_model: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self.callbacks = _counter(
             r, "nopoll_callbacks", "Callbacks by provider and outcome", "provider", "outcome"
         )
@@ -132,10 +135,18 @@ class Metrics:
             both[0] += env.input_tokens or 0
             both[1] += env.output_tokens or 0
         for labels, (inputs, outputs) in sums.items():
+            pair = self._per_model.get(labels)
+            if pair is None:
+                if len(self._per_model) >= 10_000:  # models are the provider's words
+                    self._per_model.clear()
+                pair = self._per_model[labels] = (
+                    self.tokens.labels(*labels, "input"),
+                    self.tokens.labels(*labels, "output"),
+                )
             if inputs:
-                self.tokens.labels(*labels, "input").inc(inputs)
+                pair[0].inc(inputs)
             if outputs:
-                self.tokens.labels(*labels, "output").inc(outputs)
+                pair[1].inc(outputs)
 
     def set_queue_depths(self, depths: dict[str, float] | None) -> None:
         """Queue gauges read at scrape time; ``None`` (Redis unreachable) leaves them out."""
@@ -151,8 +162,15 @@ class Metrics:
 
     def observe_provider_request(self, provider: str, status: int | None, seconds: float) -> None:
         """Hook for :class:`~receiver.providers.ProviderClient`."""
-        self.provider_requests.labels(provider, str(status) if status else "error").inc()
-        self.provider_seconds.labels(provider).observe(seconds)
+        key = (provider, status)
+        children = self._per_request.get(key)
+        if children is None:  # labels() checks and locks: once per provider and status
+            children = self._per_request[key] = (
+                self.provider_requests.labels(provider, str(status) if status else "error"),
+                self.provider_seconds.labels(provider),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
