@@ -272,6 +272,7 @@ async def measure(
 
     run = Run(wall_offset=time.time() - time.perf_counter())
     others_before = {name: common.cpu_seconds(pid) for name, pid in others.items()}
+    postgres_before = postgres_cpu_seconds()
     machine_before = common.machine_cpu()
     conn = await asyncpg.connect(common.PG_URL, timeout=10)
     try:
@@ -292,6 +293,8 @@ async def measure(
             server.cpu_s = common.cpu_seconds(server.proc.pid) - before
         for name, pid in others.items():
             run.other_cpu_s[name] = common.cpu_seconds(pid) - others_before[name]
+        if postgres_before is not None:
+            run.other_cpu_s["postgres (shared)"] = postgres_cpu_seconds() - postgres_before
         (busy, whole), (busy0, whole0) = common.machine_cpu(), machine_before
         busy, whole = busy - busy0, whole - whole0
         run.machine_busy = busy / whole if whole else float("nan")
@@ -488,6 +491,24 @@ def serve_simulator(port: int) -> int:
                 break
         print(f"requests {sim.request_count('/v1/responses/')}", flush=True)
     return 0
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU seconds of every ``postgres`` process on this machine, with the backends that
+    have exited (their parent's ``cutime``/``cstime``); None when there is none here."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, found = 0.0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, rest = stat.read_text().rpartition(")")
+        except OSError:
+            continue
+        if not head.partition("(")[2].startswith("postgres"):
+            continue
+        fields = rest.split()
+        total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+        found = True
+    return total if found else None
 
 
 def redis_pid() -> dict[str, int]:
