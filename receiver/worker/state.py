@@ -78,6 +78,8 @@ class WorkerState:
         replies of ``also``. A trail event Redis cannot take is logged and dropped (the
         work goes on); a failed trip raises only when ``also`` was sent."""
         assert self.trips is not None
+        if not commands and not also:
+            return []
         try:
             replies = await self.trips.run([*commands, *also])
         except (RedisError, OSError) as exc:
