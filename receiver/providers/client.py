@@ -38,7 +38,7 @@ from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._aiohttp import AiohttpGets
-from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
+from receiver.providers._decode import ENCODINGS, PIECE, Answer, Decoder, raw_stream
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span
 
@@ -73,7 +73,7 @@ _SAID_BYTES = 4096
 _SAID_CHARS = 300
 
 
-async def _provider_says(response: httpx.Response) -> str:
+async def _provider_says(response: Answer) -> str:
     """``; the provider said: "..."`` with the provider's own error message from an error
     answer (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"message"}`` or
     ``{"detail"}``, else its text), truncated and JSON-escaped so it cannot forge a log
@@ -286,7 +286,7 @@ class ProviderClient:
             )
         return path
 
-    async def _send(self, path: str) -> httpx.Response:
+    async def _send(self, path: str) -> Answer:
         """GET ``{base_url}/{path}``; the caller reads or streams the body and closes it."""
         if self._gets is not None:
             return await self._gets.get(self._url(path))
@@ -371,7 +371,7 @@ class ProviderClient:
             )
         return data
 
-    async def _request(self, path: str, *, read: bool) -> tuple[httpx.Response, bytearray]:
+    async def _request(self, path: str, *, read: bool) -> tuple[Answer, bytearray]:
         """One GET, measured; a 200 comes back (its body read, within the cap, when ``read``,
         else open for streaming), anything else raises, transient or not."""
         content = bytearray()
@@ -431,7 +431,7 @@ class ProviderClient:
         message = f"{what} larger than http.{setting} ({cap} bytes)"
         return self._error(path, f"{message}: {detail}" if detail else message)
 
-    def _decoder(self, response: httpx.Response, path: str) -> Decoder:
+    def _decoder(self, response: Answer, path: str) -> Decoder:
         value = response.headers.get("content-encoding", "")
         codings = [c.strip().lower() for c in value.split(",")]
         codings = [c for c in codings if c not in ("", "identity")]
@@ -440,7 +440,7 @@ class ProviderClient:
         return Decoder(codings[0] if codings else "", lambda m: self._error(path, m))
 
     async def _decoded(
-        self, response: httpx.Response, decoder: Decoder, path: str, wire_cap: int | None = None
+        self, response: Answer, decoder: Decoder, path: str, wire_cap: int | None = None
     ) -> AsyncIterator[bytes]:
         """The decoded body in pieces of at most 64 KiB; ``wire_cap`` caps the bytes read."""
         wire = 0
@@ -455,7 +455,7 @@ class ProviderClient:
         for piece in decoder.end():
             yield piece
 
-    async def _read_capped(self, response: httpx.Response, path: str) -> bytearray:
+    async def _read_capped(self, response: Answer, path: str) -> bytearray:
         """The whole decoded body, refused as soon as it passes ``http.max_response_bytes``:
         by its Content-Length, on the wire, or after decoding."""
         cap = self._http.max_response_bytes
@@ -466,6 +466,14 @@ class ProviderClient:
             )
         decoder = self._decoder(response, path)
         content = bytearray()
+        if decoder.name == "identity":  # the bytes on the wire are the answer: no steps
+            async for chunk in raw_stream(response):
+                if len(content) + len(chunk) > cap:
+                    raise self.too_large(
+                        path, "answer", "max_response_bytes", "more than that on the wire"
+                    )
+                content += chunk
+            return content
         async for piece in self._decoded(response, decoder, path, wire_cap=cap):
             if len(content) + len(piece) > cap:
                 raise self.too_large(
@@ -478,7 +486,7 @@ class ProviderClient:
         """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;
         opening is retried like :meth:`get_json`, a break mid-stream raises
         TransientProviderError (the batch job resumes later)."""
-        response: httpx.Response | None = None
+        response: Answer | None = None
         async for attempt in self._retrying():
             with attempt:
                 response, _ = await self._request(path, read=False)
