@@ -738,8 +738,8 @@ def report_server(run: Run, servers: list[Server], landed: int) -> None:
         if count:
             print(
                 f"  nopoll {server.role} CPU per {per[server.role]}: "
-                f"{server.cpu_s / count * 1000:.2f} ms ({server.cpu_s:.1f} s for {count}, "
-                f"{server.system_s / count * 1000:.2f} ms of it in the kernel)"
+                f"{server.cpu_s / count * 1000:.3f} ms ({server.cpu_s:.2f} s for {count}, "
+                f"{server.system_s / count * 1000:.3f} ms of it in the kernel)"
             )
     others = ", ".join(f"{name} {cpu:.1f} s" for name, cpu in run.other_cpu_s.items())
     print(f"  CPU time of the others: {others}; machine {run.machine_busy:.0%} busy")
