@@ -213,12 +213,44 @@ def _origin_of(url: str) -> str:
 
 
 class _Measured:
-    """The status of a request being measured (None until it is answered)."""
+    """One request, timed and reported to its client's ``on_request`` with the status the
+    block sets (None: it failed in transit), in a span while tracing is on; timeouts and
+    network failures leave the block as :class:`TransientProviderError`. A class rather
+    than a generator context manager: it wraps every GET."""
 
-    __slots__ = ("status",)
+    __slots__ = ("_client", "_path", "_span", "_started", "_traced", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, client: ProviderClient, path: str) -> None:
+        self._client = client
+        self._path = path
+        self._span: contextlib.AbstractContextManager[Any] | None = None
+        self._traced: Any = None
         self.status: int | None = None
+
+    def __enter__(self) -> _Measured:
+        self._started = time.perf_counter()
+        if tracing_enabled():  # the path without its query (a signed URL's is a secret)
+            path = self._path
+            where = urlsplit(path).path if "://" in path else path.partition("?")[0]
+            attributes = {"nopoll.provider": self._client.name, "url.path": where[:200]}
+            self._span = span("GET", attributes, kind="client")
+            self._traced = self._span.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        client = self._client
+        error = None if exc is None else client.in_transit(self._path, exc)
+        if client._on_request is not None:
+            client._on_request(client.name, self.status, time.perf_counter() - self._started)
+        if self._span is not None:
+            if self._traced is not None and self.status is not None:
+                self._traced.set_attribute("http.response.status_code", self.status)
+            raised = error or exc
+            self._span.__exit__(type(raised) if raised else None, raised, tb)
+        if error is not None:
+            raise error from None
 
 
 class ProviderClient:
@@ -301,26 +333,9 @@ class ProviderClient:
         response.request = request
         return response
 
-    @contextlib.contextmanager
-    def _measured(self, path: str) -> Iterator[_Measured]:
-        """One request, timed and reported to ``on_request`` with the status the block sets
-        (None: it failed in transit); timeouts and network failures raise
-        :class:`TransientProviderError`."""
-        measured = _Measured()
-        started = time.perf_counter()
-        attributes = None
-        if tracing_enabled():  # the path without its query (a signed URL's is a secret)
-            where = urlsplit(path).path if "://" in path else path.partition("?")[0]
-            attributes = {"nopoll.provider": self.name, "url.path": where[:200]}
-        with span("GET", attributes, kind="client") as traced:
-            try:
-                with self._transient(path, _timeout_text, "connection failed"):
-                    yield measured
-            finally:
-                if self._on_request is not None:
-                    self._on_request(self.name, measured.status, time.perf_counter() - started)
-                if traced is not None and measured.status is not None:
-                    traced.set_attribute("http.response.status_code", measured.status)
+    def _measured(self, path: str) -> _Measured:
+        """One request, measured (see :class:`_Measured`)."""
+        return _Measured(self, path)
 
     def _wait(self, state: RetryCallState, tried_before: int = 0) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -411,11 +426,24 @@ class ProviderClient:
         """Timeouts and network failures as :class:`TransientProviderError` (retried)."""
         try:
             yield
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise TransientProviderError(timed_out(exc), provider=self.name, path=path) from None
         except _NETWORK_ERRORS as exc:
+            raise self.in_transit(path, exc, timed_out, broke) or exc from None
+
+    def in_transit(
+        self,
+        path: str,
+        exc: BaseException,
+        timed_out: Callable[[BaseException], str] = _timeout_text,
+        broke: str = "connection failed",
+    ) -> TransientProviderError | None:
+        """A timeout or network failure (``exc``) as the :class:`TransientProviderError` it
+        makes; None for anything else."""
+        if isinstance(exc, httpx.TimeoutException | TimeoutError):
+            return TransientProviderError(timed_out(exc), provider=self.name, path=path)
+        if isinstance(exc, _NETWORK_ERRORS):
             reason = f"{broke} ({type(exc).__name__})"
-            raise TransientProviderError(reason, provider=self.name, path=path) from None
+            return TransientProviderError(reason, provider=self.name, path=path)
+        return None
 
     def _error(self, path: str, message: str) -> ProviderError:
         return ProviderError(message, provider=self.name, path=path, status=200)
