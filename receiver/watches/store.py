@@ -186,7 +186,7 @@ class WatchStore:
     async def _run(self, command: tuple[Any, ...]) -> Any:
         """Send one :meth:`_command`; its reply, or its error raised."""
         if self._trips is None:
-            return await self.redis.execute_command(*command)
+            return await self.redis.execute_command(*command)  # type: ignore[no-untyped-call]
         [reply] = await self._trips.run([command])
         if isinstance(reply, Exception):
             raise reply
