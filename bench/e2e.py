@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as common
 
-TABLE = "bench_results"
+TABLE = os.environ.get("NOPOLL_BENCH_E2E_TABLE", "bench_results")
+"""The sink's table; ``NOPOLL_BENCH_E2E_TABLE`` gives each run on a shared machine its own."""
 TARGET_P99_MS = 250.0
 TARGET_P50_MS = 50.0
 TARGET_REQUESTS_PER_RESULT = 1.0
@@ -96,6 +97,8 @@ class Server:
     log_path: Path
     cpu_s: float = 0.0
     """CPU time used from the first callback to the last row (or the end of the drain)."""
+    system_s: float = 0.0
+    """The part of :attr:`cpu_s` spent in the kernel (socket writes and reads, wakeups)."""
 
 
 async def prepare_postgres() -> None:
@@ -282,6 +285,7 @@ async def measure(
             poll_rows(run, conn, args.poll_ms / 1000, args.drain, max_s), name="poller"
         )
         cpu_before = [common.cpu_seconds(s.proc.pid) for s in servers]
+        system_before = [system_seconds(s.proc.pid) for s in servers]
         try:
             await send_all(run, port, args.secret, ids, args.rate, args.connections)
             await asyncio.wait_for(poller, timeout=max_s)
@@ -289,8 +293,9 @@ async def measure(
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-        for server, before in zip(servers, cpu_before, strict=True):
+        for server, before, system in zip(servers, cpu_before, system_before, strict=True):
             server.cpu_s = common.cpu_seconds(server.proc.pid) - before
+            server.system_s = system_seconds(server.proc.pid) - system
         for name, pid in others.items():
             run.other_cpu_s[name] = common.cpu_seconds(pid) - others_before[name]
         if postgres_before is not None:
@@ -376,6 +381,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "are sent, and write its flamegraph to SVG (collapsed stacks when it ends in .txt)",
     )
     parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: only the samples that hold the GIL (py-spy --gil), so the "
+        "worker's waits for Redis, Postgres and the CPU drop out and Python's own work stays",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="pin the worker to the last CPU and everything else (API, simulator, sender, "
@@ -414,8 +425,11 @@ def pin_all(servers: list[Server], others: dict[str, int]) -> str:
     return f"worker pinned to CPU {cpus[-1]}, the rest to CPU {','.join(map(str, rest))}"
 
 
-def start_profiler(svg: Path, pid: int, seconds: float) -> subprocess.Popen[bytes]:
-    """py-spy sampling ``pid`` (Python frames only, without pausing it) for ``seconds``."""
+def start_profiler(
+    svg: Path, pid: int, seconds: float, *, gil: bool = False
+) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` (Python frames only, without pausing it) for ``seconds``;
+    with ``gil``, only the samples taken while it holds the GIL."""
     exe = os.environ.get("NOPOLL_PY_SPY") or shutil.which("py-spy")
     if not exe:
         raise SystemExit("--profile: py-spy is not on PATH (pip install py-spy) nor NOPOLL_PY_SPY")
@@ -423,6 +437,8 @@ def start_profiler(svg: Path, pid: int, seconds: float) -> subprocess.Popen[byte
     form = "raw" if svg.suffix == ".txt" else "flamegraph"
     command = [exe, "record", "--nonblocking", "--rate", "200", "--format", form]
     command += ["--duration", str(max(1, int(seconds))), "--pid", str(pid), "--output", str(svg)]
+    if gil:
+        command.append("--gil")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -491,6 +507,15 @@ def serve_simulator(port: int) -> int:
                 break
         print(f"requests {sim.request_count('/v1/responses/')}", flush=True)
     return 0
+
+
+def system_seconds(pid: int) -> float:
+    """System (kernel) CPU seconds a local process has used so far (0.0 if unknown)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def postgres_cpu_seconds() -> float | None:
@@ -566,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
             profiler = None
             if args.profile:
                 worker = next(s for s in servers if s.role == "worker")
-                profiler = start_profiler(args.profile, worker.proc.pid, args.seconds)
+                profiler = start_profiler(
+                    args.profile, worker.proc.pid, args.seconds, gil=args.profile_gil
+                )
             run = asyncio.run(measure(args, port, ids, servers, others))
             if profiler is not None:
                 _, err = profiler.communicate(timeout=60)
@@ -711,7 +738,8 @@ def report_server(run: Run, servers: list[Server], landed: int) -> None:
         if count:
             print(
                 f"  nopoll {server.role} CPU per {per[server.role]}: "
-                f"{server.cpu_s / count * 1000:.2f} ms ({server.cpu_s:.1f} s for {count})"
+                f"{server.cpu_s / count * 1000:.3f} ms ({server.cpu_s:.2f} s for {count}, "
+                f"{server.system_s / count * 1000:.3f} ms of it in the kernel)"
             )
     others = ", ".join(f"{name} {cpu:.1f} s" for name, cpu in run.other_cpu_s.items())
     print(f"  CPU time of the others: {others}; machine {run.machine_busy:.0%} busy")

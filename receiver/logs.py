@@ -18,7 +18,6 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,15 +42,26 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 _NEEDS_QUOTES = re.compile(r'[\s="]')
 
 
-@contextlib.contextmanager
-def bind(**fields: Any) -> Iterator[None]:
+def bind(**fields: Any) -> contextlib.AbstractContextManager[None]:
     """Add ``fields`` (ids, never secrets) to every log record in this context."""
-    current = _context.get() or {}
-    token = _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
-    try:
-        yield
-    finally:
-        _context.reset(token)
+    return _Bound(fields)
+
+
+class _Bound:
+    """:func:`bind`'s context manager: a class, not a generator (it wraps every job)."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        added = {k: v for k, v in self._fields.items() if v is not None}
+        current = _context.get()
+        self._token = _context.set({**current, **added} if current else added)
+
+    def __exit__(self, *exc: object) -> None:
+        _context.reset(self._token)
 
 
 class JsonFormatter(logging.Formatter):

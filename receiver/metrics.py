@@ -39,6 +39,7 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self._per_request: dict[tuple[str, int | None], tuple[Any, Any]] = {}
         self._per_model: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._per_job: dict[tuple[str, str], Any] = {}
         self.callbacks = _counter(
             r, "nopoll_callbacks", "Callbacks by provider and outcome", "provider", "outcome"
         )
@@ -120,6 +121,14 @@ class Metrics:
             "kind",
             "direction",
         )
+
+    def count_job(self, function: str, outcome: str) -> None:
+        """One job of ``function`` ended with ``outcome`` (``nopoll_jobs``; the child is
+        looked up once per pair, not through ``labels()`` per job)."""
+        child = self._per_job.get((function, outcome))
+        if child is None:
+            child = self._per_job[(function, outcome)] = self.jobs.labels(function, outcome)
+        child.inc()
 
     def count_tokens(self, envelopes: Iterable[Envelope]) -> None:
         """Add the usage of landed results to ``nopoll_tokens``: summed first, so a batch

@@ -61,11 +61,16 @@ class GroupCommit(Generic[_T]):
 
     async def submit(self, item: _T) -> None:
         """Hand ``item`` in; returns (or raises) once its group was committed."""
+        await self.put(item)
+
+    def put(self, item: _T) -> asyncio.Future[None]:
+        """Hand ``item`` in without waiting: the future settles (or fails) once its group
+        was committed (a caller that shields it makes no task of its own for that)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        await future
+        return future
 
     def _next_group(self) -> list[tuple[_T, asyncio.Future[None]]]:
         group = [self._pending.popleft()]

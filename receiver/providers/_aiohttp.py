@@ -6,9 +6,11 @@ re-encoded, and its URL is printed and parsed again by aiohttp. For nopoll's GET
 fixed headers and a URL built from ``base_url``, that was more than half the client's
 CPU per request (measured: 240 us against 100 us of aiohttp alone). :class:`AiohttpGets`
 sends the GET on the transport's own aiohttp session (the same pool, limits, TLS context
-and timeouts) and answers the same ``httpx.Response``, streamed and closed as before, so
-everything above it (status handling, bounded reads, decoding) is unchanged. Anything
-else (a POST, a test's transport) still goes through httpx.
+and timeouts) and answers an :class:`AiohttpAnswer`: the parts of a response the
+provider client reads (status, headers, the raw byte stream, ``aclose``), without building
+an ``httpx.Response`` (its headers copied and normalized in Python) around aiohttp's own;
+everything above it (status handling, bounded reads, decoding) is unchanged. Anything else
+(a POST, a test's transport) still goes through httpx.
 """
 
 from __future__ import annotations
@@ -19,9 +21,23 @@ import aiohttp
 import httpx
 from httpx_aiohttp.transport import AiohttpResponseStream, AiohttpTransport, map_aiohttp_exceptions
 
-__all__ = ["AiohttpGets"]
+__all__ = ["AiohttpAnswer", "AiohttpGets"]
 
-_EXTENSIONS = {"http_version": b"HTTP/1.1"}
+
+class AiohttpAnswer:
+    """A GET's answer as the provider client reads an ``httpx.Response``: ``status_code``,
+    ``headers`` (aiohttp's case-insensitive ones), the body as it came over the wire
+    (``stream``), and ``aclose``."""
+
+    __slots__ = ("headers", "status_code", "stream")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status_code: int = response.status
+        self.headers: Mapping[str, str] = response.headers
+        self.stream: httpx.AsyncByteStream = AiohttpResponseStream(response)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 class AiohttpGets:
@@ -39,7 +55,7 @@ class AiohttpGets:
     def set_headers(self, headers: Mapping[str, str]) -> None:
         self._headers = dict(headers)
 
-    async def get(self, url: str) -> httpx.Response:
+    async def get(self, url: str) -> AiohttpAnswer:
         """GET ``url``; the caller reads or streams the body and closes the response.
         aiohttp's failures come as httpx's exceptions, as from the transport."""
         transport = self._transport
@@ -55,9 +71,4 @@ class AiohttpGets:
                 compress=False,
                 timeout=self._timeout,
             ).__aenter__()
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.raw_headers,
-            stream=AiohttpResponseStream(response),
-            extensions=_EXTENSIONS,
-        )
+        return AiohttpAnswer(response)

@@ -8,20 +8,37 @@ step produces more than :data:`PIECE` bytes, whatever the compression ratio.
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Protocol
 
 import httpx
 
 from nopoll.exceptions import ProviderError
 
-__all__ = ["ENCODINGS", "PIECE", "Decoder", "raw_stream"]
+__all__ = ["ENCODINGS", "PIECE", "Answer", "Decoder", "raw_stream"]
 
 PIECE = 64 * 1024
 """The most bytes one decoding step produces (and the largest piece a stream yields)."""
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
-def raw_stream(response: httpx.Response) -> AsyncIterator[bytes]:
+class Answer(Protocol):
+    """What the provider client reads of an answer: an ``httpx.Response``, or the GETs'
+    lighter :class:`~receiver.providers._aiohttp.AiohttpAnswer`."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def stream(self) -> httpx.SyncByteStream | httpx.AsyncByteStream: ...
+
+    async def aclose(self) -> None: ...
+
+
+def raw_stream(response: Answer) -> AsyncIterator[bytes]:
     """The body as it came over the wire (httpx's ``aiter_raw`` without its bookkeeping,
     which refuses a body httpx itself has already read, as MockTransport's are)."""
     stream = response.stream

@@ -38,7 +38,7 @@ from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._aiohttp import AiohttpGets
-from receiver.providers._decode import ENCODINGS, PIECE, Decoder, raw_stream
+from receiver.providers._decode import ENCODINGS, PIECE, Answer, Decoder, raw_stream
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span
 
@@ -73,7 +73,7 @@ _SAID_BYTES = 4096
 _SAID_CHARS = 300
 
 
-async def _provider_says(response: httpx.Response) -> str:
+async def _provider_says(response: Answer) -> str:
     """``; the provider said: "..."`` with the provider's own error message from an error
     answer (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"message"}`` or
     ``{"detail"}``, else its text), truncated and JSON-escaped so it cannot forge a log
@@ -213,12 +213,44 @@ def _origin_of(url: str) -> str:
 
 
 class _Measured:
-    """The status of a request being measured (None until it is answered)."""
+    """One request, timed and reported to its client's ``on_request`` with the status the
+    block sets (None: it failed in transit), in a span while tracing is on; timeouts and
+    network failures leave the block as :class:`TransientProviderError`. A class rather
+    than a generator context manager: it wraps every GET."""
 
-    __slots__ = ("status",)
+    __slots__ = ("_client", "_path", "_span", "_started", "_traced", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, client: ProviderClient, path: str) -> None:
+        self._client = client
+        self._path = path
+        self._span: contextlib.AbstractContextManager[Any] | None = None
+        self._traced: Any = None
         self.status: int | None = None
+
+    def __enter__(self) -> _Measured:
+        self._started = time.perf_counter()
+        if tracing_enabled():  # the path without its query (a signed URL's is a secret)
+            path = self._path
+            where = urlsplit(path).path if "://" in path else path.partition("?")[0]
+            attributes = {"nopoll.provider": self._client.name, "url.path": where[:200]}
+            self._span = span("GET", attributes, kind="client")
+            self._traced = self._span.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        client = self._client
+        error = None if exc is None else client.in_transit(self._path, exc)
+        if client._on_request is not None:
+            client._on_request(client.name, self.status, time.perf_counter() - self._started)
+        if self._span is not None:
+            if self._traced is not None and self.status is not None:
+                self._traced.set_attribute("http.response.status_code", self.status)
+            raised = error or exc
+            self._span.__exit__(type(raised) if raised else None, raised, tb)
+        if error is not None:
+            raise error from None
 
 
 class ProviderClient:
@@ -286,7 +318,7 @@ class ProviderClient:
             )
         return path
 
-    async def _send(self, path: str) -> httpx.Response:
+    async def _send(self, path: str) -> Answer:
         """GET ``{base_url}/{path}``; the caller reads or streams the body and closes it."""
         if self._gets is not None:
             return await self._gets.get(self._url(path))
@@ -301,26 +333,9 @@ class ProviderClient:
         response.request = request
         return response
 
-    @contextlib.contextmanager
-    def _measured(self, path: str) -> Iterator[_Measured]:
-        """One request, timed and reported to ``on_request`` with the status the block sets
-        (None: it failed in transit); timeouts and network failures raise
-        :class:`TransientProviderError`."""
-        measured = _Measured()
-        started = time.perf_counter()
-        attributes = None
-        if tracing_enabled():  # the path without its query (a signed URL's is a secret)
-            where = urlsplit(path).path if "://" in path else path.partition("?")[0]
-            attributes = {"nopoll.provider": self.name, "url.path": where[:200]}
-        with span("GET", attributes, kind="client") as traced:
-            try:
-                with self._transient(path, _timeout_text, "connection failed"):
-                    yield measured
-            finally:
-                if self._on_request is not None:
-                    self._on_request(self.name, measured.status, time.perf_counter() - started)
-                if traced is not None and measured.status is not None:
-                    traced.set_attribute("http.response.status_code", measured.status)
+    def _measured(self, path: str) -> _Measured:
+        """One request, measured (see :class:`_Measured`)."""
+        return _Measured(self, path)
 
     def _wait(self, state: RetryCallState, tried_before: int = 0) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -371,7 +386,7 @@ class ProviderClient:
             )
         return data
 
-    async def _request(self, path: str, *, read: bool) -> tuple[httpx.Response, bytearray]:
+    async def _request(self, path: str, *, read: bool) -> tuple[Answer, bytearray]:
         """One GET, measured; a 200 comes back (its body read, within the cap, when ``read``,
         else open for streaming), anything else raises, transient or not."""
         content = bytearray()
@@ -411,11 +426,24 @@ class ProviderClient:
         """Timeouts and network failures as :class:`TransientProviderError` (retried)."""
         try:
             yield
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise TransientProviderError(timed_out(exc), provider=self.name, path=path) from None
         except _NETWORK_ERRORS as exc:
+            raise self.in_transit(path, exc, timed_out, broke) or exc from None
+
+    def in_transit(
+        self,
+        path: str,
+        exc: BaseException,
+        timed_out: Callable[[BaseException], str] = _timeout_text,
+        broke: str = "connection failed",
+    ) -> TransientProviderError | None:
+        """A timeout or network failure (``exc``) as the :class:`TransientProviderError` it
+        makes; None for anything else."""
+        if isinstance(exc, httpx.TimeoutException | TimeoutError):
+            return TransientProviderError(timed_out(exc), provider=self.name, path=path)
+        if isinstance(exc, _NETWORK_ERRORS):
             reason = f"{broke} ({type(exc).__name__})"
-            raise TransientProviderError(reason, provider=self.name, path=path) from None
+            return TransientProviderError(reason, provider=self.name, path=path)
+        return None
 
     def _error(self, path: str, message: str) -> ProviderError:
         return ProviderError(message, provider=self.name, path=path, status=200)
@@ -431,7 +459,7 @@ class ProviderClient:
         message = f"{what} larger than http.{setting} ({cap} bytes)"
         return self._error(path, f"{message}: {detail}" if detail else message)
 
-    def _decoder(self, response: httpx.Response, path: str) -> Decoder:
+    def _decoder(self, response: Answer, path: str) -> Decoder:
         value = response.headers.get("content-encoding", "")
         codings = [c.strip().lower() for c in value.split(",")]
         codings = [c for c in codings if c not in ("", "identity")]
@@ -440,7 +468,7 @@ class ProviderClient:
         return Decoder(codings[0] if codings else "", lambda m: self._error(path, m))
 
     async def _decoded(
-        self, response: httpx.Response, decoder: Decoder, path: str, wire_cap: int | None = None
+        self, response: Answer, decoder: Decoder, path: str, wire_cap: int | None = None
     ) -> AsyncIterator[bytes]:
         """The decoded body in pieces of at most 64 KiB; ``wire_cap`` caps the bytes read."""
         wire = 0
@@ -455,7 +483,7 @@ class ProviderClient:
         for piece in decoder.end():
             yield piece
 
-    async def _read_capped(self, response: httpx.Response, path: str) -> bytearray:
+    async def _read_capped(self, response: Answer, path: str) -> bytearray:
         """The whole decoded body, refused as soon as it passes ``http.max_response_bytes``:
         by its Content-Length, on the wire, or after decoding."""
         cap = self._http.max_response_bytes
@@ -466,6 +494,14 @@ class ProviderClient:
             )
         decoder = self._decoder(response, path)
         content = bytearray()
+        if decoder.name == "identity":  # the bytes on the wire are the answer: no steps
+            async for chunk in raw_stream(response):
+                if len(content) + len(chunk) > cap:
+                    raise self.too_large(
+                        path, "answer", "max_response_bytes", "more than that on the wire"
+                    )
+                content += chunk
+            return content
         async for piece in self._decoded(response, decoder, path, wire_cap=cap):
             if len(content) + len(piece) > cap:
                 raise self.too_large(
@@ -478,7 +514,7 @@ class ProviderClient:
         """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;
         opening is retried like :meth:`get_json`, a break mid-stream raises
         TransientProviderError (the batch job resumes later)."""
-        response: httpx.Response | None = None
+        response: Answer | None = None
         async for attempt in self._retrying():
             with attempt:
                 response, _ = await self._request(path, read=False)

@@ -281,10 +281,13 @@ class JobRunner(Worker):
             result_data = self._result(job, outcome.success, outcome.result, outcome.finished_ms)
         if self.on_job_end:
             await self.on_job_end(ctx)
-        finish = self.finish_job(
-            job.id, outcome.finish, result_data, keep_s, forever, outcome.incr_score, None
-        )
-        await asyncio.shield(finish)
+        if result_data is None:  # the common end: its keys go in the next grouped call
+            await asyncio.shield(self._finish_soon(job.id, outcome.finish, outcome.incr_score))
+        else:
+            finish = self.finish_job(
+                job.id, outcome.finish, result_data, keep_s, forever, outcome.incr_score, None
+            )
+            await asyncio.shield(finish)
         if self.after_job_end:
             await self.after_job_end(ctx)
 
@@ -408,7 +411,18 @@ class JobRunner(Worker):
                 keep_in_progress,
             )
             return
-        await self._finishes.submit((job_id, finish, incr_score or 0))
+        await self._finishes.put((job_id, finish, incr_score or 0))
+
+    def _finish_soon(
+        self, job_id: str, finish: bool, incr_score: int | None
+    ) -> asyncio.Future[None]:
+        """:meth:`finish_job` without a result to keep, handed in at once: the future of
+        the grouped call its keys go in (done at once when this run no longer owns them)."""
+        if not self.owns(job_id):
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return self._finishes.put((job_id, finish, incr_score or 0))
 
     def owns(self, job_id: str) -> bool:
         """Hook: whether this run may still write the job's keys when it ends."""

@@ -59,7 +59,10 @@ class RoundTrips:
 
     async def _trip(self, conn: AbstractConnection, commands: list[tuple[Any, ...]]) -> list[Any]:
         try:
-            packed = [part for c in commands for part in _pack(conn, c)]
+            if _hiredis_pack is not None:
+                packed = [_hiredis_pack(c) for c in commands]
+            else:
+                packed = [part for c in commands for part in conn.pack_command(*c)]
             await conn.send_packed_command(packed, check_health=False)
             parser: Any = conn._parser
             async with asyncio.timeout(conn.socket_timeout):
@@ -80,12 +83,6 @@ class RoundTrips:
 _GET_CONNECTION_ARGS: tuple[str, ...] = (
     () if tuple(int(p) for p in redis_version.split(".")[:2]) >= (5, 3) else ("EVALSHA",)
 )
-
-
-def _pack(conn: Any, command: tuple[Any, ...]) -> list[bytes]:
-    if _hiredis_pack is not None:
-        return [_hiredis_pack(command)]
-    return list(conn.pack_command(*command))
 
 
 _MIN_TRIP = 16
@@ -122,6 +119,9 @@ class SharedTrips:
         self._max_in_flight = max_in_flight
         self._max_pending = max_batch * max_in_flight if max_pending is None else max_pending
         self._scripts: dict[str, str] = {}
+        """Each script's source by its SHA1 digest (to load it again)."""
+        self._digests: dict[str, str] = {}
+        """Each script's SHA1 digest by its source: worked out once, not per call."""
         self._pending: deque[tuple[Sequence[tuple[Any, ...]], asyncio.Future[list[Any]]]] = deque()
         self._flushers: set[asyncio.Task[None]] = set()
         self._starter: asyncio.Task[None] | None = None  # started, has not taken its callers
@@ -133,8 +133,10 @@ class SharedTrips:
 
     def evalsha(self, source: str, numkeys: int, *keys_and_args: Any) -> tuple[Any, ...]:
         """The command that runs the Lua ``source`` (by its digest; see the class docs)."""
-        sha = hashlib.sha1(source.encode()).hexdigest()
-        self._scripts.setdefault(sha, source)
+        sha = self._digests.get(source)
+        if sha is None:
+            sha = self._digests[source] = hashlib.sha1(source.encode()).hexdigest()
+            self._scripts[sha] = source
         return ("EVALSHA", sha, str(numkeys), *keys_and_args)
 
     async def run(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -174,9 +174,20 @@ class WatchStore:
 
     async def _eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Run one transition's script: in a shared round trip when this store has one."""
+        return await self._run(self._command(script, numkeys, *keys_and_args))
+
+    def _command(self, script: str, numkeys: int, *keys_and_args: Any) -> tuple[Any, ...]:
+        """A transition's script as a command: ``EVALSHA`` for the shared trips, else
+        ``EVAL``."""
         if self._trips is None:
-            return await self.redis.eval(script, numkeys, *keys_and_args)  # type: ignore[misc]
-        [reply] = await self._trips.run([self._trips.evalsha(script, numkeys, *keys_and_args)])
+            return ("EVAL", script, numkeys, *keys_and_args)
+        return self._trips.evalsha(script, numkeys, *keys_and_args)
+
+    async def _run(self, command: tuple[Any, ...]) -> Any:
+        """Send one :meth:`_command`; its reply, or its error raised."""
+        if self._trips is None:
+            return await self.redis.execute_command(*command)  # type: ignore[no-untyped-call]
+        [reply] = await self._trips.run([command])
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -320,7 +331,11 @@ class WatchStore:
         """``tenant``'s watch ended: ``landed`` (with the object's final ``status`` when
         known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
         if a callback left one, says ``state``."""
-        await self._eval(*self._finish_args(provider, kind, object_id, state, tenant, status, via))
+        await self._run(
+            self.finish_command(
+                provider, kind, object_id, state, tenant=tenant, status=status, via=via
+            )
+        )
 
     def finish_command(
         self,
@@ -333,24 +348,9 @@ class WatchStore:
         status: str | None = None,
         via: str = "",
     ) -> tuple[Any, ...]:
-        """:meth:`finish` as a command for the store's shared trips, to send with others
-        (its reply an error or not, nothing else)."""
-        assert self._trips is not None, "finish_command needs a store with shared trips"
-        return self._trips.evalsha(
-            *self._finish_args(provider, kind, object_id, state, tenant, status, via)
-        )
-
-    def _finish_args(
-        self,
-        provider: str,
-        kind: str,
-        object_id: str,
-        state: str,
-        tenant: str,
-        status: str | None,
-        via: str,
-    ) -> tuple[Any, ...]:
-        return (
+        """:meth:`finish` as a command, to send with others in the store's shared trips (its
+        reply an error or not, nothing else); :meth:`finish` sends it alone."""
+        return self._command(
             *_transition(lua.FINISH, provider, kind, object_id, tenant),
             state,
             str(_ms()),

@@ -125,5 +125,5 @@ async def deliver(
             provider, object_id, "sink", tenant, sink=sink, rows=len(envelopes), retry=True
         )
     log.info("sink %s took %d result(s) on a retry: %s", sink, len(envelopes), _keys(envelopes))
-    state.metrics.jobs.labels(DELIVER, "ok").inc()
+    state.metrics.count_job(DELIVER, "ok")
     return {"rows": len(envelopes)}

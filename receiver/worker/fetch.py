@@ -131,7 +131,7 @@ async def fetch_response(
     # the callback ends its watch (or, not watched yet, the marker says it landed)
     ended = _Ended(watches, job, envelope.status)
     landed = await _land(ctx, envelope, fetched=fetched, ended=ended)
-    state.metrics.jobs.labels(FETCH_RESPONSE, "ok").inc()
+    state.metrics.count_job(FETCH_RESPONSE, "ok")
     return landed
 
 
@@ -317,5 +317,5 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
         )
     done = "already_done" if outcome.already_done else "ok"
     state.metrics.batches.labels(job.provider, done).inc()
-    state.metrics.jobs.labels(FETCH_BATCH, "ok").inc()
+    state.metrics.count_job(FETCH_BATCH, "ok")
     return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}

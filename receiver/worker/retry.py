@@ -110,7 +110,7 @@ async def dead_letter(
         raise Retry(defer=rules_for(state.settings, function).retry.delay(job_try)) from None
     if not str(ctx.get("job_id") or "").startswith(REPLAY_PREFIX):  # counted when first kept
         state.metrics.dead_letters.labels(sink).inc()
-    state.metrics.jobs.labels(function, "dead_letter").inc()
+    state.metrics.count_job(function, "dead_letter")
     shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
     log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
     return {"dead_letter": letter.id}
@@ -141,7 +141,7 @@ async def retry_or_give_up(
     job_try = int(ctx.get("job_try") or 1)
     if job_try >= rules.retry.max_tries:
         return await dead_letter(ctx, function, kwargs, error)
-    state.metrics.jobs.labels(function, "retry").inc()
+    state.metrics.count_job(function, "retry")
     log.info("%s try %d failed (%s); retrying", function, job_try, error)
     raise Retry(defer=rules.retry.delay(job_try, retry_after_s))
 

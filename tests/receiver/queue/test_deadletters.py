@@ -4,8 +4,6 @@ in the same step; a letter whose work nothing runs is kept."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from redis.asyncio import Redis
 
@@ -17,16 +15,8 @@ from receiver.queue.enqueue import (
     FETCH_BATCH,
     FETCH_RESPONSE,
     JOBS_QUEUE,
-    redis_client,
 )
 from tests.dead_letters import keep_letter
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = redis_client(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

@@ -6,21 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from receiver.queue.enqueue import JOBS_QUEUE, EnqueueOutcome, Enqueuer, redis_client
 from tests.receiver.helpers import WEEK_S, Clock, job
 
 DAY_S = 86_400
 HEAD = "nopoll:seen:@head"
 DUP, NEW = EnqueueOutcome.DUPLICATE, EnqueueOutcome.ENQUEUED
-
-
-@pytest.fixture
-async def redis(redis_url):
-    client = redis_client(redis_url)
-    yield client
-    await client.aclose()
 
 
 def at_day_end(day: int = 19_675) -> float:

@@ -30,13 +30,6 @@ WINDOW_MS = WEEK_S * 1000
 
 
 @pytest.fixture
-async def redis(redis_url):
-    client = redis_client(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -8,18 +8,10 @@ from typing import Any
 import pytest
 from redis.exceptions import ResponseError
 
-from receiver.queue.enqueue import redis_client
 from receiver.queue.trips import RoundTrips, SharedTrips
 
 ECHO = "return {KEYS[1], ARGV[1]}"
 """A script: its key and its argument back."""
-
-
-@pytest.fixture
-async def redis(redis_url):
-    client = redis_client(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

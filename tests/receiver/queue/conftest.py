@@ -1,0 +1,18 @@
+"""Fixtures shared by the queue tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from receiver.queue.enqueue import redis_client
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A client of the tests' Redis database, closed after the test."""
+    client = redis_client(redis_url)
+    yield client
+    await client.aclose()
