@@ -5,10 +5,8 @@ never a credential."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import zlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -26,7 +24,6 @@ __all__ = ["S3Calls"]
 log = logging.getLogger("nopoll.sinks.s3")
 
 _MAX_PARTS = 10_000
-_THREAD_CRC32_BYTES = 1024 * 1024
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -142,7 +139,6 @@ class S3Calls:
                 Body=body,
                 ContentType=content_type,
                 Metadata=metadata or {},
-                **await self._checksums(body),
             )
         return str(response.get("ETag", ""))
 
@@ -169,14 +165,13 @@ class S3Calls:
 
         async def upload(number: int, start: int) -> dict[str, Any]:
             with self.errors("UploadPart", f"{key} part {number}"):
-                piece = bytes(view[start : start + size])
                 response = await self.client.upload_part(
                     Bucket=bucket,
                     Key=key,
                     UploadId=upload_id,
                     PartNumber=number,
-                    Body=piece,
-                    **await self._checksums(piece),
+                    Body=bytes(view[start : start + size]),
+                    **self._checksum,
                 )
             done = {"ETag": response["ETag"], "PartNumber": number}
             if "ChecksumCRC32" in response and self._checksum:
@@ -201,17 +196,6 @@ class S3Calls:
                 )
             raise
         return str(completed.get("ETag", ""))
-
-    async def _checksums(self, body: bytes) -> dict[str, str]:
-        """The checksum arguments of a call that sends ``body``: CRC32, when the client
-        sends checksums at all, with the value of a large body computed in a thread (zlib
-        lets go of the GIL) so that the event loop goes on meanwhile; botocore computes a
-        small one's (quicker than a thread hop)."""
-        if not self._checksum or len(body) < _THREAD_CRC32_BYTES:
-            return self._checksum
-        crc = await asyncio.to_thread(zlib.crc32, body)
-        value = base64.b64encode(crc.to_bytes(4, "big")).decode()
-        return {**self._checksum, "ChecksumCRC32": value}
 
     async def bounded(self, call: Callable[[_T], Awaitable[_R]], items: Sequence[_T]) -> list[_R]:
         """``call(item)`` for every item, at most ``concurrency`` at once; raise the first error."""

@@ -12,7 +12,6 @@ from typing import Any
 import boto3
 import orjson
 import pytest
-from botocore.httpchecksum import Crc32Checksum
 from pydantic import SecretStr
 
 from nopoll.envelope import (
@@ -201,23 +200,6 @@ async def test_multipart_part(make_sink: MakeSink, s3: Any, bucket: str) -> None
     await sink.write([summary_env("batch_big", 80)])
     manifest = json.loads(get(s3, bucket, "nopoll/sim/batches/batch_big/_manifest.json"))
     assert manifest["parts"] == [{"key": key, "rows": 80, "bytes": body_size}]
-
-
-async def test_a_large_body_carries_the_crc32_botocore_would_compute(
-    make_sink: MakeSink, s3: Any, bucket: str
-) -> None:
-    """The CRC32 of a large part is computed off the event loop: the same value, and S3
-    keeps it."""
-    sink = await make_sink()
-    body = bytes(range(256)) * 8192  # 2 MiB
-    checksum = Crc32Checksum()
-    checksum.update(body)
-    crc32 = {"ChecksumAlgorithm": "CRC32", "ChecksumCRC32": checksum.b64digest()}
-    assert await sink._calls._checksums(body) == crc32
-    assert await sink._calls._checksums(body[:1000]) == {"ChecksumAlgorithm": "CRC32"}
-    await sink._calls.put("nopoll/raw.bin", body, "application/octet-stream")
-    head = s3.head_object(Bucket=bucket, Key="nopoll/raw.bin", ChecksumMode="ENABLED")
-    assert head["ChecksumCRC32"] == checksum.b64digest()
 
 
 async def test_put_claim(make_sink: MakeSink, s3: Any, bucket: str) -> None:
