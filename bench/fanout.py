@@ -123,26 +123,9 @@ def main() -> int:
                 if args.rounds > 1:
                     print(f"round {round_} of {args.rounds}", flush=True)
                 for case, sinks in cases:
-                    asyncio.run(_drop("bench_fanout"))
                     path = write_config(tmp, base, "".join(config[s] for s in sinks))
-                    reaped = set(CPU_S)
-                    moto_s = process_cpu_seconds(moto.process)
-                    tansu_s = process_cpu_seconds(broker.process)
-                    pg_s = postgres_cpu_seconds()
-                    n, rate, rss, _ = run_fetch_batch(path, "bench_fan")
-                    assert n == args.rows, n
-                    nopoll_s = sum(CPU_S[pid] for pid in set(CPU_S) - reaped)
-                    moto_s = process_cpu_seconds(moto.process) - moto_s
-                    tansu_s = process_cpu_seconds(broker.process) - tansu_s
-                    pg_after = postgres_cpu_seconds()
-                    pg = "" if pg_s is None or pg_after is None else f" postgres {pg_after - pg_s:5.1f}"
+                    rate = run_case(case, path, args.rows, moto, broker)
                     rates[case].append(rate)
-                    print(
-                        f"  {case:14} {rate:>9,.0f} rows/s   peak RSS {rss:4.0f} MB   "
-                        f"CPU s: nopoll {nopoll_s:5.1f} moto {moto_s:5.1f} "
-                        f"tansu {tansu_s:5.1f}{pg}",
-                        flush=True,
-                    )
                 report(cases, {c: [r[-1]] for c, r in rates.items()}, summary=False)
     finally:
         broker.cleanup()
@@ -156,6 +139,28 @@ def main() -> int:
             print(f"  {case:14} {statistics.median(rates[case]):>9,.0f} rows/s")
         report(cases, rates, summary=True)
     return 0
+
+
+def run_case(case: str, config: Path, rows: int, moto: MotoServer, broker: TansuBroker) -> float:
+    """One ``nopoll fetch-batch`` of the batch; prints its line and returns its rows/s."""
+    asyncio.run(_drop("bench_fanout"))
+    reaped = set(CPU_S)
+    servers = process_cpu_seconds(moto.process), process_cpu_seconds(broker.process)
+    postgres = postgres_cpu_seconds()
+    n, rate, rss, _ = run_fetch_batch(config, "bench_fan")
+    assert n == rows, n
+    nopoll_s = sum(CPU_S[pid] for pid in set(CPU_S) - reaped)
+    moto_s = process_cpu_seconds(moto.process) - servers[0]
+    tansu_s = process_cpu_seconds(broker.process) - servers[1]
+    pg = ""
+    if postgres is not None and (after := postgres_cpu_seconds()) is not None:
+        pg = f" postgres {after - postgres:5.1f}"
+    print(
+        f"  {case:14} {rate:>9,.0f} rows/s   peak RSS {rss:4.0f} MB   "
+        f"CPU s: nopoll {nopoll_s:5.1f} moto {moto_s:5.1f} tansu {tansu_s:5.1f}{pg}",
+        flush=True,
+    )
+    return rate
 
 
 def report(
