@@ -231,19 +231,15 @@ class KafkaSink(SinkBase):
                     if future.done() and not future.cancelled():
                         future.exception()
                     future.cancel()
-        results = await asyncio.gather(*(f for f, _ in queued), return_exceptions=True)
-        failed = [
-            (n, r)
-            for (_, n), r in zip(queued, results, strict=True)
-            if isinstance(r, BaseException)
-        ]
-        if failed:
-            error = failed[0][1]
+        futures = [future for future, _ in queued]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
             raise SinkError(
-                f"{sum(n for n, _ in failed)} of {len(records)} messages to {topic} not "
-                f"acknowledged: {_describe(error)}",
+                f"{len(errors)} of {len(futures)} record batches to {topic} not acknowledged: "
+                f"{_describe(errors[0])}",
                 sink=self.name,
-            ) from error
+            ) from errors[0]
         if refused:
             raise SinkRowsRejected(
                 f"{len(refused)} of {len(envelopes)} messages refused: "
@@ -259,18 +255,12 @@ class KafkaSink(SinkBase):
         records: list[tuple[bytes, bytes, _Headers]],
         sent: list[tuple[asyncio.Future[Any], int]],
     ) -> None:
-        """Queue ``records``; appends each future, with its count of records, to ``sent`` as
-        it is queued. A write smaller than a batch (a response) goes through
-        ``producer.send``, so that concurrent writes share batches (``linger_ms``). A
-        larger one (a batch's chunk) is sent as whole record batches, one open per
-        partition, each closed and sent as it fills: one future per batch, not per message
-        (``producer.send`` costs a coroutine, a future and a size estimate per message).
-        A key's partition is the one ``producer.send`` picks (aiokafka's default
-        partitioner), so either way a key's messages stay in order in one partition."""
-        if sum(len(key) + len(value) for key, value, _ in records) < self.config.max_batch_size:
-            for key, value, headers in records:
-                future = await producer.send(topic, value=value, key=key, headers=headers)
-                sent.append((future, 1))
+        """Queue ``records`` as record batches, one open batch per partition, each sent as
+        it fills: one future per batch, not per message (``producer.send`` costs a
+        coroutine, a future and a size estimate per message). A key's partition is the
+        one ``producer.send`` would pick (aiokafka's default partitioner). Appends each
+        batch's future and record count to ``sent`` as it is queued."""
+        if not records:
             return
         partitions = list(await producer.partitions_for(topic))
         batches: dict[int, Any] = {}
