@@ -25,7 +25,6 @@ from typing import Any, Literal, Self
 import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -45,8 +44,6 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
 _TLS = ("SSL", "SASL_SSL")
 _Headers = list[tuple[str, bytes]]
-_PARTITIONER = DefaultPartitioner()
-"""The producer's own (none is configured), so a key lands where ``producer.send`` puts it."""
 
 
 class KafkaSinkConfig(SinkConfig):
@@ -214,29 +211,29 @@ class KafkaSink(SinkBase):
             except SinkRejected as exc:
                 refused[env.key] = str(exc.args[0])
         topic = self.config.topic
-        queued: list[tuple[asyncio.Future[Any], int]] = []
+        futures: list[asyncio.Future[Any]] = []
         sent = False
         try:
-            await self._send(producer, topic, records, queued)
+            for key, value, headers in records:
+                futures.append(await producer.send(topic, value=value, key=key, headers=headers))
             sent = True
         except Exception as exc:
             raise SinkError(
-                f"send to {topic} failed after {sum(n for _, n in queued)} of {len(records)} "
-                f"messages: {_describe(exc)}",
+                f"send to {topic} failed after {len(futures)} of {len(records)} messages: "
+                f"{_describe(exc)}",
                 sink=self.name,
             ) from exc
         finally:
             if not sent:  # nobody will await these: do not leave their errors unretrieved
-                for future, _ in queued:
+                for future in futures:
                     if future.done() and not future.cancelled():
                         future.exception()
                     future.cancel()
-        futures = [future for future, _ in queued]
         results = await asyncio.gather(*futures, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise SinkError(
-                f"{len(errors)} of {len(futures)} record batches to {topic} not acknowledged: "
+                f"{len(errors)} of {len(records)} messages to {topic} not acknowledged: "
                 f"{_describe(errors[0])}",
                 sink=self.name,
             ) from errors[0]
@@ -247,41 +244,6 @@ class KafkaSink(SinkBase):
                 sink=self.name,
                 rejected=refused,
             )
-
-    async def _send(
-        self,
-        producer: Any,
-        topic: str,
-        records: list[tuple[bytes, bytes, _Headers]],
-        sent: list[tuple[asyncio.Future[Any], int]],
-    ) -> None:
-        """Queue ``records`` as record batches, one open batch per partition, each sent as
-        it fills: one future per batch, not per message (``producer.send`` costs a
-        coroutine, a future and a size estimate per message). A key's partition is the
-        one ``producer.send`` would pick (aiokafka's default partitioner). Appends each
-        batch's future and record count to ``sent`` as it is queued."""
-        if not records:
-            return
-        partitions = list(await producer.partitions_for(topic))
-        batches: dict[int, Any] = {}
-
-        async def flush(partition: int) -> None:
-            batch = batches.pop(partition)
-            batch.close()  # full, or the last of this write: no linger
-            future = await producer.send_batch(batch, topic, partition=partition)
-            sent.append((future, batch.record_count()))
-
-        for key, value, headers in records:
-            partition = _PARTITIONER(key, partitions, partitions)
-            batch = batches.get(partition)
-            if batch is None:
-                batch = batches[partition] = producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                await flush(partition)  # full: the first record of a batch always fits
-                batch = batches[partition] = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None, headers=headers)
-        for partition in list(batches):
-            await flush(partition)
 
     async def _record(
         self, env: Envelope, traced: _Headers | None = None
@@ -300,7 +262,7 @@ class KafkaSink(SinkBase):
                 ("nopoll-event-id", (env.event_id or "").encode()),
                 *(traced or ()),
             ]
-            value = env.to_json()  # shared with the other sinks of the fan-out
+            value = env.to_json()
         except (TypeError, UnicodeEncodeError) as exc:
             raise SinkError(f"cannot serialize {name}: {_describe(exc)}", sink=self.name) from exc
         size = _size(key, value, headers)
