@@ -152,6 +152,8 @@ def run_fetch_batch(config: Path, batch_id: str) -> tuple[int, float, float, str
 
 
 _RUSAGE: dict[int, float] = {}
+CPU_S: dict[int, float] = {}
+"""Each reaped child's own CPU seconds (user + sys), by PID."""
 
 
 def resource_of(proc: subprocess.Popen[bytes]) -> float:
@@ -159,7 +161,7 @@ def resource_of(proc: subprocess.Popen[bytes]) -> float:
 
 
 def _patch_wait() -> None:
-    """Record each child's own peak RSS by reaping it with os.wait4."""
+    """Record each child's own peak RSS and CPU time by reaping it with os.wait4."""
     original = subprocess.Popen._try_wait  # type: ignore[attr-defined]
 
     def try_wait(self, wait_flags):  # type: ignore[no-untyped-def]
@@ -169,6 +171,7 @@ def _patch_wait() -> None:
             return original(self, wait_flags)
         if pid:
             _RUSAGE[pid] = usage.ru_maxrss / 1024
+            CPU_S[pid] = usage.ru_utime + usage.ru_stime
         return pid, status
 
     subprocess.Popen._try_wait = try_wait  # type: ignore[attr-defined]

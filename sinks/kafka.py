@@ -262,8 +262,7 @@ class KafkaSink(SinkBase):
                 ("nopoll-event-id", (env.event_id or "").encode()),
                 *(traced or ()),
             ]
-            doc = env.to_dict()
-            value = orjson.dumps(doc)
+            value = env.to_json()
         except (TypeError, UnicodeEncodeError) as exc:
             raise SinkError(f"cannot serialize {name}: {_describe(exc)}", sink=self.name) from exc
         size = _size(key, value, headers)
@@ -283,6 +282,7 @@ class KafkaSink(SinkBase):
             raise SinkError(
                 f"claim-check of {name} failed: {_describe(exc)}", sink=self.name
             ) from exc
+        doc = env.to_dict()
         del doc["body"]
         doc["body_ref"] = ref
         value = orjson.dumps(doc)

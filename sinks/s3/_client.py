@@ -130,22 +130,24 @@ class S3Calls:
 
     async def put(
         self, key: str, body: bytes, content_type: str, metadata: dict[str, str] | None = None
-    ) -> None:
-        """One object in one PutObject."""
+    ) -> str:
+        """One object in one PutObject; returns its ETag."""
         with self.errors("PutObject", key):
-            await self.client.put_object(
+            response = await self.client.put_object(
                 Bucket=self.config.bucket,
                 Key=key,
                 Body=body,
                 ContentType=content_type,
                 Metadata=metadata or {},
             )
+        return str(response.get("ETag", ""))
 
     async def put_multipart(
         self, key: str, body: bytes, content_type: str, metadata: dict[str, str]
-    ) -> None:
+    ) -> str:
         """One object as a multipart upload of ``multipart_part_bytes`` pieces (more when
-        there would be over 10,000), ``concurrency`` at a time; aborted when it fails."""
+        there would be over 10,000), ``concurrency`` at a time; aborted when it fails.
+        Returns the object's ETag."""
         size = self.config.multipart_part_bytes
         if len(body) > size * _MAX_PARTS:
             size = -(-len(body) // _MAX_PARTS)
@@ -180,7 +182,7 @@ class S3Calls:
             starts = range(0, len(body), size)
             uploaded = await self.bounded(lambda i: upload(i + 1, starts[i]), range(len(starts)))
             with self.errors("CompleteMultipartUpload", key):
-                await self.client.complete_multipart_upload(
+                completed = await self.client.complete_multipart_upload(
                     Bucket=bucket,
                     Key=key,
                     UploadId=upload_id,
@@ -193,6 +195,7 @@ class S3Calls:
                     10,
                 )
             raise
+        return str(completed.get("ETag", ""))
 
     async def bounded(self, call: Callable[[_T], Awaitable[_R]], items: Sequence[_T]) -> list[_R]:
         """``call(item)`` for every item, at most ``concurrency`` at once; raise the first error."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.partitioner import murmur2
 
 from nopoll.envelope import BatchRow, Envelope, envelope_from_response, envelope_from_row
 from nopoll.exceptions import ConfigError, SinkError, SinkRowsRejected
@@ -113,6 +115,40 @@ async def test_every_envelope_arrives_with_key_value_and_headers(
         assert tuple(message.headers) == expected_headers(env)
     assert {m.headers[0][1] for m in messages} == {b"response", b"batch_row"}
     assert b"" in {m.headers[2][1] for m in messages}
+
+
+async def test_keys_keep_the_partition_and_order_of_producer_send(
+    kafka_config: Callable[..., KafkaSinkConfig], kafka_bootstrap: str, topic: str
+) -> None:
+    """Each key lands on the partition aiokafka's (and Java's) default partitioner gives
+    it, with writes larger than a record batch too, and a key written twice keeps its
+    order (consumers dedupe on the key and keep the last)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
+    finally:
+        await admin.close()
+    envs = envelopes(400)
+    # small batches: many per partition and per write
+    sink = create_sink("bus", kafka_config(max_batch_size=16_384))
+    async with sink:  # type: ignore[attr-defined]
+        await sink.write(envs)
+        await sink.write(envs[:5])  # a replay: the same keys, later
+
+    messages = await consume(kafka_bootstrap, topic, 405)
+    assert len(messages) == 405
+    assert {m.partition for m in messages} == {0, 1, 2}
+    for message in messages:
+        expected = (murmur2(message.key) & 0x7FFFFFFF) % 3
+        assert message.partition == expected, message.key
+    for partition in range(3):
+        offsets = sorted((m.offset, m.key) for m in messages if m.partition == partition)
+        keys = [key for _, key in offsets]
+        firsts = [f"{e.provider}:{e.key}".encode() for e in envs]
+        in_partition = [k for k in firsts if (murmur2(k) & 0x7FFFFFFF) % 3 == partition]
+        replayed = [k for k in in_partition if k in set(firsts[:5])]
+        assert keys == in_partition + replayed
 
 
 async def test_a_traced_write_carries_the_traceparent_header(

@@ -227,6 +227,31 @@ async def test_manifest_counts_parts_without_metadata(
     assert manifest["rows"] == 5
 
 
+async def test_manifest_asks_s3_only_for_parts_written_elsewhere(
+    make_sink: MakeSink, s3: Any, bucket: str
+) -> None:
+    """The row counts of the parts this sink wrote come from its own writes (no HeadObject
+    each); a part overwritten since (another ETag) is asked for."""
+    sink = await make_sink()
+    heads: list[str] = []
+    sink.client.meta.events.register(
+        "provide-client-params.s3.HeadObject",
+        lambda params, **_: heads.append(params["Key"]),
+    )
+    for n in range(3):
+        await sink.write_batch_part(n, [row_env("b5", n * 10 + i) for i in range(4)])
+    rewritten = "nopoll/sim/batches/b5/part-00001.jsonl"
+    body = b"".join(row_env("b5", 100 + i).to_json() + b"\n" for i in range(2))
+    s3.put_object(Bucket=bucket, Key=rewritten, Body=body, Metadata={"rows": "2"})
+    await sink.write([summary_env("b5", 10)])
+    manifest = json.loads(get(s3, bucket, "nopoll/sim/batches/b5/_manifest.json"))
+    assert [p["rows"] for p in manifest["parts"]] == [4, 2, 4]
+    assert manifest["rows"] == 10
+    assert heads == [rewritten]
+    await sink.write([summary_env("b5", 10)])  # again: what it wrote is forgotten, asked now
+    assert len(heads) == 4
+
+
 async def test_batch_rows_need_write_batch_part(make_sink: MakeSink) -> None:
     sink = await make_sink()
     with pytest.raises(SinkError, match="write_batch_part"):
