@@ -16,7 +16,13 @@ import ijson
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, ResponsesDialect, rows_by_custom_id
+from receiver.providers.base import (
+    BatchFetch,
+    Chunk,
+    ChunkCut,
+    ResponsesDialect,
+    rows_by_custom_id,
+)
 
 __all__ = ["SailDialect", "row_from_item"]
 
@@ -81,8 +87,13 @@ class _Inline:
         self.in_results = False
         self.index = 0
         self.chunk: list[BatchRow] = []
-        self.chunk_size = fetch.chunk_size
-        self.skip_rows = fetch.skip_before * fetch.chunk_size
+        self.cut = ChunkCut(fetch)
+        self.skip_before = fetch.skip_before
+        self.item_bytes = 0
+        """The current item's size, counted from its events (a stand-in for its raw bytes:
+        the same document gives the same count on every run)."""
+        self.sizes: dict[int, int] = {}
+        """The size of each completed chunk not yet handed on, by number."""
 
     def feed(self, events: list[tuple[str, str, Any]]) -> tuple[bool, list[Chunk]]:
         """Take one push's events: (whether a results item or the array ended in it, the
@@ -101,7 +112,10 @@ class _Inline:
             if not prefix.startswith("results.item"):
                 continue
             if prefix == "results.item" and event in _ITEM_START:
-                self.item = ijson.ObjectBuilder() if self.index >= self.skip_rows else None
+                building = self.cut.number >= self.skip_before
+                self.item = ijson.ObjectBuilder() if building else None
+                self.item_bytes = 0
+            self.item_bytes += len(value) + 2 if isinstance(value, str) else 4
             if self.item is not None:
                 self.item.event(event, value)
             if prefix == "results.item" and event not in _ITEM_OPEN:
@@ -114,14 +128,19 @@ class _Inline:
             self.chunk.append(row_from_item(self.index, self.item.value))
         self.index += 1
         self.item = None
-        if self.index % self.chunk_size:
+        if not self.cut.add(self.item_bytes):
             return []
         done, self.chunk = self.chunk, []
-        return [(self.index // self.chunk_size - 1, done)] if done else []
+        number = self.cut.number
+        if done:
+            self.sizes[number] = self.cut.bytes
+        self.cut.next()
+        return [(number, done)] if done else []
 
     def last(self) -> list[Chunk]:
         """The last, partial chunk, if any."""
-        return [(self.index // self.chunk_size, self.chunk)] if self.chunk else []
+        self.sizes[self.cut.number] = self.cut.bytes
+        return [(self.cut.number, self.chunk)] if self.chunk else []
 
     @property
     def batch(self) -> dict[str, Any]:
@@ -144,6 +163,7 @@ class SailDialect(ResponsesDialect):
             async for size, events in _events(self.client.stream_bytes(path)):
                 ended, full = parse.feed(events)
                 for chunk in full:
+                    fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
                     yield chunk
                 if parse.in_results:
                     open_bytes = 0 if ended else open_bytes + size
@@ -162,6 +182,7 @@ class SailDialect(ResponsesDialect):
                 status=200,
             ) from None
         for chunk in parse.last():
+            fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
             yield chunk
         fetch.batch = parse.batch
         if parse.inline:
