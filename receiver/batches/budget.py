@@ -4,10 +4,11 @@ A batch holds a chunk from the moment its rows are parsed until every sink has w
 (or handed off) its share. Each batch bounds its own chunks in flight (its sinks' queues,
 ``batch.sink_queue_chunks``), but a worker running several batches at once would hold
 that many times more. :class:`ChunkBudget` is one count of raw bytes for the whole
-process (``batch.inflight_bytes``): a batch's stream waits for room before it turns a
-chunk into envelopes, in the order the batches asked. A chunk larger than the whole budget
-still goes, alone, so no batch waits forever. :class:`ChunkTicket` gives a chunk's bytes
-back once the last of its sinks is done with it.
+process (``batch.inflight_bytes``): a batch's stream waits for room for a whole chunk
+(``batch.chunk_bytes``) before it reads and parses the next one, in the order the batches
+asked, and holds what the chunk turned out to be until its sinks are done. A chunk larger
+than the whole budget still goes, alone, so no batch waits forever. :class:`ChunkTicket`
+gives a chunk's bytes back once the last of its sinks is done with it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ class ChunkBudget:
     def release(self, size: int) -> None:
         self.held -= size
         self._wake()
+
+    def resize(self, held: int, size: int) -> None:
+        """Bytes held as ``held`` become ``size`` (a reservation turned into the chunk it
+        was for: what is left over is free again; a chunk over it is held anyway)."""
+        self.held += size - held
+        if size < held:
+            self._wake()
 
     def _wake(self) -> None:
         while self._waiters:

@@ -357,15 +357,27 @@ class BatchRunner:
         rows_metric = self.metrics.batch_rows.labels(ctx.provider)
         started = last_log = time.monotonic()
         counted = False
-        async for number, rows in dialect.batch_chunks(fetch):
-            self._check_finished(fetch, ctx, partial=True)
-            # a chunk of per-row GETs has no known size: it counts as a full one
+        chunks = dialect.batch_chunks(fetch)
+        while True:
+            # Room for a whole chunk before the dialect reads and parses the next one; the
+            # ticket then holds what the chunk really is (a chunk of per-row GETs, whose
+            # size is unknown, counts as a whole one).
+            await self.budget.acquire(fetch.chunk_bytes)
+            try:
+                number, rows = await anext(chunks)
+            except StopAsyncIteration:
+                self.budget.release(fetch.chunk_bytes)
+                break
+            except BaseException:
+                self.budget.release(fetch.chunk_bytes)
+                raise
             size = fetch.last_chunk_bytes or fetch.chunk_bytes
-            await self.budget.acquire(size)
+            self.budget.resize(fetch.chunk_bytes, size)
             ticket = ChunkTicket(self.budget, size, len(writers))
             tickets.append(ticket)
             while tickets and not tickets[0].open:
                 tickets.popleft()
+            self._check_finished(fetch, ctx, partial=True)
             if not counted:
                 counted = True
                 if (total := _row_count(fetch.batch)) is not None:

@@ -28,6 +28,7 @@ from receiver.providers.batch_input import BatchInput, CreateCall, check_lines
 from receiver.providers.client import ProviderClient
 
 __all__ = [
+    "PER_ROW_BYTES",
     "BatchFetch",
     "ChunkCut",
     "Dialect",
@@ -159,13 +160,24 @@ async def chunk_rows(
         yield cut.number, chunk
 
 
+PER_ROW_BYTES = 8 * 1024
+"""What each row of a per-row dialect counts for against ``chunk_bytes`` (its size is known
+only once fetched): a chunk holds at most ``chunk_bytes // PER_ROW_BYTES`` rows. A resumed
+batch's chunks are cut by it again, so it is part of the stored bounds' meaning: never
+change it."""
+
+
 def id_chunks(ids: Iterable[str], fetch: BatchFetch) -> list[tuple[int, list[tuple[int, str]]]]:
-    """Sorted custom_ids in numbered chunks of (row index, custom_id), skipped ones left out."""
+    """Sorted custom_ids in numbered chunks of (row index, custom_id), skipped ones left out:
+    ``chunk_size`` rows each, fewer when ``chunk_bytes`` is set (:data:`PER_ROW_BYTES`)."""
     ordered = sorted(ids)
+    size = fetch.chunk_size
+    if fetch.chunk_bytes > 0:
+        size = max(1, min(size, fetch.chunk_bytes // PER_ROW_BYTES))
     out = []
-    for start in range(fetch.skip_before * fetch.chunk_size, len(ordered), fetch.chunk_size):
-        part = ordered[start : start + fetch.chunk_size]
-        out.append((start // fetch.chunk_size, [(start + i, cid) for i, cid in enumerate(part)]))
+    for start in range(fetch.skip_before * size, len(ordered), size):
+        part = ordered[start : start + size]
+        out.append((start // size, [(start + i, cid) for i, cid in enumerate(part)]))
     return out
 
 
@@ -270,8 +282,8 @@ def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:
 async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> AsyncIterator[Chunk]:
     """Walk the batch object's ``request_status``: ``GET /batches/{id}/{custom_id}`` for every
     completed row under bounded concurrency (two chunks in flight), the rest recorded with
-    their status. Chunks are cut by ``chunk_size`` only (:func:`id_chunks`): a row's size
-    is known once it is fetched, and a resumed run fetches no skipped row."""
+    their status. Chunks are cut by row count (:func:`id_chunks`): a row's size is known
+    once it is fetched, and a resumed run fetches no skipped row."""
     client = dialect.client
     request_status = fetch.batch.get("request_status") or {}
     if not isinstance(request_status, dict):
