@@ -138,9 +138,9 @@ async def baseline_copy(base_url: str, batch_id: str, table: str) -> tuple[int, 
 TRACE: int = 0
 """``--trace-memory``: allocation sites shown per fetch-batch process (0: no tracing)."""
 
-_TRACED = """
+_TRACE_PRELUDE = """
 import atexit, sys, threading, time, tracemalloc
-TOP = int(sys.argv[1])
+TOP = int(sys.argv.pop(1))
 tracemalloc.start(6)
 peak = [0, None]
 def watch():
@@ -170,21 +170,32 @@ def report():
         for line in stat.traceback.format()[-12:]:
             print("    " + line)
 atexit.register(report)
+"""
+
+_CLI = """
+import sys
 from receiver.cli import main
-sys.argv = ["nopoll", *sys.argv[3:]]
+sys.argv = ["nopoll", *sys.argv[1:]]
 sys.exit(main())
 """
+
+
+def _python(code: str | None) -> list[str]:
+    """The interpreter's arguments that run ``code`` (None: ``python -m receiver``), under
+    tracemalloc with ``--trace-memory``."""
+    if not TRACE:
+        return ["-m", "receiver"] if code is None else ["-c", code]
+    return ["-c", _TRACE_PRELUDE + (code or _CLI), str(TRACE)]
 
 
 def run_fetch_batch(config: Path, batch_id: str) -> tuple[int, float, float, str]:
     """``nopoll fetch-batch`` in a fresh process: (rows, rows/s, peak RSS MB, output). With
     ``--trace-memory`` the process runs under tracemalloc and prints, at its exit, the top
     allocation sites of the snapshot taken at its traced peak."""
-    command = ["-m", "receiver"] if not TRACE else ["-c", _TRACED, str(TRACE), "nopoll"]
     proc = subprocess.Popen(
         [
             sys.executable,
-            *command,
+            *_python(None),
             "fetch-batch",
             "--config",
             str(config),
@@ -294,12 +305,14 @@ def run_concurrent(config: Path, pairs: list[tuple[str, str]]) -> tuple[int, flo
     state, one batch runner): (rows, seconds, peak RSS MB)."""
     args = [f"{provider}={batch_id}" for provider, batch_id in pairs]
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CONCURRENT, str(config), *args],
+        [sys.executable, *_python(_CONCURRENT), str(config), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     out, _ = proc.communicate(timeout=1800)
     text = out.decode(errors="replace")
+    if TRACE:
+        print(text[text.find("tracemalloc at peak") :].rstrip())
     m = re.search(r"(\d+) rows in ([\d.]+) s", text)
     if proc.returncode != 0 or m is None:
         raise SystemExit(f"concurrent batches failed:\n{text[-3000:]}")
