@@ -107,7 +107,7 @@ class BatchConfig(ConfigModel):
     """A chunk also ends once its rows' raw bytes reach this (whichever of the two comes
     first), so big rows make smaller chunks; 0: by rows only. Like ``chunk_size``, fixed
     by the batch's first run. Per-row dialects (``valar``, Sail without inline results)
-    cut by rows only: a row's size is known only once it is fetched."""
+    count each row as 8 KiB: a row's size is known only once it is fetched."""
     inflight_bytes: int = Field(default=24 * 1024 * 1024, ge=0)
     """Raw bytes of chunks a worker process holds at once, across all its batches (fetched
     and not yet written by every sink); a batch's stream waits while the rest of the
