@@ -93,6 +93,8 @@ class _Inline:
         """The current item's size, counted from its events (a stand-in for its raw bytes:
         the same document gives the same count on every run)."""
         self.sizes: dict[int, int] = {}
+        self.keys: dict[str, str] = {}
+        """The short keys seen so far, shared by every item (see :meth:`_key`)."""
         """The size of each completed chunk not yet handed on, by number."""
 
     def feed(self, events: list[tuple[str, str, Any]]) -> tuple[bool, list[Chunk]]:
@@ -115,13 +117,28 @@ class _Inline:
                 building = self.cut.number >= self.skip_before
                 self.item = ijson.ObjectBuilder() if building else None
                 self.item_bytes = 0
-            self.item_bytes += len(value) + 2 if isinstance(value, str) else 4
+            if isinstance(value, str):
+                self.item_bytes += len(value) + 2
+                if event == "map_key":
+                    value = self._key(value)
+            else:
+                self.item_bytes += 4
             if self.item is not None:
                 self.item.event(event, value)
             if prefix == "results.item" and event not in _ITEM_OPEN:
                 ended = True
                 full += self._item_done()
         return ended, full
+
+    def _key(self, key: str) -> str:
+        """One string object for every occurrence of a short key (ijson makes a new one
+        each time, where orjson shares them): a row's dozens of keys then cost nothing."""
+        found = self.keys.get(key)
+        if found is not None:
+            return found
+        if len(key) <= 64 and len(self.keys) < 4096:  # a hostile document's fresh keys
+            self.keys[key] = key
+        return key
 
     def _item_done(self) -> list[Chunk]:
         if self.item is not None:
