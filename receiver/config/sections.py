@@ -108,7 +108,7 @@ class BatchConfig(ConfigModel):
     first), so big rows make smaller chunks; 0: by rows only. Like ``chunk_size``, fixed
     by the batch's first run. Per-row dialects (``valar``, Sail without inline results)
     count each row as 8 KiB: a row's size is known only once it is fetched."""
-    inflight_bytes: int = Field(default=24 * 1024 * 1024, ge=0)
+    inflight_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
     """Raw bytes of chunks a worker process holds at once, across all its batches (fetched
     and not yet written by every sink); a batch's stream waits while the rest of the
     process holds this much. A chunk larger than this goes alone. 0: no bound."""
