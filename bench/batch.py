@@ -375,6 +375,10 @@ def main() -> int:
         "(sference, openai, sail, valar, anthropic; 0: skip)",
     )
     parser.add_argument(
+        "--dialects",
+        help="part 5: which dialects' batches, comma-separated (default: the first N)",
+    )
+    parser.add_argument(
         "--parts",
         default="1,2,3,4,5",
         help="which parts to run (1 and 2 go together; default all)",
@@ -433,7 +437,8 @@ def main() -> int:
                     **{d: b for d, (_, b) in SIDE_BY_SIDE.items()},
                     "anthropic": "msgbatch_bench",
                 }
-                pairs = [(f"bench_{d}", b) for d, b in list(ids.items())[: args.concurrent]]
+                chosen = args.dialects.split(",") if args.dialects else list(ids)
+                pairs = [(f"bench_{d}", ids[d]) for d in chosen[: args.concurrent]]
                 asyncio.run(_drop("bench_batch_rows"))
                 rows, seconds, rss = run_concurrent(config, pairs)
                 names = ", ".join(p.removeprefix("bench_") for p, _ in pairs)
