@@ -369,7 +369,7 @@ def main() -> int:
     parser.add_argument(
         "--concurrent",
         type=int,
-        default=5,
+        default=4,
         metavar="N",
         help="part 5: N batches of --anthropic-rows rows at once in one process "
         "(sference, openai, sail, valar, anthropic; 0: skip)",
