@@ -4,9 +4,13 @@
 A write of fewer than :data:`COPY_MIN_ROWS` rows is one ``executemany`` of a prepared
 ``INSERT ... ON CONFLICT`` (atomic on its own: every row or none); a larger one is one
 transaction that ``COPY``s the rows into a temporary staging table (made once per
-connection, emptied at each commit) and upserts them from it. Connections go back to the
-pool as they are: the writes change no session state, so asyncpg's reset query (a round
-trip per write) is skipped; an open transaction is still rolled back.
+connection, emptied at each commit) and upserts them from it. A batch chunk whose keys are
+most likely new (:meth:`PostgresWriter.insert_new`) is copied straight into the table,
+half the work; a key that is there already (a resumed or repeated chunk) makes that
+``COPY`` fail whole on the primary key, and the chunk goes the upsert way instead.
+Connections go back to the pool as they are: the writes change no session state, so
+asyncpg's reset query (a round trip per write) is skipped; an open transaction is still
+rolled back.
 
 Postgres refuses U+0000 in ``text`` and in ``jsonb``: every NUL character is stored as
 U+FFFD, in the text columns and in the keys and values of the JSON columns alike.
@@ -143,6 +147,22 @@ class PostgresWriter:
             async with conn.transaction():
                 await conn.copy_records_to_table(self._stage, records=records, columns=FIELDS)
                 await conn.execute(self._merge_sql)
+
+    async def insert_new(self, envelopes: Sequence[Envelope]) -> bool:
+        """``COPY`` ``envelopes`` straight into the table, all or none; False (nothing
+        written) when one of their keys is in the table already, or twice among them:
+        then they need :meth:`write`."""
+        if self._pool is None:
+            raise RuntimeError("the Postgres writer is not open")
+        import asyncpg
+
+        records = [_record(e) for e in envelopes]
+        async with self._pool.acquire() as conn:
+            try:
+                await conn.copy_records_to_table(self.table, records=records, columns=FIELDS)
+            except asyncpg.UniqueViolationError:
+                return False
+        return True
 
     async def aclose(self) -> None:
         if self._pool is not None:

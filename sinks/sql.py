@@ -48,7 +48,7 @@ from sqlmodel import Field, SQLModel
 
 from nopoll.envelope import COLUMNS, PRIMARY_KEY, Column, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
-from sinks._postgres import PostgresWriter, parse_time
+from sinks._postgres import COPY_MIN_ROWS, PostgresWriter, parse_time
 from sinks.base import SinkBase, SinkConfig
 from sinks.coalesce import WriteCoalescer
 
@@ -79,6 +79,9 @@ _TIME_COLUMNS = tuple(c.name for c in COLUMNS if c.type == "timestamp")
 _SQL_NULL_SINCE = 2  # the schema version from which no value is SQL NULL
 _TENANT_KEY_SINCE = 3  # the schema version from which the tenant is in the primary key
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_UPSERT_AFTER_CONFLICT = 8
+"""Batch chunks upserted straight away after one whose plain ``COPY`` met a key already
+stored: a resumed batch meets them chunk after chunk, and each failed ``COPY`` is work lost."""
 
 
 def _result_model() -> type[SQLModel]:
@@ -206,6 +209,8 @@ class SqlSink(SinkBase):
         self._postgres: PostgresWriter | None = None
         """Writes on Postgres (asyncpg); None on SQLite, where SQLAlchemy writes."""
         self._coalescer = WriteCoalescer(self._flush)
+        self._upserts_left = 0
+        """Batch chunks still to upsert without trying a plain ``COPY`` first."""
 
     @property
     def engine(self) -> AsyncEngine:
@@ -313,6 +318,28 @@ class SqlSink(SinkBase):
         if envelopes:
             await self._coalescer.write(envelopes)
 
+    async def write_batch_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
+        """A batch chunk: on Postgres, copied (``COPY``) straight into the table while its keys
+        are new (:meth:`PostgresWriter.insert_new`); an upsert (:meth:`write`) when one of
+        them is there already, and for the next :data:`_UPSERT_AFTER_CONFLICT` chunks (a
+        resumed batch rewrites rows it wrote before), for a small chunk, on SQLite, and
+        when the database refuses some row's data (the upsert finds which)."""
+        postgres = self._postgres
+        if postgres is None or len(envelopes) < COPY_MIN_ROWS or self._upserts_left > 0:
+            self._upserts_left = max(0, self._upserts_left - 1)
+            await self.write(envelopes)
+            return
+        try:
+            if await postgres.insert_new(envelopes):
+                return
+            self._upserts_left = _UPSERT_AFTER_CONFLICT
+        except Exception as exc:
+            if not _refuses_data(exc):
+                raise SinkError(
+                    f"write of {len(envelopes)} rows failed: {_describe(exc)}", sink=self.name
+                ) from exc
+        await self.write(envelopes)
+
     async def _flush(self, envelopes: list[Envelope]) -> None:
         """One transaction for every envelope of the concurrent writes gathered so far;
         :class:`SinkRejected` when the database refuses the data of some of them."""
@@ -371,10 +398,11 @@ async def _rekey(conn: AsyncConnection, table: sa.Table) -> None:
 
 
 async def _prefer_lz4(conn: Any, table: str) -> None:
-    """lz4 TOAST compression on the JSON columns: 2-2.6x faster than pglz for big bodies."""
+    """lz4 TOAST compression on the JSON columns and ``output_text`` (the columns a big
+    answer fills): 2-2.6x faster than pglz for big bodies (Postgres 14 and later)."""
     try:
         async with conn.begin_nested():
-            for column in _JSON_COLUMNS:
+            for column in (*_JSON_COLUMNS, "output_text"):
                 await conn.execute(
                     sa.text(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" SET COMPRESSION lz4')
                 )

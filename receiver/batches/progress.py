@@ -3,7 +3,8 @@
 Keys (``P`` = provider, ``B`` = batch id)::
 
     nopoll:batch:P:B            hash
-        cs                      the chunk size this batch was started with (kept on resume)
+        cs                      how this batch's first run cut chunks (kept on resume):
+                                ``<rows>`` or ``<rows>/<bytes>`` (see :class:`ChunkBounds`)
         c:<sink>                the last chunk number the sink committed, in order
         k:<n>                   rows by status in chunk n (the summary counts every run's)
         s:<sink>                the sink's parked summary: a ready ``deliver`` job payload
@@ -44,7 +45,14 @@ from redis.asyncio import Redis
 from receiver.queue.enqueue import PUT_JOB_LUA, QueuedJob
 from receiver.queue.jobs import DeliverJob
 
-__all__ = ["BATCH_INDEX_KEY", "BatchProgress", "BatchState", "batch_state_key", "summary_job"]
+__all__ = [
+    "BATCH_INDEX_KEY",
+    "BatchProgress",
+    "BatchState",
+    "ChunkBounds",
+    "batch_state_key",
+    "summary_job",
+]
 
 BATCH_INDEX_KEY = "nopoll:batchindex"
 
@@ -135,10 +143,30 @@ return 1
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkBounds:
+    """Where a batch's chunks end: ``rows`` rows, or ``bytes`` raw bytes (0: rows only),
+    whichever comes first. Stored as ``<rows>`` when ``bytes`` is 0, the form every
+    version reads; else ``<rows>/<bytes>``, which a version from before byte bounds cannot
+    read: its run of the batch fails (and is retried) instead of cutting other chunks
+    under the same numbers and skipping rows that were never written."""
+
+    rows: int
+    bytes: int = 0
+
+    def encode(self) -> str:
+        return f"{self.rows}/{self.bytes}" if self.bytes else str(self.rows)
+
+    @classmethod
+    def decode(cls, value: str) -> ChunkBounds:
+        rows, _, size = value.partition("/")
+        return cls(int(rows), int(size or 0))
+
+
+@dataclass(frozen=True, slots=True)
 class BatchProgress:
     """What earlier runs of a batch left behind."""
 
-    chunk_size: int | None
+    bounds: ChunkBounds | None
     committed: dict[str, int]
     done: bool
 
@@ -166,24 +194,27 @@ class BatchState:
     async def load(self, sinks: list[str]) -> BatchProgress:
         raw = await self.redis.hgetall(self.key)  # type: ignore[misc]
         state = {k.decode(): v.decode() for k, v in raw.items()}
-        size = state.get("cs")
+        bounds = state.get("cs")
         return BatchProgress(
-            chunk_size=int(size) if size else None,
+            bounds=ChunkBounds.decode(bounds) if bounds else None,
             committed={s: int(state.get(f"c:{s}", -1)) for s in sinks},
             done=bool(state.get("done")),
         )
 
-    async def begin(self, chunk_size: int) -> int:
-        """Record the chunk size on the first run; returns the one to use (the first run's:
-        a changed ``batch.chunk_size`` must not shift chunk numbers under a resume)."""
+    async def begin(self, bounds: ChunkBounds | int) -> ChunkBounds:
+        """Record the chunk bounds on the first run; returns the ones to use (the first
+        run's: a changed ``batch.chunk_size`` or ``batch.chunk_bytes`` must not shift
+        chunk numbers under a resume). An int is a row count alone."""
+        if isinstance(bounds, int):
+            bounds = ChunkBounds(bounds)
         now = time.time()
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(self.key, "cs", str(chunk_size))
+            pipe.hsetnx(self.key, "cs", bounds.encode())
             pipe.hsetnx(self.key, "t0", f"{now:.3f}")
             pipe.zadd(BATCH_INDEX_KEY, {self.key: now}, nx=True)
             pipe.hget(self.key, "cs")
             *_, stored = await pipe.execute()
-        return int(stored)
+        return ChunkBounds.decode(stored.decode())
 
     async def record_rows(self, total: int) -> None:
         """The batch's row count, from its object (for progress and an ETA)."""

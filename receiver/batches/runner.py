@@ -1,14 +1,17 @@
 """The batch pipeline: provider rows → envelopes → chunks → every sink, resumable.
 
 One job per batch (on its own arq queue, so its long timeout does not stretch the lock of
-short response jobs). Rows stream in numbered chunks (``batch.chunk_size`` rows, fixed by
-the batch's first run); each sink has its own small queue and writer task, so a slow sink
+short response jobs). Rows stream in numbered chunks (``batch.chunk_size`` rows or
+``batch.chunk_bytes`` raw bytes, whichever comes first, both fixed by the batch's first
+run); each sink has its own small queue and writer task, so a slow sink
 holds up only its own queue. Every chunk a sink commits is recorded in the batch's
 :class:`~receiver.batches.progress.BatchState`; a worker killed mid-batch resumes after the last
 chunk every sink committed (from the first row when the dialect's rows come in no stable
 order: ``stable_chunks``), and rewrites are idempotent. A sink that keeps failing on a
 chunk hands that chunk to its own ``deliver`` job (retried alone, then dead-lettered) and
 goes on with the next. The ``batch`` summary reaches a sink after all of that sink's rows.
+The chunks a worker process holds at once, across all its batches, are bounded in bytes
+(``batch.inflight_bytes``, :mod:`receiver.batches.budget`).
 
 A batch that is not terminal yet (``finalizing`` with no output file, ``in_progress``) is
 never summarized: the run stops with :class:`~nopoll.exceptions.ResultNotReady` and
@@ -28,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,7 +42,8 @@ from redis.exceptions import RedisError
 from nopoll.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
 from nopoll.exceptions import NopollError, ResultNotReady
 from nopoll.status import unfinished_status
-from receiver.batches.progress import BatchState, batch_state_key
+from receiver.batches.budget import ChunkBudget, ChunkTicket
+from receiver.batches.progress import BatchState, ChunkBounds, batch_state_key
 from receiver.batches.writer import DONE, SinkWriter
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
@@ -114,6 +118,8 @@ class BatchRunner:
         self.metrics = metrics
         self.dead_after_s = dead_after_s
         self.journey = journey
+        self.budget = ChunkBudget(settings.batch.inflight_bytes)
+        """Bytes of chunks in flight, shared by every batch this runner runs at once."""
 
     def state(self, provider: str, batch_id: str) -> BatchState:
         """A batch's progress; ``provider`` is scoped by tenant (see
@@ -218,12 +224,14 @@ class BatchRunner:
         if progress.done:
             outcome.already_done = True
             return outcome
-        chunk_size = await ctx.state.begin(self.settings.batch.chunk_size)
+        batch = self.settings.batch
+        bounds = await ctx.state.begin(ChunkBounds(batch.chunk_size, batch.chunk_bytes))
         # rows in no stable order: a chunk number names other rows this time, skip none
         committed = progress.committed if dialect.stable_chunks else dict.fromkeys(sinks, -1)
         fetch = BatchFetch(
             batch_id=ctx.batch_id,
-            chunk_size=chunk_size,
+            chunk_size=bounds.rows,
+            chunk_bytes=bounds.bytes,
             skip_before=min(committed.values(), default=-1) + 1,
         )
         outcome.chunks_skipped = fetch.skip_before
@@ -296,9 +304,12 @@ class BatchRunner:
     ) -> None:
         """Every row into the sink writers' queues, then wait until they wrote them all."""
         tasks = [asyncio.create_task(w.run(), name=f"batch-sink-{s}") for s, w in writers.items()]
+        tickets: deque[ChunkTicket] = deque()
         try:
             try:
-                await self._produce(dialect, fetch, ctx, writers, tasks, outcome, on_progress)
+                await self._produce(
+                    dialect, fetch, ctx, writers, tasks, tickets, outcome, on_progress
+                )
             except Exception as exc:
                 if _stopping():
                     # A shutdown's cancel that surfaced as another error (a timeout racing
@@ -315,6 +326,8 @@ class BatchRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for ticket in tickets:  # chunks the stopped writers never got to
+                ticket.close()
 
     async def _summarize(self, fetch: BatchFetch, ctx: _Context, outcome: BatchOutcome) -> None:
         """The batch summary to every routed sink, after all of that sink's rows."""
@@ -337,13 +350,33 @@ class BatchRunner:
         ctx: _Context,
         writers: dict[str, SinkWriter],
         tasks: list[asyncio.Task[None]],
+        tickets: deque[ChunkTicket],
         outcome: BatchOutcome,
         on_progress: Callable[[int], None] | None,
     ) -> None:
         rows_metric = self.metrics.batch_rows.labels(ctx.provider)
         started = last_log = time.monotonic()
         counted = False
-        async for number, rows in dialect.batch_chunks(fetch):
+        chunks = dialect.batch_chunks(fetch)
+        while True:
+            # Room for a whole chunk before the dialect reads and parses the next one; the
+            # ticket then holds what the chunk really is (a chunk of per-row GETs, whose
+            # size is unknown, counts as a whole one).
+            await self.budget.acquire(fetch.chunk_bytes)
+            try:
+                number, rows = await anext(chunks)
+            except StopAsyncIteration:
+                self.budget.release(fetch.chunk_bytes)
+                break
+            except BaseException:
+                self.budget.release(fetch.chunk_bytes)
+                raise
+            size = fetch.last_chunk_bytes or fetch.chunk_bytes
+            self.budget.resize(fetch.chunk_bytes, size)
+            ticket = ChunkTicket(self.budget, size, len(writers))
+            tickets.append(ticket)
+            while tickets and not tickets[0].open:
+                tickets.popleft()
             self._check_finished(fetch, ctx, partial=True)
             if not counted:
                 counted = True
@@ -370,7 +403,7 @@ class BatchRunner:
             rows_metric.inc(len(envelopes))
             shares = self.fanout.route(envelopes)
             for name, writer in writers.items():
-                await _put(writer.queue, (number, shares.get(name, [])), tasks)
+                await _put(writer.queue, (number, shares.get(name, []), ticket), tasks)
             if on_progress is not None:
                 on_progress(len(envelopes))
             now = time.monotonic()

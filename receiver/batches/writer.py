@@ -62,14 +62,17 @@ class SinkWriter:
             item = await self.queue.get()
             if item is DONE:
                 return
-            number, envelopes = item
-            if number <= self.committed:
-                continue
-            if envelopes:
-                await self._write(number, envelopes)
-            else:
-                await self.state.commit(self.name, number)
-            self.committed = number
+            number, envelopes, ticket = item
+            try:
+                if number <= self.committed:
+                    continue
+                if envelopes:
+                    await self._write(number, envelopes)
+                else:
+                    await self.state.commit(self.name, number)
+                self.committed = number
+            finally:
+                ticket.done()
 
     async def _write(self, number: int, envelopes: list[Envelope]) -> None:
         attributes = {"nopoll.sink": self.name, "nopoll.chunk": number}

@@ -24,6 +24,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     from nopoll.envelope import now_rfc3339
     from nopoll.wire import safe_id
     from receiver.metrics import Metrics
+    from receiver.worker.gc_policy import job_gc
     from receiver.worker.state import build_state
 
     provider_for(settings, args.provider, args.tenant)
@@ -31,14 +32,17 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
         raise ConfigError("batch id must match [A-Za-z0-9_.:-]{1,256}")
     state = build_state(settings, url, Metrics())  # the worker's own resources
     try:
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
-            TextColumn("{task.completed:,.0f} rows"),
-            TextColumn("{task.fields[rate]:,.0f} rows/s"),
-            TimeElapsedColumn(),
-            refresh_per_second=2,
-        ) as bar:
+        with (
+            job_gc(),  # the worker's GC settings: this process runs the same pipeline
+            Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]{task.description}"),
+                TextColumn("{task.completed:,.0f} rows"),
+                TextColumn("{task.fields[rate]:,.0f} rows/s"),
+                TimeElapsedColumn(),
+                refresh_per_second=2,
+            ) as bar,
+        ):
             task = bar.add_task(f"{args.provider}/{args.batch_id}", total=None, rate=0.0)
             started = time.monotonic()
 

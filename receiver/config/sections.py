@@ -103,6 +103,15 @@ class BatchConfig(ConfigModel):
 
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
     """Rows per chunk: the unit of sink writes, progress and resumption."""
+    chunk_bytes: int = Field(default=2 * 1024 * 1024, ge=0, le=1024**3)
+    """A chunk also ends once its rows' raw bytes reach this (whichever of the two comes
+    first), so big rows make smaller chunks; 0: by rows only. Like ``chunk_size``, fixed
+    by the batch's first run. Per-row dialects (``valar``, Sail without inline results)
+    count each row as 8 KiB: a row's size is known only once it is fetched."""
+    inflight_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    """Raw bytes of chunks a worker process holds at once, across all its batches (fetched
+    and not yet written by every sink); a batch's stream waits while the rest of the
+    process holds this much. A chunk larger than this goes alone. 0: no bound."""
     job_timeout_s: float = Field(default=6 * 3600, gt=1)
     lease_s: float = Field(default=60.0, ge=1)
     """A killed worker's batch is picked up again after at most this long."""

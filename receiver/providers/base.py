@@ -28,7 +28,9 @@ from receiver.providers.batch_input import BatchInput, CreateCall, check_lines
 from receiver.providers.client import ProviderClient
 
 __all__ = [
+    "PER_ROW_BYTES",
     "BatchFetch",
+    "ChunkCut",
     "Dialect",
     "ResponsesDialect",
     "chunk_rows",
@@ -47,9 +49,45 @@ class BatchFetch:
 
     batch_id: str
     chunk_size: int = 1000
+    chunk_bytes: int = 0
+    """A chunk also ends once its rows' raw bytes reach this (0: by rows only); see
+    :class:`ChunkCut`."""
     skip_before: int = 0
     """Chunks below this index were committed by every sink: do not fetch or parse them."""
     batch: dict[str, Any] = field(default_factory=dict)
+    last_chunk_bytes: int = 0
+    """The raw bytes of the chunk yielded last (0 when the dialect cannot tell: per-row
+    GETs)."""
+
+
+class ChunkCut:
+    """Where a batch's chunks end: after ``chunk_size`` rows or once the rows' raw bytes
+    reach ``chunk_bytes``, whichever comes first. Only the rows' sizes decide, never their
+    contents parsed, so a resumed run cuts exactly where the first one did while it reads
+    past the skipped rows; and the stream gives the same rows in the same bytes every time
+    (a results file; Sail's inline array, where a row's size is counted from its parse
+    events)."""
+
+    __slots__ = ("bytes", "max_bytes", "max_rows", "number", "rows")
+
+    def __init__(self, fetch: BatchFetch) -> None:
+        self.max_rows = fetch.chunk_size
+        self.max_bytes = fetch.chunk_bytes
+        self.number = 0
+        """The chunk the next row belongs to."""
+        self.rows = 0
+        self.bytes = 0
+
+    def add(self, size: int) -> bool:
+        """Count one row of ``size`` raw bytes into the current chunk; True when the chunk
+        ends with it (call :meth:`next` once it is handed on)."""
+        self.rows += 1
+        self.bytes += size
+        return self.rows >= self.max_rows or 0 < self.max_bytes <= self.bytes
+
+    def next(self) -> None:
+        self.number += 1
+        self.rows = self.bytes = 0
 
 
 class Dialect(Protocol):
@@ -102,29 +140,44 @@ class Dialect(Protocol):
 async def chunk_rows(
     lines: AsyncIterator[bytes], fetch: BatchFetch, parse: Any
 ) -> AsyncIterator[Chunk]:
-    """Group JSONL lines into chunks; lines of skipped chunks are counted, not parsed."""
+    """Group JSONL lines into chunks (:class:`ChunkCut`); lines of skipped chunks are
+    counted, not parsed."""
+    cut = ChunkCut(fetch)
     index = 0
     chunk: list[BatchRow] = []
-    skip_rows = fetch.skip_before * fetch.chunk_size
     async for line in lines:
-        if index >= skip_rows:
+        if cut.number >= fetch.skip_before:
             chunk.append(parse(index, line))
         index += 1
-        if index % fetch.chunk_size == 0:
+        if cut.add(len(line)):
             if chunk:
-                yield index // fetch.chunk_size - 1, chunk
+                fetch.last_chunk_bytes = cut.bytes
+                yield cut.number, chunk
             chunk = []
+            cut.next()
     if chunk:
-        yield index // fetch.chunk_size, chunk
+        fetch.last_chunk_bytes = cut.bytes
+        yield cut.number, chunk
+
+
+PER_ROW_BYTES = 8 * 1024
+"""What each row of a per-row dialect counts for against ``chunk_bytes`` (its size is known
+only once fetched): a chunk holds at most ``chunk_bytes // PER_ROW_BYTES`` rows. A resumed
+batch's chunks are cut by it again, so it is part of the stored bounds' meaning: never
+change it."""
 
 
 def id_chunks(ids: Iterable[str], fetch: BatchFetch) -> list[tuple[int, list[tuple[int, str]]]]:
-    """Sorted custom_ids in numbered chunks of (row index, custom_id), skipped ones left out."""
+    """Sorted custom_ids in numbered chunks of (row index, custom_id), skipped ones left out:
+    ``chunk_size`` rows each, fewer when ``chunk_bytes`` is set (:data:`PER_ROW_BYTES`)."""
     ordered = sorted(ids)
+    size = fetch.chunk_size
+    if fetch.chunk_bytes > 0:
+        size = max(1, min(size, fetch.chunk_bytes // PER_ROW_BYTES))
     out = []
-    for start in range(fetch.skip_before * fetch.chunk_size, len(ordered), fetch.chunk_size):
-        part = ordered[start : start + fetch.chunk_size]
-        out.append((start // fetch.chunk_size, [(start + i, cid) for i, cid in enumerate(part)]))
+    for start in range(fetch.skip_before * size, len(ordered), size):
+        part = ordered[start : start + size]
+        out.append((start // size, [(start + i, cid) for i, cid in enumerate(part)]))
     return out
 
 
@@ -229,7 +282,8 @@ def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:
 async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> AsyncIterator[Chunk]:
     """Walk the batch object's ``request_status``: ``GET /batches/{id}/{custom_id}`` for every
     completed row under bounded concurrency (two chunks in flight), the rest recorded with
-    their status."""
+    their status. Chunks are cut by row count (:func:`id_chunks`): a row's size is known
+    once it is fetched, and a resumed run fetches no skipped row."""
     client = dialect.client
     request_status = fetch.batch.get("request_status") or {}
     if not isinstance(request_status, dict):
@@ -266,9 +320,11 @@ async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> Asy
             pending.append((number, asyncio.create_task(gather(rows))))
             if len(pending) >= 2:
                 number_done, task = pending.popleft()
+                fetch.last_chunk_bytes = 0  # not known: the rows came one GET each
                 yield number_done, await task
         while pending:
             number_done, task = pending.popleft()
+            fetch.last_chunk_bytes = 0
             yield number_done, await task
     finally:
         for _, task in pending:

@@ -16,7 +16,13 @@ import ijson
 from nopoll.envelope import BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, ResponsesDialect, rows_by_custom_id
+from receiver.providers.base import (
+    BatchFetch,
+    Chunk,
+    ChunkCut,
+    ResponsesDialect,
+    rows_by_custom_id,
+)
 
 __all__ = ["SailDialect", "row_from_item"]
 
@@ -81,8 +87,15 @@ class _Inline:
         self.in_results = False
         self.index = 0
         self.chunk: list[BatchRow] = []
-        self.chunk_size = fetch.chunk_size
-        self.skip_rows = fetch.skip_before * fetch.chunk_size
+        self.cut = ChunkCut(fetch)
+        self.skip_before = fetch.skip_before
+        self.item_bytes = 0
+        """The current item's size, counted from its events (a stand-in for its raw bytes:
+        the same document gives the same count on every run)."""
+        self.sizes: dict[int, int] = {}
+        self.keys: dict[str, str] = {}
+        """The short keys seen so far, shared by every item (see :meth:`_key`)."""
+        """The size of each completed chunk not yet handed on, by number."""
 
     def feed(self, events: list[tuple[str, str, Any]]) -> tuple[bool, list[Chunk]]:
         """Take one push's events: (whether a results item or the array ended in it, the
@@ -101,7 +114,15 @@ class _Inline:
             if not prefix.startswith("results.item"):
                 continue
             if prefix == "results.item" and event in _ITEM_START:
-                self.item = ijson.ObjectBuilder() if self.index >= self.skip_rows else None
+                building = self.cut.number >= self.skip_before
+                self.item = ijson.ObjectBuilder() if building else None
+                self.item_bytes = 0
+            if isinstance(value, str):
+                self.item_bytes += len(value) + 2
+                if event == "map_key":
+                    value = self._key(value)
+            else:
+                self.item_bytes += 4
             if self.item is not None:
                 self.item.event(event, value)
             if prefix == "results.item" and event not in _ITEM_OPEN:
@@ -109,19 +130,34 @@ class _Inline:
                 full += self._item_done()
         return ended, full
 
+    def _key(self, key: str) -> str:
+        """One string object for every occurrence of a short key (ijson makes a new one
+        each time, where orjson shares them): a row's dozens of keys then cost nothing."""
+        found = self.keys.get(key)
+        if found is not None:
+            return found
+        if len(key) <= 64 and len(self.keys) < 4096:  # a hostile document's fresh keys
+            self.keys[key] = key
+        return key
+
     def _item_done(self) -> list[Chunk]:
         if self.item is not None:
             self.chunk.append(row_from_item(self.index, self.item.value))
         self.index += 1
         self.item = None
-        if self.index % self.chunk_size:
+        if not self.cut.add(self.item_bytes):
             return []
         done, self.chunk = self.chunk, []
-        return [(self.index // self.chunk_size - 1, done)] if done else []
+        number = self.cut.number
+        if done:
+            self.sizes[number] = self.cut.bytes
+        self.cut.next()
+        return [(number, done)] if done else []
 
     def last(self) -> list[Chunk]:
         """The last, partial chunk, if any."""
-        return [(self.index // self.chunk_size, self.chunk)] if self.chunk else []
+        self.sizes[self.cut.number] = self.cut.bytes
+        return [(self.cut.number, self.chunk)] if self.chunk else []
 
     @property
     def batch(self) -> dict[str, Any]:
@@ -144,6 +180,7 @@ class SailDialect(ResponsesDialect):
             async for size, events in _events(self.client.stream_bytes(path)):
                 ended, full = parse.feed(events)
                 for chunk in full:
+                    fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
                     yield chunk
                 if parse.in_results:
                     open_bytes = 0 if ended else open_bytes + size
@@ -162,6 +199,7 @@ class SailDialect(ResponsesDialect):
                 status=200,
             ) from None
         for chunk in parse.last():
+            fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
             yield chunk
         fetch.batch = parse.batch
         if parse.inline:

@@ -11,7 +11,6 @@ poller and the publication of the accounts it serves, and close them again.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +42,7 @@ from receiver.queue.enqueue import (
 )
 from receiver.queue.jobs import fetch_from_job_id
 from receiver.worker.fetch import deliver, fetch_batch, fetch_response
+from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
 from receiver.worker.poller import WatchPoller
 from receiver.worker.retry import letter_target, rules_for
@@ -217,39 +217,13 @@ class Shared:
     state: WorkerState | None = None
     users: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-    gc_threshold: tuple[int, int, int] | None = None
-    """The cyclic GC's thresholds before the state was opened (see :func:`_tune_gc`)."""
+    gc: GcPolicy = field(default_factory=GcPolicy)
+    """The cyclic GC's settings while the state is open (:mod:`receiver.worker.gc_policy`)."""
     poller: asyncio.Task[None] | None = None
     """The process's watch poller (:mod:`receiver.worker.poller`), started with the state."""
     liveness: Liveness | None = None
     """The process's heartbeat and the accounts it serves (:mod:`receiver.worker.liveness`),
     beating while the state is open."""
-
-
-_JOB_GC_THRESHOLD = (20_000, 20, 20)
-
-
-def _tune_gc(shared: Shared) -> None:
-    """Make the cyclic GC cheap for a worker, as long as its state is open.
-
-    Everything that exists once the state is open (modules, settings, clients, sinks)
-    lives as long as the state, so it is frozen out of the GC's sight: a full collection
-    then walks only what jobs allocate. And a job's objects die by reference counting
-    within milliseconds of their creation; with Python's default first threshold (700
-    objects) every job in flight is scanned and promoted a few times before it ends
-    (with both, the GC's share of a worker's CPU time at 1,000 results/s in
-    ``bench/e2e.py`` fell from about a quarter to about a sixteenth). :func:`_restore_gc`
-    undoes both."""
-    shared.gc_threshold = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(*_JOB_GC_THRESHOLD)
-
-
-def _restore_gc(shared: Shared) -> None:
-    if shared.gc_threshold is not None:
-        gc.unfreeze()
-        gc.set_threshold(*shared.gc_threshold)
-        shared.gc_threshold = None
 
 
 async def startup(ctx: dict[str, Any]) -> None:
@@ -268,7 +242,7 @@ async def startup(ctx: dict[str, Any]) -> None:
         if shared.liveness is not None:
             await shared.liveness.start()  # known as alive before its first claim
         await shared.state.open()
-        _tune_gc(shared)
+        shared.gc.apply()
         if shared.state.settings.providers:
             owner = shared.liveness.worker_id if shared.liveness is not None else None
             poller = WatchPoller(shared.state, owner=owner)
@@ -315,5 +289,5 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         await _stop_poller(shared)
         if shared.liveness is not None:
             await shared.liveness.stop()  # nothing of this process runs any more
-        _restore_gc(shared)
+        shared.gc.restore()
         await state.aclose()

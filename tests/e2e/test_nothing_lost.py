@@ -224,6 +224,43 @@ async def test_a_resume_after_the_chunk_size_changed_writes_every_row_exactly_on
     assert len(keys) == len(set(keys)) == batch.n_rows
 
 
+@pytest.mark.parametrize("dialect", ["openai", "sference", "sail"])
+async def test_a_batch_stopped_mid_way_resumes_byte_bounded_chunks_without_loss_or_repeat(
+    loss_stack, redis_url, redis_sync_client, tmp_path, dialect
+):
+    from nopoll.exceptions import ProviderError
+    from receiver.demo.answers import Oversize
+
+    files = {"files": {"type": "jsonl", "dir": str(tmp_path / "out")}}
+    # ~650-byte rows (failed ones smaller) in chunks of 3,000 bytes: a few rows each, cut
+    # by bytes at irregular places, never by the 200 rows
+    bounded = {"chunk_size": 200, "chunk_bytes": 3000, "lease_s": 2, "sink_attempts": 2}
+    settings, sim = loss_stack(
+        dialect, sinks=files, batch=bounded, http={"max_line_bytes": 64 * 1024}
+    )
+    batch = sim.add_batch(
+        dialect, "batch_bytes", 400, failed_every=7, body_bytes=500, shuffled=False
+    )
+    batch.oversize, batch.oversize_at = Oversize("padded", 3 * 1024 * 1024), 250
+    with pytest.raises(ProviderError):  # row 250 is over max_line_bytes: the run stops there
+        await run_batch(settings, redis_url, "batch_bytes")
+    state_key = "nopoll:batch:sim:batch_bytes"
+    committed = int(redis_sync_client.hget(state_key, "c:files"))
+    assert redis_sync_client.hget(state_key, "cs") == b"200/3000"
+    first = [r["key"] for r in jsonl_rows(tmp_path / "out") if r["kind"] == "batch_row"]
+    assert 0 < len(first) < 250 and committed > 10  # stopped mid-way, after many chunks
+
+    # the next run is told other bounds; the batch keeps its first run's
+    batch.oversize = None
+    changed = settings.model_copy(
+        update={"batch": settings.batch.model_copy(update={"chunk_size": 7, "chunk_bytes": 0})}
+    )
+    outcome = await run_batch(changed, redis_url, "batch_bytes")
+    assert outcome.chunks_skipped == committed + 1
+    keys = [r["key"] for r in jsonl_rows(tmp_path / "out") if r["kind"] == "batch_row"]
+    assert len(keys) == len(set(keys)) == batch.n_rows
+
+
 # --- a dead chunk holds its batch summary back ----------------------------------------------
 
 

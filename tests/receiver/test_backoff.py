@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nopoll.exceptions import TransientProviderError
 from receiver.backoff import Backoff
+from receiver.batches.budget import ChunkBudget, ChunkTicket
 from receiver.batches.writer import DONE, SinkWriter
 from receiver.config.settings import HttpConfig, ProviderConfig, RetryConfig
 from receiver.metrics import Metrics
@@ -230,7 +231,8 @@ async def test_a_batch_chunks_in_job_retries_wait_by_the_helper(
         dead_letters=None,  # type: ignore[arg-type]
         metrics=None,  # type: ignore[arg-type]
     )
-    await writer.queue.put((0, [{"provider": "sim", "key": "batch_1/a"}]))
+    ticket = ChunkTicket(ChunkBudget(0), 0, 1)
+    await writer.queue.put((0, [{"provider": "sim", "key": "batch_1/a"}], ticket))
     await writer.queue.put(DONE)
     await asyncio.wait_for(writer.run(), 10)
 
