@@ -304,11 +304,13 @@ class Enqueuer:
         self._shared = SharedTrips(
             redis, max_batch=max_batch, max_in_flight=max_in_flight, max_pending=max_pending
         )
+        self._sha = self._shared.digest(_ENQUEUE_LUA)
         self._window_ms = str(dedupe_ttl_s * 1000)
         self._width_ms = str(max(1, math.ceil(dedupe_ttl_s / _BUCKETS_PER_WINDOW)) * 1000)
         self._job_expiry_ms = str(job_expiry_s * 1000)
         self._journey_ms = str(journey_ttl_s * 1000) if journey_ttl_s > 0 else None
         self._clock = clock
+        self._fixed: tuple[int, tuple[str, ...]] = (-1, ())
 
     @property
     def pending(self) -> int:
@@ -319,9 +321,14 @@ class Enqueuer:
         """Queue one job; returns once Redis has it (or raises a RedisError, or
         :class:`QueueBusy` when too many requests wait already)."""
         now_ms = int(self._clock() * 1000)
-        fixed = (str(now_ms), self._window_ms, self._width_ms, self._job_expiry_ms)
+        fixed = self._fixed
+        if fixed[0] != now_ms:  # the same for every callback of this millisecond
+            fixed = self._fixed = (
+                now_ms,
+                (str(now_ms), self._window_ms, self._width_ms, self._job_expiry_ms),
+            )
         try:
-            [reply] = await self._shared.run([self._command(job, now_ms, fixed)])
+            reply = await self._shared.run_one(self._command(job, now_ms, fixed[1]))
         except TripsBusy:
             raise QueueBusy(f"{self._shared.pending} callbacks wait for Redis already") from None
         if isinstance(reply, Exception):
@@ -329,15 +336,17 @@ class Enqueuer:
         return EnqueueOutcome(int(reply))
 
     def _command(self, job: CallbackJob, now_ms: int, fixed: tuple[str, ...]) -> tuple[Any, ...]:
-        command: tuple[Any, ...] = self._shared.evalsha(
-            _ENQUEUE_LUA,
-            4 if self._journey_ms is None or not job.object_id else 6,
+        plain = self._journey_ms is None or not job.object_id
+        command = (
+            "EVALSHA",
+            self._sha,
+            "4" if plain else "6",
             f"{SEEN_PREFIX}{job.provider}:{job.webhook_id}",
             JOB_KEY + job.job_id,
             RESULT_KEY + job.job_id,
             job.queue,
         )
-        if self._journey_ms is None or not job.object_id:
+        if plain:
             return (
                 *command,
                 *fixed,

@@ -122,7 +122,7 @@ class SharedTrips:
         """Each script's source by its SHA1 digest (to load it again)."""
         self._digests: dict[str, str] = {}
         """Each script's SHA1 digest by its source: worked out once, not per call."""
-        self._pending: deque[tuple[Sequence[tuple[Any, ...]], asyncio.Future[list[Any]]]] = deque()
+        self._pending: deque[_Caller] = deque()
         self._flushers: set[asyncio.Task[None]] = set()
         self._starter: asyncio.Task[None] | None = None  # started, has not taken its callers
 
@@ -133,20 +133,36 @@ class SharedTrips:
 
     def evalsha(self, source: str, numkeys: int, *keys_and_args: Any) -> tuple[Any, ...]:
         """The command that runs the Lua ``source`` (by its digest; see the class docs)."""
+        return ("EVALSHA", self.digest(source), str(numkeys), *keys_and_args)
+
+    def digest(self, source: str) -> str:
+        """The SHA1 digest an ``EVALSHA`` of the Lua ``source`` names (for a caller that
+        builds its own commands on a hot path; a script unknown to Redis is loaded again
+        from here)."""
         sha = self._digests.get(source)
         if sha is None:
             sha = self._digests[source] = hashlib.sha1(source.encode()).hexdigest()
             self._scripts[sha] = source
-        return ("EVALSHA", sha, str(numkeys), *keys_and_args)
+        return sha
 
     async def run(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Send ``commands`` in the next trip; their replies (see the class docs)."""
+        reply: list[Any] = await self._join(commands, False)
+        return reply
+
+    def run_one(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """Send one command in the next trip; await its reply (the API's hot path: no list
+        is made or sliced per caller, no coroutine wraps the wait). Raises
+        :class:`TripsBusy` at once, not when awaited."""
+        return self._join(command, True)
+
+    def _join(self, commands: Any, one: bool) -> asyncio.Future[Any]:
         if len(self._pending) >= self._max_pending:
             raise TripsBusy(f"{len(self._pending)} callers wait for Redis already")
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append((commands, future))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append((commands, future, one))
         self._start_flusher()
-        return await future
+        return future
 
     def _start_flusher(self) -> None:
         if self._starter is None and len(self._flushers) < self._max_in_flight:
@@ -173,25 +189,29 @@ class SharedTrips:
                 self._starter = None
             self._flushers.discard(me)
 
-    async def _settle(
-        self, batch: list[tuple[Sequence[tuple[Any, ...]], asyncio.Future[list[Any]]]]
-    ) -> None:
+    async def _settle(self, batch: list[_Caller]) -> None:
+        sent: list[tuple[Any, ...]] = []
+        for commands, _, one in batch:
+            if one:
+                sent.append(commands)
+            else:
+                sent.extend(commands)
         try:
-            replies = await self._send([c for commands, _ in batch for c in commands])
+            replies = await self._send(sent)
         except Exception as exc:  # this round trip failed: only its callers see it
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
         except BaseException:
-            for _, future in batch:
+            for _, future, _ in batch:
                 future.cancel()
             raise
         start = 0
-        for commands, future in batch:
-            end = start + len(commands)
+        for commands, future, one in batch:
+            end = start + 1 if one else start + len(commands)
             if not future.done():
-                future.set_result(replies[start:end])
+                future.set_result(replies[start] if one else replies[start:end])
             start = end
 
     async def _send(self, commands: list[tuple[Any, ...]], *, reload: bool = True) -> list[Any]:
@@ -205,6 +225,10 @@ class SharedTrips:
             for i, reply in zip(missing, redone, strict=True):
                 replies[i] = reply
         return replies
+
+
+_Caller = tuple[Any, "asyncio.Future[Any]", bool]
+"""A waiting caller: its commands (one command when the flag is set), its future."""
 
 
 class TripsBusy(Exception):
