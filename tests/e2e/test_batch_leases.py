@@ -41,7 +41,9 @@ def _redis_port(redis_url: str) -> tuple[str, int]:
 async def _leased_run(loss_stack, redis_url, tmp_path, cut_s: float | None):
     files = {"files": {"type": "jsonl", "dir": str(tmp_path / "out")}}
     settings, sim = loss_stack("valar", sinks=files)
-    sim.add_batch("valar", "batch_lease", 3000, row_delay_s=0.05)
+    # With the cut for good, the batch must outlast the lease's give-up (1.6 s here) by far:
+    # a run that finishes first proves nothing (it did once, on a loaded CI machine).
+    sim.add_batch("valar", "batch_lease", 3000, row_delay_s=0.05 if cut_s is not None else 0.3)
     job_id = batch_job_id("sim", "batch_lease")
     lock = IN_PROGRESS_KEY + job_id
     direct = redis_sync.Redis.from_url(redis_url)
