@@ -191,8 +191,7 @@ class BatchRunner:
             await asyncio.wait([work, holder], return_when=asyncio.FIRST_COMPLETED)
         finally:
             holder.cancel()
-            if not work.done():
-                work.cancel()
+            await stop_task(work)
             await asyncio.gather(holder, work, return_exceptions=True)
         if work.cancelled():  # the holder returned first: the lease is lost
             raise LeaseLost("lease lost")
@@ -450,6 +449,27 @@ class BatchRunner:
         for writer in writers.values():
             await _put(writer.queue, DONE, tasks)
         await asyncio.gather(*tasks)
+
+
+_STOP_CHECK_S = 0.5
+_STOP_CHECKS = 240
+"""How often, and how many times, :func:`stop_task` looks whether its cancel was lost."""
+
+
+async def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it is done. On Python 3.11 a cancel that races an
+    ``asyncio.timeout`` inside the task (the sinks' queue puts have one) can be taken for
+    the timeout's own and lost: the batch would then run on without its lease. The cancel
+    is sent again whenever the task no longer counts one pending (``cancelling() == 0``);
+    never while it is still acting on one, so its clean-up (the budget's bytes given back)
+    is not cut short. Gives up waiting after two minutes; the task is then still
+    cancelled."""
+    for _ in range(_STOP_CHECKS):
+        if task.done():
+            return
+        if task.cancelling() == 0:
+            task.cancel()
+        await asyncio.wait([task], timeout=_STOP_CHECK_S)
 
 
 def _stopping() -> bool:
