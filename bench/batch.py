@@ -214,13 +214,24 @@ def run_fetch_batch(config: Path, batch_id: str) -> tuple[int, float, float, str
         raise
     # ru_maxrss of this child alone (KiB on Linux): RUSAGE_CHILDREN after each run would mix them
     rusage = resource_of(proc)
+    text, m = _finished(
+        proc, out, r"(\d+) rows delivered in [\d.]+ s \(([\d,]+) rows/s\)", "fetch-batch"
+    )
+    return int(m.group(1)), float(m.group(2).replace(",", "")), rusage, text
+
+
+def _finished(
+    proc: subprocess.Popen[bytes], out: bytes, pattern: str, what: str
+) -> tuple[str, re.Match[str]]:
+    """A bench child's output and the match of its closing line (printing its memory
+    trace with ``--trace-memory``); exits when it failed or printed no such line."""
     text = out.decode(errors="replace")
     if TRACE:
         print(text[text.find("tracemalloc at peak") :].rstrip())
-    m = re.search(r"(\d+) rows delivered in [\d.]+ s \(([\d,]+) rows/s\)", text)
+    m = re.search(pattern, text)
     if proc.returncode != 0 or m is None:
-        raise SystemExit(f"fetch-batch failed:\n{text[-3000:]}")
-    return int(m.group(1)), float(m.group(2).replace(",", "")), rusage, text
+        raise SystemExit(f"{what} failed:\n{text[-3000:]}")
+    return text, m
 
 
 _RUSAGE: dict[int, float] = {}
@@ -313,12 +324,7 @@ def run_concurrent(config: Path, pairs: list[tuple[str, str]]) -> tuple[int, flo
         stderr=subprocess.STDOUT,
     )
     out, _ = proc.communicate(timeout=1800)
-    text = out.decode(errors="replace")
-    if TRACE:
-        print(text[text.find("tracemalloc at peak") :].rstrip())
-    m = re.search(r"(\d+) rows in ([\d.]+) s", text)
-    if proc.returncode != 0 or m is None:
-        raise SystemExit(f"concurrent batches failed:\n{text[-3000:]}")
+    _, m = _finished(proc, out, r"(\d+) rows in ([\d.]+) s", "concurrent batches")
     return int(m.group(1)), float(m.group(2)), resource_of(proc)
 
 
