@@ -32,10 +32,6 @@ class GcPolicy:
         self.threshold = threshold
         self._before: tuple[int, int, int] | None = None
 
-    @property
-    def applied(self) -> bool:
-        return self._before is not None
-
     def apply(self) -> None:
         if self._before is not None:
             return
