@@ -21,6 +21,7 @@ __all__ = [
     "FIELDS",
     "PRIMARY_KEY",
     "SCHEMA",
+    "BatchFacts",
     "BatchRow",
     "Column",
     "ColumnType",
@@ -353,6 +354,37 @@ def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchFacts:
+    """What a finished batch object says about the whole batch, in nopoll's words: what its
+    ``batch`` summary envelope carries. Each provider dialect reads its own object's shape
+    (a ``status``, or only a ``request_status`` map; counts as an object or one integer;
+    token totals); :meth:`of` is the reading of an OpenAI-style batch object."""
+
+    status: str
+    """The batch's status in nopoll's words (:data:`~nopoll.status.STATUSES`)."""
+    request_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Requests by state, with ``total`` where the provider says how many there are."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Further facts for the summary's ``metadata`` (a cost total, a label)."""
+
+    @classmethod
+    def of(cls, batch: dict[str, Any]) -> BatchFacts:
+        """An OpenAI-style batch object's facts: its ``status`` (a batch without one that is
+        over, e.g. an ended Message Batch, is ``completed``) and its ``request_counts``
+        object."""
+        status = final_status(batch.get("status") or "completed", "batch") or "failed"
+        counts = batch.get("request_counts")
+        request_counts = (
+            {k: v for k, v in counts.items() if _int_or_none(v) is not None}
+            if isinstance(counts, dict)
+            else {}
+        )
+        return cls(status=status, request_counts=request_counts)
+
+
 def batch_summary_envelope(
     batch: dict[str, Any],
     *,
@@ -362,25 +394,30 @@ def batch_summary_envelope(
     event_id: str | None,
     counts: dict[str, int],
     tenant: str = DEFAULT_TENANT,
+    facts: BatchFacts | None = None,
 ) -> Envelope:
-    """The ``batch`` envelope written after every row: counts and the batch object."""
-    status = final_status(batch.get("status") or "completed", "batch") or "failed"
+    """The ``batch`` envelope written after every row: the batch's facts (its dialect's
+    reading of the object; by default :meth:`BatchFacts.of`), nopoll's own row counts and
+    the batch object (without its inline rows)."""
+    facts = facts or BatchFacts.of(batch)
     body = {k: v for k, v in batch.items() if k not in ("results", "request_status")}
     metadata = batch.get("metadata") if isinstance(batch.get("metadata"), dict) else {}
-    request_counts = batch.get("request_counts")
     return Envelope(
         provider=provider,
         tenant=tenant,
         kind="batch",
         key=batch_id,
         batch_id=batch_id,
-        status=status,
-        usable=status == "completed",
+        status=facts.status,
+        usable=facts.status == "completed",
         model=_str_or_none(batch.get("model")),
+        input_tokens=facts.input_tokens,
+        output_tokens=facts.output_tokens,
         error=_error(batch.get("error")),
         metadata={
             **(metadata or {}),
-            "request_counts": request_counts if isinstance(request_counts, dict) else {},
+            **facts.metadata,
+            "request_counts": dict(facts.request_counts),
             "rows_by_status": counts,
         },
         event_id=event_id,

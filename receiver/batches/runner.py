@@ -41,7 +41,6 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
 from nopoll.exceptions import NopollError, ResultNotReady
-from nopoll.status import unfinished_status
 from receiver.batches.budget import ChunkBudget, ChunkTicket
 from receiver.batches.progress import BatchState, ChunkBounds, batch_state_key
 from receiver.batches.writer import DONE, SinkWriter
@@ -248,7 +247,7 @@ class BatchRunner:
         }
         started = time.monotonic()
         await self._stream(dialect, fetch, ctx, writers, outcome, on_progress)
-        await self._summarize(fetch, ctx, outcome)
+        await self._summarize(dialect, fetch, ctx, outcome)
         outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
         await ctx.state.finish()
         await self._trail(ctx, outcome, writers)
@@ -328,7 +327,9 @@ class BatchRunner:
             for ticket in tickets:  # chunks the stopped writers never got to
                 ticket.close()
 
-    async def _summarize(self, fetch: BatchFetch, ctx: _Context, outcome: BatchOutcome) -> None:
+    async def _summarize(
+        self, dialect: Dialect, fetch: BatchFetch, ctx: _Context, outcome: BatchOutcome
+    ) -> None:
         """The batch summary to every routed sink, after all of that sink's rows."""
         summary = batch_summary_envelope(
             fetch.batch,
@@ -338,6 +339,7 @@ class BatchRunner:
             event_id=ctx.event_id,
             counts=dict(await ctx.state.counts() or outcome.by_status),
             tenant=ctx.tenant,
+            facts=dialect.batch_facts(fetch.batch),
         )
         for name in self.fanout.route([summary]):
             await self._deliver_summary(ctx.state, name, summary)
@@ -376,10 +378,10 @@ class BatchRunner:
             tickets.append(ticket)
             while tickets and not tickets[0].open:
                 tickets.popleft()
-            self._check_finished(fetch, ctx, partial=True)
+            self._check_finished(dialect, fetch, ctx, partial=True)
             if not counted:
                 counted = True
-                if (total := _row_count(fetch.batch)) is not None:
+                if (total := _row_count(dialect, fetch.batch)) is not None:
                     await ctx.state.record_rows(total)
             fetched_at = now_rfc3339()
             envelopes = [
@@ -416,14 +418,17 @@ class BatchRunner:
                     outcome.rows,
                     rate,
                 )
-        self._check_finished(fetch, ctx, partial=False)
+        self._check_finished(dialect, fetch, ctx, partial=False)
 
-    def _check_finished(self, fetch: BatchFetch, ctx: _Context, *, partial: bool) -> None:
+    def _check_finished(
+        self, dialect: Dialect, fetch: BatchFetch, ctx: _Context, *, partial: bool
+    ) -> None:
         """A batch that is not terminal yet is retried later, never summarized. While the
-        object is still streaming (Sail's inline results) an absent status is no verdict."""
-        if partial and "status" not in fetch.batch and "processing_status" not in fetch.batch:
+        object is still streaming (Sail's inline results: it is complete only once they
+        are read) there is no verdict yet."""
+        if partial and not fetch.batch:
             return
-        status = unfinished_status(fetch.batch, "batch")
+        status = dialect.batch_pending(fetch.batch)
         if status is not None:
             raise ResultNotReady(
                 provider=ctx.provider, path=f"batches/{ctx.batch_id}", status=status
@@ -478,15 +483,15 @@ def _stopping() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _row_count(batch: dict[str, Any] | None) -> int | None:
-    """``request_counts.total`` of a batch object, when it gives one; with no ``total``,
+def _row_count(dialect: Dialect, batch: dict[str, Any] | None) -> int | None:
+    """The batch's request count from its dialect's facts: ``total``; with no ``total``,
     the sum of its counts (Anthropic's ``processing``, ``succeeded``, ... add up to it)."""
-    counts = (batch or {}).get("request_counts")
-    total = counts.get("total") if isinstance(counts, dict) else None
-    if isinstance(counts, dict) and "total" not in counts and counts:
-        values = list(counts.values())
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            total = sum(values)
+    if not batch:
+        return None
+    counts = dialect.batch_facts(batch).request_counts
+    total = counts.get("total")
+    if total is None and counts:
+        total = sum(counts.values())
     return total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else None
 
 

@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 
 import orjson
 
-from nopoll.envelope import BatchRow
+from nopoll.envelope import BatchFacts, BatchRow
 from nopoll.exceptions import ProviderError
-from nopoll.status import row_status, unknown_status
+from nopoll.status import row_status, unfinished_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.base import BatchFetch, Chunk, chunk_rows, line_object
 from receiver.providers.batch_input import MAX_LISTED, BadLine, BatchInput, CreateCall
@@ -149,6 +149,13 @@ class AnthropicDialect:
                 "answer is for another batch id", provider=self.client.name, path=path, status=200
             )
         return data
+
+    def batch_pending(self, batch: dict[str, Any]) -> str | None:
+        """By ``processing_status``: only ``ended`` is over."""
+        return unfinished_status(batch, "batch")
+
+    def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
+        return BatchFacts.of(batch)
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         fetch.batch = batch = await self.fetch_batch_object(fetch.batch_id)

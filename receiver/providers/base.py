@@ -13,16 +13,16 @@ again from the first row.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import orjson
 
-from nopoll.envelope import BatchRow
+from nopoll.envelope import BatchFacts, BatchRow
 from nopoll.exceptions import ProviderError
-from nopoll.status import row_status, unknown_status
+from nopoll.status import FINAL, row_status, unfinished_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.batch_input import BatchInput, CreateCall, check_lines
 from receiver.providers.client import ProviderClient
@@ -32,6 +32,7 @@ __all__ = [
     "BatchFetch",
     "ChunkCut",
     "Dialect",
+    "RequestStatusDialect",
     "ResponsesDialect",
     "chunk_rows",
     "id_chunks",
@@ -109,7 +110,18 @@ class Dialect(Protocol):
         ...
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
-        """Every row of the batch, in numbered chunks; fills ``fetch.batch``."""
+        """Every row of the batch, in numbered chunks; fills ``fetch.batch``. A batch that
+        is not finished yet yields no rows (the runner then retries the job later)."""
+        ...
+
+    def batch_pending(self, batch: dict[str, Any]) -> str | None:
+        """What the batch object says of a batch that is not finished yet (its status, or
+        how far it got; at most 64 characters), None when it is finished: what a watch and
+        the batch runner decide by."""
+        ...
+
+    def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
+        """A finished batch object's facts for its ``batch`` summary."""
         ...
 
     stable_chunks: ClassVar[bool]
@@ -252,6 +264,13 @@ class ResponsesDialect:
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         raise NotImplementedError
 
+    def batch_pending(self, batch: dict[str, Any]) -> str | None:
+        """By the object's own ``status`` (OpenAI's and sference's batch objects have one)."""
+        return unfinished_status(batch, "batch")
+
+    def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
+        return BatchFacts.of(batch)
+
     @classmethod
     def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
         return check_lines(lines, dialect, cls.row_limit, cls._add_row)
@@ -272,6 +291,65 @@ class ResponsesDialect:
     ) -> Iterator[CreateCall]:
         content = self._batch_head(batch, name, digest) + bytes(batch.requests) + b"]}"
         yield CreateCall("batch", "batches", content)
+
+
+class RequestStatusDialect(ResponsesDialect):
+    """Batches whose object tracks each request in ``request_status`` (``{custom_id:
+    {"status": "COMPLETED" | "FAILED" | "CANCELLED" | "RUNNING" | ...}}``) beside
+    ``request_counts``, as Sail's and Valar's published references have them: an integer,
+    the number of requests, and no batch ``status`` at all. (Sail's requests-at-scale guide
+    shows an older shape with a ``status`` and a counts object; both are read.)
+
+    A batch is finished when it has a final ``status``, or, without one, when the entries of
+    ``request_status`` that settled (completed, failed or cancelled) number its requests:
+    an empty or partial map is never finished."""
+
+    def batch_pending(self, batch: dict[str, Any]) -> str | None:
+        if isinstance(batch.get("status"), str):
+            return unfinished_status(batch, "batch")
+        total, settled = settled_requests(batch)
+        done = sum(settled.values())
+        if total is None:
+            return "no request count"
+        if total < 1 or done < total:
+            return f"{done} of {total} requests settled"
+        return None
+
+    def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
+        total, settled = settled_requests(batch)
+        if isinstance(batch.get("status"), str):
+            facts = BatchFacts.of(batch)
+            if facts.request_counts or total is None:
+                return facts
+            return BatchFacts(status=facts.status, request_counts={"total": total, **settled})
+        # Every request settled: the batch ran to its end, even with failed rows; a batch all
+        # of whose requests were cancelled was cancelled.
+        cancelled = bool(settled) and set(settled) == {"cancelled"}
+        counts = {"total": total, **settled} if total is not None else dict(settled)
+        label = batch.get("label")
+        return BatchFacts(
+            status="cancelled" if cancelled else "completed",
+            request_counts=counts,
+            metadata={"label": label} if isinstance(label, str) else {},
+        )
+
+
+def settled_requests(batch: dict[str, Any]) -> tuple[int | None, Counter[str]]:
+    """The batch's request count (``request_counts`` as an integer, or its ``total``) and
+    the entries of ``request_status`` that settled, by nopoll's status."""
+    counts = batch.get("request_counts")
+    total = counts.get("total") if isinstance(counts, dict) else counts
+    if not isinstance(total, int) or isinstance(total, bool):
+        total = None
+    settled: Counter[str] = Counter()
+    entries = batch.get("request_status")
+    if isinstance(entries, dict):
+        for info in entries.values():
+            raw = info.get("status") if isinstance(info, dict) else info
+            status = FINAL.get(raw.lower()) if isinstance(raw, str) else None
+            if status is not None:
+                settled[status] += 1
+    return total, settled
 
 
 def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:

@@ -25,7 +25,7 @@ import itertools
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -510,12 +510,14 @@ class ProviderClient:
             content += piece
         return content
 
-    async def stream_bytes(self, path: str) -> AsyncIterator[bytes]:
+    async def stream_bytes(
+        self, path: str, *, attempts: int | None = None
+    ) -> AsyncGenerator[bytes, None]:
         """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;
-        opening is retried like :meth:`get_json`, a break mid-stream raises
-        TransientProviderError (the batch job resumes later)."""
+        opening is tried like :meth:`get_json` (up to ``attempts``), a break mid-stream
+        raises TransientProviderError (the batch job resumes later)."""
         response: Answer | None = None
-        async for attempt in self._retrying():
+        async for attempt in self._retrying(attempts):
             with attempt:
                 response, _ = await self._request(path, read=False)
         assert response is not None

@@ -92,6 +92,8 @@ class OpenAIDialect(ResponsesDialect):
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         fetch.batch = await self.fetch_batch_object(fetch.batch_id)
+        if self.batch_pending(fetch.batch) is not None:
+            return  # not finished: its files are not read; the runner retries later
         file_ids = []
         for name in ("output_file_id", "error_file_id"):
             value = fetch.batch.get(name)

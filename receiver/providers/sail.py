@@ -1,14 +1,23 @@
 """The ``sail`` dialect.
 
-Batch results: the terminal batch object's inline ``results`` array (``custom_id``,
-``response.body`` = a Responses object, ``error``), parsed incrementally (ijson) because
-it can be about 1 GiB. When ``results`` is null (too large for Sail to inline), every
-completed row comes from ``request_status`` via ``GET /batches/{id}/{custom_id}``.
+Sail's published API reference has a batch object without ``status`` or inline results:
+``request_counts`` (an integer), ``request_status`` and a per-row
+``GET /batches/{id}/{custom_id}`` for every completed row; the batch is finished once every
+request settled (:class:`~receiver.providers.base.RequestStatusDialect`). Its
+requests-at-scale guide shows an older shape, read too: a ``status``, and the terminal
+object's inline ``results`` array (``custom_id``, ``response.body`` = a Responses object,
+``error``), parsed incrementally (ijson) because it can be about 1 GiB; when ``results`` is
+null (too large to inline), the rows come from ``request_status`` as above.
+
+A watch's poll reads the object as a stream too, and stops where inline results begin
+(they are there only once the batch is over): it never downloads them, the batch job does,
+once.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import ijson
@@ -20,7 +29,7 @@ from receiver.providers.base import (
     BatchFetch,
     Chunk,
     ChunkCut,
-    ResponsesDialect,
+    RequestStatusDialect,
     rows_by_custom_id,
 )
 
@@ -33,7 +42,7 @@ _ITEM_OPEN = ("start_map", "start_array", "map_key")
 
 async def _events(
     chunks: AsyncIterator[bytes],
-) -> AsyncIterator[tuple[int, list[tuple[str, str, Any]]]]:
+) -> AsyncGenerator[tuple[int, list[tuple[str, str, Any]]], None]:
     """ijson parse events of a streamed document, pushed about 1 MiB at a time in this task:
     for every push, its size and the events it completed. (yajl scans a token cut at the end
     of a push again from its start with the next one: large pushes keep a long string
@@ -164,8 +173,57 @@ class _Inline:
         return self.top.value if isinstance(self.top.value, dict) else {}
 
 
-class SailDialect(ResponsesDialect):
-    """Sail: inline results, or per-custom_id results when they are too large."""
+class SailDialect(RequestStatusDialect):
+    """Sail: per-custom_id results, or inline ones (the guide's older shape)."""
+
+    def batch_pending(self, batch: dict[str, Any]) -> str | None:
+        if not isinstance(batch.get("status"), str) and isinstance(batch.get("results"), list):
+            return None  # inline results: Sail inlines them once the batch is over
+        return super().batch_pending(batch)
+
+    async def fetch_batch_object(
+        self, batch_id: str, *, attempts: int | None = None
+    ) -> dict[str, Any]:
+        """The batch object, streamed: everything but inline ``results`` is built (within
+        ``http.max_response_bytes``); when an inline ``results`` array begins, reading stops
+        there and the object has ``results: []`` in its place (the batch is over)."""
+        if not safe_id(batch_id):
+            raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
+        path = f"batches/{batch_id}"
+        cap = self.client.http.max_response_bytes
+        top = ijson.ObjectBuilder()
+        read = 0
+        try:
+            async with (
+                contextlib.aclosing(self.client.stream_bytes(path, attempts=attempts)) as stream,
+                contextlib.aclosing(_events(stream)) as pushes,
+            ):
+                async for size, events in pushes:
+                    read += size
+                    for prefix, event, value in events:
+                        if prefix == "" and event == "map_key" and value == "results":
+                            continue
+                        if prefix == "results" and event == "start_array":
+                            batch = top.value if isinstance(top.value, dict) else {}
+                            batch["results"] = []
+                            return batch
+                        if prefix == "results" or prefix.startswith("results."):
+                            continue
+                        top.event(event, value)
+                    if read > cap:
+                        raise self.client.too_large(path, "batch object", "max_response_bytes")
+        except ijson.JSONError as exc:
+            raise ProviderError(
+                f"batch object is not valid JSON ({type(exc).__name__})",
+                provider=self.client.name,
+                path=path,
+                status=200,
+            ) from None
+        if not isinstance(top.value, dict):
+            raise ProviderError(
+                "answer is not a JSON object", provider=self.client.name, path=path, status=200
+            )
+        return top.value
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         if not safe_id(fetch.batch_id):
@@ -203,6 +261,9 @@ class SailDialect(ResponsesDialect):
             yield chunk
         fetch.batch = parse.batch
         if parse.inline:
+            fetch.batch.setdefault("results", [])  # a stand-in: the rows were read above
             return
+        if self.batch_pending(fetch.batch) is not None:
+            return  # not finished: no row is fetched; the runner retries the job later
         async for part in rows_by_custom_id(self, fetch):
             yield part

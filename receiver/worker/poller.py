@@ -178,7 +178,7 @@ class WatchPoller:
             else:
                 # one try: every request a watch makes goes through the rate limit
                 obj = await dialect.fetch_batch_object(watch.id, attempts=1)
-                status = unfinished_status(obj, "batch")
+                status = dialect.batch_pending(obj)
         except TransientProviderError as exc:
             outcome = "429" if exc.status == 429 else "error"
             metrics.watch_polls.labels(watch.provider, outcome).inc()
@@ -198,7 +198,8 @@ class WatchPoller:
             await self._again(watch, config, next_interval_s(config.watch, watch.polls), status)
             return
         metrics.watch_polls.labels(watch.provider, "terminal").inc()
-        await self._land(watch, obj)
+        final = str(object_status(obj)) if watch.kind == "response" else None
+        await self._land(watch, obj, final or dialect.batch_facts(obj).status)
 
     async def _again(
         self, watch: Watch, config: ProviderConfig, in_s: float, status: str | None
@@ -224,9 +225,9 @@ class WatchPoller:
         self.state.metrics.dead_letters.labels("watch").inc()
         log.warning("watch %s %s expired: dead letter %s", watch.kind, watch.id, letter.id)
 
-    async def _land(self, watch: Watch, obj: dict[str, Any]) -> None:
-        """Deliver a terminal object once: unless a callback's job got there first."""
-        status = str(object_status(obj))
+    async def _land(self, watch: Watch, obj: dict[str, Any], status: str) -> None:
+        """Deliver a terminal object (``status``: its final status) once: unless a
+        callback's job got there first."""
         if not await self.store.claim_landing(watch, status, lease_s=self.lease_s):
             return
         started = time.monotonic()

@@ -242,6 +242,33 @@ async def test_a_watched_batch_lands_every_row_then_its_summary(
     assert watch is not None and watch.state == "landed"
 
 
+async def test_a_watched_sail_batch_larger_than_the_answer_cap_lands_once(
+    watch_stack, redis_url, pg_url, pg_table
+):
+    """Sail's inline results may reach ~1 GiB, over any cap on an answer read whole: the
+    watch's poll streams the object and stops where the results begin (it needs only to
+    know the batch is over), and the batch job reads them once, streamed."""
+    settings, sim, store = watch_stack("sail")
+    settings = settings.model_copy(
+        update={"http": settings.http.model_copy(update={"max_response_bytes": 2 << 20})}
+    )
+    sim.add_batch(
+        "sail",
+        "b_big",
+        120,
+        body_bytes=60_000,
+        pending_until=time.time() + 1.5,
+        pending_status="in_progress",
+    )  # ~7 MB of inline results: over three times the cap
+    await store.register("sim", "batch", "b_big", first_poll_in_s=0.3)
+    async with running_worker(settings, redis_url):
+        rows = await wait_pg_rows(pg_url, pg_table, 121, timeout=60)
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 120
+    watch = await store.get("sim", "batch", "b_big")
+    assert watch is not None and watch.state == "landed"
+    assert await letters(redis_url) == []
+
+
 async def test_sigkill_of_the_worker_mid_poll_and_a_restart_lose_no_watch(
     procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
 ):
