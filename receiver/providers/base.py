@@ -13,6 +13,7 @@ again from the first row.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = [
     "Dialect",
     "RequestStatusDialect",
     "ResponsesDialect",
+    "batch_label",
     "chunk_rows",
     "id_chunks",
     "line_object",
@@ -273,7 +275,13 @@ class ResponsesDialect:
 
     @classmethod
     def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
-        return check_lines(lines, dialect, cls.row_limit, cls._add_row)
+        return check_lines(lines, dialect, cls.row_limit, cls._add_row, cls.row_rule)
+
+    @classmethod
+    def row_rule(cls, row: dict[str, Any]) -> str | None:
+        """Why the provider would refuse this ``submit --batch`` line (the common checks
+        passed), or None: none beyond them here."""
+        return None
 
     @classmethod
     def _add_row(cls, batch: BatchInput, row: dict[str, Any]) -> None:
@@ -281,8 +289,9 @@ class ResponsesDialect:
         batch.requests += (b"," if batch.rows > 1 else b"") + item
 
     def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
-        """The create body up to the ``requests`` array's items."""
-        label = orjson.dumps(f"nopoll {name} {digest[:12]}")
+        """The create body up to the ``requests`` array's items: its ``endpoint`` and a
+        ``label`` naming the file (:func:`batch_label`)."""
+        label = orjson.dumps(batch_label(name, digest))
         endpoint = orjson.dumps(batch.endpoint)
         return b'{"endpoint":' + endpoint + b',"label":' + label + b',"requests":['
 
@@ -303,6 +312,10 @@ class RequestStatusDialect(ResponsesDialect):
     A batch is finished when it has a final ``status``, or, without one, when the entries of
     ``request_status`` that settled (completed, failed or cancelled) number its requests:
     an empty or partial map is never finished."""
+
+    @classmethod
+    def row_rule(cls, row: dict[str, Any]) -> str | None:
+        return request_status_rule(row)
 
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         if isinstance(batch.get("status"), str):
@@ -332,6 +345,50 @@ class RequestStatusDialect(ResponsesDialect):
             request_counts=counts,
             metadata={"label": label} if isinstance(label, str) else {},
         )
+
+
+LABEL = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+"""A batch ``label`` as Sail and Valar take it."""
+_NOT_LABEL = re.compile(r"[^a-zA-Z0-9_-]+")
+
+
+def batch_label(name: str, digest: str) -> str:
+    """``nopoll-<file name>-<12 hex of its hash>``, the name's other characters as ``_``
+    and cut so that the whole fits :data:`LABEL`."""
+    stem = _NOT_LABEL.sub("_", name).strip("_")[:100] or "batch"
+    return f"nopoll-{stem}-{digest[:12]}"
+
+
+BATCH_CUSTOM_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+"""A batch request's ``custom_id`` as Sail and Valar take it: lower-case letters, digits,
+``_`` and ``-``, starting with a letter or digit, 1 to 64 characters."""
+_RESPONSES = "/v1/responses"
+_NOT_IN_BATCHES = ("asap", "priority")
+
+
+def request_status_rule(row: dict[str, Any]) -> str | None:
+    """Sail's and Valar's refusals of a batch request (their ``CreateBatchRequest``):
+    the ``custom_id`` pattern, the one endpoint, ``metadata`` values that are strings, and
+    no ``asap``/``priority`` completion window in a batch."""
+    custom_id = row["custom_id"]
+    if not BATCH_CUSTOM_ID.fullmatch(custom_id):
+        return (
+            f"custom_id: {custom_id[:80]!r} does not match ^[a-z0-9][a-z0-9_-]*$ "
+            "(1 to 64 lower-case letters, digits, _ or -, starting with a letter or digit)"
+        )
+    if row["url"] != _RESPONSES:
+        return f"url: {row['url'][:80]}, but batches here take {_RESPONSES} only"
+    metadata = row["body"].get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            return "body.metadata: must be an object of strings"
+        for key, value in metadata.items():
+            if not isinstance(value, str):
+                return f"body.metadata.{str(key)[:40]}: must be a string"
+        if metadata.get("completion_window") in _NOT_IN_BATCHES:
+            window = metadata["completion_window"]
+            return f"body.metadata.completion_window: {window} is not available for batches"
+    return None
 
 
 def settled_requests(batch: dict[str, Any]) -> tuple[int | None, Counter[str]]:

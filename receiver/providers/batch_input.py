@@ -9,7 +9,9 @@ what to send.
 :func:`check_lines` is the check of OpenAI batch-input lines ``{"custom_id", "method":
 "POST", "url", "body"}`` that every dialect but ``anthropic`` takes: a unique non-empty
 ``custom_id``, ``POST``, one ``url`` for the whole file, a ``body`` object with a
-``model``, one model per batch, and the dialect's row limit.
+``model``, one model per batch, and the dialect's row limit; then each dialect's own
+rules (its provider's patterns and refusals), so that every line the provider would refuse
+is listed before anything is sent.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_LISTED", "BadLine", "BatchInput", "CreateCall", "check_lines"]
+__all__ = ["MAX_LISTED", "BadLine", "BatchInput", "CreateCall", "Rule", "check_lines"]
 
 MAX_LISTED = 1000
 """Bad lines listed at most (the count says how many more)."""
@@ -70,17 +72,23 @@ class BatchInput:
     """The lines themselves, for a dialect that reads them again to build its calls."""
 
 
+Rule = Callable[[dict[str, Any]], "str | None"]
+"""A dialect's own check of one line that passed the common ones: why its provider would
+refuse it (naming the field and the rule), or None."""
+
+
 def check_lines(
     lines: Iterable[tuple[int, bytes]],
     dialect: str,
     row_limit: int,
     add: Callable[[BatchInput, dict[str, Any]], None],
+    rule: Rule | None = None,
 ) -> BatchInput:
-    """Check OpenAI batch-input lines (see the module docs); ``add`` puts every good line
-    into the batch in the dialect's shape."""
+    """Check OpenAI batch-input lines (see the module docs), and each with the dialect's
+    ``rule``; ``add`` puts every good line into the batch in the dialect's shape."""
     batch, seen, bad = BatchInput(), set[str](), 0
     for number, raw in lines:
-        error, custom_id = _check(raw, batch, seen)
+        error, custom_id = _check(raw, batch, seen, rule)
         if error is not None:
             bad += 1
             if len(batch.rejected) < MAX_LISTED:
@@ -97,7 +105,9 @@ def check_lines(
     return batch
 
 
-def _check(raw: bytes, batch: BatchInput, seen: set[str]) -> tuple[str | None, str | None]:
+def _check(
+    raw: bytes, batch: BatchInput, seen: set[str], rule: Rule | None
+) -> tuple[str | None, str | None]:
     try:
         row = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -131,5 +141,7 @@ def _check(raw: bytes, batch: BatchInput, seen: set[str]) -> tuple[str | None, s
             "(one model per batch)",
             custom_id,
         )
+    if rule is not None and (error := rule(row)) is not None:
+        return error, custom_id
     batch.endpoint, batch.model = url, model
     return None, custom_id

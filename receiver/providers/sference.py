@@ -55,6 +55,20 @@ class SferenceDialect(ResponsesDialect):
 
     request_part = "body"
 
+    @classmethod
+    def row_rule(cls, row: dict[str, Any]) -> str | None:
+        """sference's create-time refusals of a batch row: a body with a non-empty
+        ``messages`` list or a Responses ``input``, and no ``background``."""
+        body = row["body"]
+        messages, given = body.get("messages"), body.get("input")
+        if not (isinstance(messages, list) and messages) and given in (None, "", []):
+            return "body: needs a non-empty messages list or a Responses input"
+        if "messages" in body and not (isinstance(messages, list) and messages):
+            return "body.messages: must be a non-empty list"
+        if "background" in body:
+            return "body.background: not supported in sference batch rows"
+        return None
+
     def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
         return b'{"window":"24h","requests":['
 

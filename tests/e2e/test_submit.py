@@ -179,12 +179,17 @@ async def test_a_bad_batch_file_sends_nothing_and_lists_every_bad_line(
         {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {"model": "m-1"}},
         {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {"model": "m-1"}},
         {"custom_id": "b", "method": "POST", "url": "/v1/responses", "body": {"model": "m-2"}},
+        {"custom_id": "c", "method": "POST", "url": "/v1/responses", "body": {"model": "m-1"}},
     ]
+    for row in rows[:3]:
+        row["body"]["input"] = "x"
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     done = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch")
     assert done.returncode == 1
     assert "line 2: custom_id: a appears twice" in done.stderr
     assert "line 3: body.model: m-2, but the batch's first line has m-1" in done.stderr
+    # sference refuses a row without messages or input at create: listed here first
+    assert "line 4: body: needs a non-empty messages list or a Responses input" in done.stderr
     assert sim.request_count("/v1/") == 0  # checked before anything was sent
 
 

@@ -95,3 +95,71 @@ def test_the_statuses_a_create_is_retried_on() -> None:
     retried = [s for s in range(100, 600) if transient(s)]
     assert retried == [408, 409, 425, 429, 500, *range(502, 600)]
     assert not transient(None)
+
+
+def _row(custom_id="c1", url="/v1/responses", **body):
+    body = {"model": "m", "input": "x", **body}
+    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+@pytest.mark.parametrize("dialect", ["sail", "valar"])
+def test_lines_sail_and_valar_would_refuse_are_listed_with_the_rule(dialect):
+    lines = [
+        _row("ok-1_a"),
+        _row("Upper"),
+        _row("has space"),
+        _row("_leading"),
+        _row("x" * 65),
+        _row("chat", url="/v1/chat/completions"),
+        _row("meta", metadata={"n": 1}),
+        _row("asap", metadata={"completion_window": "asap"}),
+        _row("flex", metadata={"completion_window": "flex"}),
+    ]
+    built = build_batch(list(enumerate(lines, start=1)), dialect)
+    refused = {r.line: r.error for r in built.rejected}
+    assert sorted(refused) == [2, 3, 4, 5, 6, 7, 8]
+    for line in (2, 3, 4, 5):
+        assert "does not match ^[a-z0-9][a-z0-9_-]*$" in refused[line]
+    assert refused[6].startswith("url: /v1/chat/completions, but")
+    [alone] = build_batch([(1, _row("chat", url="/v1/chat/completions"))], dialect).rejected
+    assert alone.error == "url: /v1/chat/completions, but batches here take /v1/responses only"
+    assert refused[7] == "body.metadata.n: must be a string"
+    assert refused[8] == "body.metadata.completion_window: asap is not available for batches"
+
+
+def test_sference_rows_need_messages_or_input_and_no_background():
+    lines = [
+        _row("a"),
+        orjson.dumps(
+            {
+                "custom_id": "b",
+                "method": "POST",
+                "url": "/v1/responses",
+                "body": {"model": "m", "messages": []},
+            }
+        ),
+        _row("c", background=True),
+        orjson.dumps(
+            {"custom_id": "d", "method": "POST", "url": "/v1/responses", "body": {"model": "m"}}
+        ),
+    ]
+    built = build_batch(list(enumerate(lines, start=1)), "sference")
+    assert [(r.line, r.error) for r in built.rejected] == [
+        (2, "body: needs a non-empty messages list or a Responses input"),
+        (3, "body.background: not supported in sference batch rows"),
+        (4, "body: needs a non-empty messages list or a Responses input"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["reviews.jsonl", "my batch (v2).jsonl", "é" * 10, "x" * 300, ""],
+)
+def test_the_batch_label_fits_sails_and_valars_pattern(name):
+    import re
+
+    from receiver.providers.base import batch_label
+
+    label = batch_label(name, "0123456789abcdef" * 4)
+    assert re.fullmatch(r"[a-zA-Z0-9_-]+", label) and len(label) <= 128
+    assert label.startswith("nopoll-") and label.endswith("-0123456789ab")
