@@ -42,7 +42,15 @@ from receiver.providers._decode import ENCODINGS, PIECE, Answer, Decoder, raw_st
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span
 
-__all__ = ["SAFE_ID", "SAID", "ProviderClient", "provider_said", "retry_after_s", "safe_id"]
+__all__ = [
+    "SAFE_ID",
+    "SAID",
+    "ProviderClient",
+    "error_reason",
+    "provider_said",
+    "retry_after_s",
+    "safe_id",
+]
 
 _RETRY_STATUS = RETRY_LATER | {500, 502, 503, 504, 529}
 """529: Anthropic's ``overloaded_error``."""
@@ -96,6 +104,19 @@ async def _provider_says(response: Answer) -> str:
 
 
 def _said(raw: bytes) -> str:
+    message = error_reason(raw)
+    if message is None:
+        return ""
+    if len(message) > _SAID_CHARS:
+        message = message[: _SAID_CHARS - 1] + "\u2026"
+    return SAID + orjson.dumps(message).decode()
+
+
+def error_reason(raw: bytes) -> str | None:
+    """The provider's own words in an error answer, whitespace folded: OpenAI's, Sail's and
+    Valar's ``{"error": {"message", "type", "code"}}`` (or ``{"error": "..."}``),
+    sference's ``{"status_code", "detail", "extra"}`` (with what ``extra`` says of each
+    field), a bare ``{"message"}``, or the text itself; None when there is none."""
     message: Any = None
     try:
         data = orjson.loads(raw)
@@ -108,14 +129,29 @@ def _said(raw: bytes) -> str:
                 message = error.get("message") or error.get("type") or error.get("code")
             else:
                 message = error or data.get("message") or data.get("detail")
+                if isinstance(message, str) and message == data.get("detail"):
+                    message += _extra(data.get("extra"))
     if not isinstance(message, str):
-        return ""
+        return None
     message = " ".join(message.split())
-    if not message:
+    return message or None
+
+
+def _extra(extra: Any) -> str:
+    """What a Litestar-style ``extra`` (sference's errors) says of each field: ``"; key:
+    message"`` for the first three entries that have a message."""
+    if isinstance(extra, dict):
+        extra = [extra]
+    if not isinstance(extra, list):
         return ""
-    if len(message) > _SAID_CHARS:
-        message = message[: _SAID_CHARS - 1] + "\u2026"
-    return SAID + orjson.dumps(message).decode()
+    said = []
+    for item in extra:
+        if isinstance(item, dict) and isinstance(item.get("message"), str):
+            key = item.get("key")
+            said.append(f"{key}: {item['message']}" if isinstance(key, str) else item["message"])
+        if len(said) == 3:
+            break
+    return "".join(f"; {part}" for part in said)
 
 
 def provider_said(error: str) -> tuple[str, str | None]:

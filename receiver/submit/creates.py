@@ -43,7 +43,7 @@ from nopoll.wire import RETRY_LATER, safe_id
 from receiver.backoff import Backoff
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
-from receiver.providers.client import ProviderClient
+from receiver.providers.client import ProviderClient, error_reason
 from receiver.watches.store import WatchStore
 
 __all__ = [
@@ -160,13 +160,12 @@ def create_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None, str | No
 
 
 def provider_reason(status: int, content: bytes) -> str:
-    """The provider's own message from an error answer (``{"error": {"message"}}``)."""
-    with contextlib.suppress(orjson.JSONDecodeError, TypeError, AttributeError):
-        data = orjson.loads(content)
-        error = data.get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else error
-        if isinstance(message, str) and message:
-            return message[:500]
+    """The provider's own message from an error answer, in any provider's error shape
+    (:func:`~receiver.providers.client.error_reason`); else the status."""
+    if content.lstrip()[:1] in (b"{", b"["):
+        reason = error_reason(content)
+        if reason:
+            return reason[:500]
     return f"HTTP {status}"
 
 

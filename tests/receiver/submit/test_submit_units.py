@@ -55,6 +55,17 @@ def test_the_providers_own_reason_is_kept():
     assert provider_reason(400, b'{"error": {"message": "bad model"}}') == "bad model"
     assert provider_reason(400, b'{"error": "flat"}') == "flat"
     assert provider_reason(502, b"<html>") == "HTTP 502"
+    # sference's (Litestar's) error body: the detail and what extra says of each field
+    sference = (
+        b'{"status_code": 400, "detail": "Validation failed for POST /v1/batches",'
+        b' "extra": [{"message": "Expected 24h", "key": "window", "source": "body"}]}'
+    )
+    assert provider_reason(400, sference) == (
+        "Validation failed for POST /v1/batches; window: Expected 24h"
+    )
+    assert provider_reason(404, b'{"status_code": 404, "detail": "Not Found"}') == "Not Found"
+    valar = b'{"error": {"type": "rate_limit_exceeded", "message": "slow down"}}'
+    assert provider_reason(429, valar) == "slow down"
 
 
 def _line(i, model="m", url="/v1/responses"):
