@@ -7,7 +7,7 @@ package's Redis limiters, under the same concurrency, in the same run.
 Each case runs ``--procs`` processes of ``--callers`` coroutines that each take a slot and
 "send" (record the time) as fast as the limiter lets them, against Redis db 13:
 
-- ``gcra``: ``receiver.worker.ratelimit.RateLimiter.acquire`` (one script call books the next
+- ``gcra``: ``receiver.providers.ratelimit.RateLimiter.acquire`` (one script call books the next
   slot and says how long to sleep);
 - ``limits moving``, ``limits sliding``: ``limits.aio`` ``MovingWindowRateLimiter`` and
   ``SlidingWindowCounterRateLimiter`` on ``RedisStorage`` (redis-py): ``hit()`` answers
@@ -50,7 +50,7 @@ def _caller_proc(
         if case == "gcra":
             from redis.asyncio import Redis
 
-            from receiver.worker.ratelimit import RateLimiter
+            from receiver.providers.ratelimit import RateLimiter
 
             redis = Redis.from_url(REDIS_URL)
             limiter = RateLimiter(redis, "bench", rate)

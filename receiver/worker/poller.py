@@ -36,11 +36,11 @@ from nopoll.exceptions import ProviderError, TransientProviderError
 from nopoll.status import object_status, unfinished_status
 from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
+from receiver.providers.ratelimit import RateLimiter
 from receiver.queue.enqueue import put_job
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
 from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
-from receiver.worker.ratelimit import RateLimiter
 from receiver.worker.state import WorkerState
 
 __all__ = ["GROWTH", "JITTER", "WatchPoller", "lease_s", "next_interval_s"]
