@@ -19,6 +19,7 @@ from receiver.config.settings import (
     RouteConfig,
     RouteMatch,
     Settings,
+    TenantProviderConfig,
     UiConfig,
     WorkerConfig,
 )
@@ -150,6 +151,10 @@ def test_schema_config_keys_match_nopoll_settings() -> None:
     assert keys(config) == expected
     assert keys(config["properties"]["providers"]["additionalProperties"]) == set(
         ProviderConfig.model_fields
+    )
+    tenant = config["properties"]["tenants"]["additionalProperties"]["properties"]
+    assert keys(tenant["providers"]["additionalProperties"]) == set(
+        TenantProviderConfig.model_fields
     )
     assert keys(config["properties"]["fetch_retry"]) == set(RetryConfig.model_fields)
     assert keys(config["properties"]["sink_retry"]) == set(RetryConfig.model_fields)
