@@ -2,7 +2,10 @@
 
 :class:`ProviderClient` only ever calls the configured ``base_url``: paths are built from
 ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
-callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
+callback is used as a URL. Every request first takes a slot of its account's request
+budget, and every answer's rate-limit headers and 429s pace it
+(:mod:`receiver.providers.budget`). Transient failures (429, 5xx, timeouts, connection
+errors)
 are retried a few times in place (``http.attempts``; a single response's fetch once: its
 job is retried instead), waiting with :class:`~receiver.backoff.Backoff` and honouring a
 ``Retry-After`` up to ``http.max_retry_after_s``; what still fails, or asks for a longer
@@ -39,6 +42,7 @@ from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._aiohttp import AiohttpGets
 from receiver.providers._decode import ENCODINGS, PIECE, Answer, Decoder, raw_stream
+from receiver.providers.budget import AccountBudget
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span
 
@@ -73,13 +77,11 @@ _SAID_BYTES = 4096
 _SAID_CHARS = 300
 
 
-async def _provider_says(response: Answer) -> str:
-    """``; the provider said: "..."`` with the provider's own error message from an error
-    answer (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"message"}`` or
-    ``{"detail"}``, else its text), truncated and JSON-escaped so it cannot forge a log
-    line; empty when there is none. At most 64 KiB of the answer is read (the rest is
-    not: the connection is then closed rather than reused), and a failure to read it
-    only loses the reason."""
+async def _error_head(response: Answer) -> bytes:
+    """The first 4 KiB of an error answer, where its reason is (:func:`_said`); empty
+    when it is encoded. At most 64 KiB of the answer is
+    read (the rest is not: the connection is then closed rather than reused), and a
+    failure to read it only loses the reason."""
     head = bytearray()
     read = 0
     try:
@@ -91,11 +93,15 @@ async def _provider_says(response: Answer) -> str:
     except _NETWORK_ERRORS:
         pass
     if response.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
-        return ""
-    return _said(bytes(head))
+        return b""
+    return bytes(head)
 
 
 def _said(raw: bytes) -> str:
+    """``; the provider said: "..."`` with the provider's own error message from an error
+    answer (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"message"}`` or
+    ``{"detail"}``, else its text), truncated and JSON-escaped so it cannot forge a log
+    line; empty when there is none."""
     message: Any = None
     try:
         data = orjson.loads(raw)
@@ -264,9 +270,13 @@ class ProviderClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         on_request: Any = None,
+        budget: AccountBudget | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        self.budget = budget
+        """The account's request budget (:mod:`receiver.providers.budget`): a slot of it before
+        every request, its pauses after the answers that ask for one. None: neither."""
         self._http = http
         self._on_request = on_request
         self._backoff = Backoff(_IN_JOB_FIRST_S, _IN_JOB_MAX_S, http.max_retry_after_s)
@@ -358,22 +368,26 @@ class ProviderClient:
         # A long Retry-After defers the whole job instead of holding a worker slot.
         return (exc.retry_after_s or 0.0) <= self._http.max_retry_after_s
 
-    async def get_json(self, path: str, *, attempts: int | None = None) -> dict[str, Any]:
+    async def get_json(
+        self, path: str, *, attempts: int | None = None, wait_s: float | None = None
+    ) -> dict[str, Any]:
         """GET ``{base_url}/{path}`` and return its JSON object, trying transient failures
-        up to ``attempts`` times (default ``http.attempts``)."""
+        up to ``attempts`` times (default ``http.attempts``); each try waits at most
+        ``wait_s`` for its slot of the account's budget (default
+        :data:`~receiver.providers.budget.WAIT_S`)."""
         try:  # the first try outside the retry loop: most GETs need no more, at less cost
-            return await self._get_once(path)
+            return await self._get_once(path, wait_s)
         except TransientProviderError as exc:
             if (attempts or self._http.attempts) <= 1 or not self._worth_retrying_now(exc):
                 raise
             await asyncio.sleep(self._backoff.delay(1, exc.retry_after_s))
         async for attempt in self._retrying(attempts, tried_before=1):
             with attempt:
-                return await self._get_once(path)
+                return await self._get_once(path, wait_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _get_once(self, path: str) -> dict[str, Any]:
-        _, content = await self._request(path, read=True)
+    async def _get_once(self, path: str, wait_s: float | None = None) -> dict[str, Any]:
+        _, content = await self._request(path, read=True, wait_s=wait_s)
         try:
             data = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -386,9 +400,31 @@ class ProviderClient:
             )
         return data
 
-    async def _request(self, path: str, *, read: bool) -> tuple[Answer, bytearray]:
-        """One GET, measured; a 200 comes back (its body read, within the cap, when ``read``,
-        else open for streaming), anything else raises, transient or not."""
+    async def _take(self, path: str, wait_s: float | None) -> None:
+        """A slot of the account's budget for one request (nothing to wait for, and no Redis
+        call, when the account has no rate and no pause)."""
+        budget = self.budget
+        if budget is not None and not budget.free:
+            await budget.take(path, wait_s)
+
+    async def _heard(self, status: int, headers: Mapping[str, str]) -> None:
+        """Pause the account when an answer asks for it (its rate-limit headers, a 429)."""
+        budget = self.budget
+        if budget is not None and (pause := budget.pause_after(status, headers)):
+            await budget.pause(pause)
+
+    def useful_concurrency(self, wanted: int) -> int:
+        """Requests of one kind worth having in flight at once: ``wanted``, or what the
+        account's budget lets through in a few seconds when that is fewer."""
+        return wanted if self.budget is None else self.budget.useful_concurrency(wanted)
+
+    async def _request(
+        self, path: str, *, read: bool, wait_s: float | None = None
+    ) -> tuple[Answer, bytearray]:
+        """One GET, measured, once the account's budget gives it a slot (waiting at most
+        ``wait_s``); a 200 comes back (its body read, within the cap, when ``read``, else
+        open for streaming), anything else raises, transient or not."""
+        await self._take(path, wait_s)
         content = bytearray()
         said = ""
         with self._measured(path) as measured:
@@ -398,10 +434,11 @@ class ProviderClient:
                     if response.status_code == 200:
                         content = await self._read_capped(response, path)
                     else:
-                        said = await _provider_says(response)
+                        said = _said(await _error_head(response))
                 finally:
                     await response.aclose()
             measured.status = status = response.status_code
+        await self._heard(status, response.headers)
         if status == 200:
             return response, content
         if status in _RETRY_STATUS:
@@ -557,11 +594,19 @@ class ProviderClient:
             yield line
 
     async def post_once(
-        self, path: str, content: bytes, *, content_type: str, idempotency_key: str
+        self,
+        path: str,
+        content: bytes,
+        *,
+        content_type: str,
+        idempotency_key: str,
+        wait_s: float | None = None,
     ) -> tuple[int, bytes, float | None]:
-        """One POST to ``{base_url}/{path}`` (a create call): its status, its body (capped
-        like every answer) and its Retry-After. Timeouts and network failures raise
+        """One POST to ``{base_url}/{path}`` (a create call), once the account's budget gives
+        it a slot (waiting at most ``wait_s``): its status, its body (capped like every
+        answer) and its Retry-After. Timeouts, network failures and no slot in time raise
         :class:`TransientProviderError`; the caller retries with the same key."""
+        await self._take(path, wait_s)
         headers = self._headers.copy()
         headers["content-type"] = content_type
         headers["idempotency-key"] = idempotency_key
@@ -578,9 +623,12 @@ class ProviderClient:
                 body = await self._read_capped(response, path)
             finally:
                 await response.aclose()
-            measured.status = response.status_code
-        return response.status_code, bytes(body), retry_after_s(response.headers)
+            measured.status = status = response.status_code
+        await self._heard(status, response.headers)
+        return status, bytes(body), retry_after_s(response.headers)
 
     async def aclose(self) -> None:
+        if self.budget is not None:
+            await self.budget.aclose()
         for transport in self._transports:
             await transport.aclose()

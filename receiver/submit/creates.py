@@ -21,6 +21,10 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
   not yet recorded (the process was killed) is sent again with its key, and the provider
   replays the same id.
 
+Every create takes a slot of the account's request budget, which the workers' polls and
+fetches share (:mod:`receiver.providers.budget`); for a budgeted account at most what it
+lets through in a few seconds is in flight, whatever ``concurrency`` asks.
+
 The file is streamed twice (hash, then lines), a block at a time through a bounded queue:
 memory does not grow with the file, only the ids (for ``--wait``) and custom_ids do.
 """
@@ -196,7 +200,7 @@ class Submitter:
         self.client = client
         self.redis = redis
         self.store = WatchStore(redis)
-        self.concurrency = max(1, concurrency)
+        self.concurrency = client.useful_concurrency(max(1, concurrency))
         self.max_tries = max(1, max_tries)
         self.backoff = backoff or Backoff(0.5, 30.0, 300.0)
         self.on_progress = on_progress
@@ -221,7 +225,7 @@ class Submitter:
                     path, content, content_type=content_type, idempotency_key=key
                 )
             except TransientProviderError as exc:
-                status, error = None, str(exc.args[0])
+                status, error, retry_after = None, str(exc.args[0]), exc.retry_after_s
             else:
                 if not transient(status):
                     return status, content_back, ""
