@@ -75,6 +75,8 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
             f"({result.submitted / elapsed if elapsed else 0:.0f}/s, {result.requests} POSTs)"
         )
         code = _report_rejected(args, path, result.rejected)
+        if submitter.refused is not None:
+            print(f"stopped creating: {submitter.refused}", file=sys.stderr)
         if args.poll and result.ids:  # a run before registered them to wait for callbacks
             await WatchStore(redis).poll_now(
                 args.provider, "response", result.ids, tenant=args.tenant

@@ -4,8 +4,9 @@
 ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
 callback is used as a URL. Every request first takes a slot of its account's request
 budget, and every answer's rate-limit headers and 429s pace it
-(:mod:`receiver.providers.budget`). Transient failures (429, 5xx, timeouts, connection
-errors)
+(:mod:`receiver.providers.budget`); an answer that refuses for ``insufficient_quota`` raises
+:class:`~nopoll.exceptions.QuotaExceeded`, which no retry helps. Transient failures (429,
+5xx, timeouts, connection errors)
 are retried a few times in place (``http.attempts``; a single response's fetch once: its
 job is retried instead), waiting with :class:`~receiver.backoff.Backoff` and honouring a
 ``Retry-After`` up to ``http.max_retry_after_s``; what still fails, or asks for a longer
@@ -36,7 +37,7 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from nopoll.exceptions import ProviderError, TransientProviderError
+from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
 from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
@@ -50,6 +51,9 @@ __all__ = ["SAFE_ID", "SAID", "ProviderClient", "provider_said", "retry_after_s"
 
 _RETRY_STATUS = RETRY_LATER | {500, 502, 503, 504, 529}
 """529: Anthropic's ``overloaded_error``."""
+_QUOTA_STATUS = frozenset({402, 403, 429})
+"""Statuses whose error may say ``insufficient_quota``: a spent quota, not a rate limit."""
+_QUOTA = "insufficient_quota"
 _IN_JOB_FIRST_S = 0.25
 _IN_JOB_MAX_S = 4.0
 """In-job waits stay short: a longer outage is the job's retries' to ride out."""
@@ -78,8 +82,8 @@ _SAID_CHARS = 300
 
 
 async def _error_head(response: Answer) -> bytes:
-    """The first 4 KiB of an error answer, where its reason is (:func:`_said`); empty
-    when it is encoded. At most 64 KiB of the answer is
+    """The first 4 KiB of an error answer, where its reason is (:func:`_said`,
+    :func:`_refused_for_quota`); empty when it is encoded. At most 64 KiB of the answer is
     read (the rest is not: the connection is then closed rather than reused), and a
     failure to read it only loses the reason."""
     head = bytearray()
@@ -122,6 +126,19 @@ def _said(raw: bytes) -> str:
     if len(message) > _SAID_CHARS:
         message = message[: _SAID_CHARS - 1] + "\u2026"
     return SAID + orjson.dumps(message).decode()
+
+
+def _refused_for_quota(raw: bytes) -> bool:
+    """Whether an error answer says ``insufficient_quota``: in ``error.type`` (Valar) or
+    ``error.code`` (OpenAI, which sets both)."""
+    if _QUOTA.encode() not in raw:  # most error answers: no parse
+        return False
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    error = data.get("error") if isinstance(data, dict) else None
+    return isinstance(error, dict) and _QUOTA in (error.get("type"), error.get("code"))
 
 
 def provider_said(error: str) -> tuple[str, str | None]:
@@ -407,10 +424,10 @@ class ProviderClient:
         if budget is not None and not budget.free:
             await budget.take(path, wait_s)
 
-    async def _heard(self, status: int, headers: Mapping[str, str]) -> None:
+    async def _heard(self, status: int, headers: Mapping[str, str], quota: bool) -> None:
         """Pause the account when an answer asks for it (its rate-limit headers, a 429)."""
         budget = self.budget
-        if budget is not None and (pause := budget.pause_after(status, headers)):
+        if budget is not None and (pause := budget.pause_after(status, headers, quota=quota)):
             await budget.pause(pause)
 
     def useful_concurrency(self, wanted: int) -> int:
@@ -427,6 +444,7 @@ class ProviderClient:
         await self._take(path, wait_s)
         content = bytearray()
         said = ""
+        quota = False
         with self._measured(path) as measured:
             response = await self._send(path)
             if read or response.status_code != 200:
@@ -434,13 +452,17 @@ class ProviderClient:
                     if response.status_code == 200:
                         content = await self._read_capped(response, path)
                     else:
-                        said = _said(await _error_head(response))
+                        head = await _error_head(response)
+                        said = _said(head)
+                        quota = response.status_code in _QUOTA_STATUS and _refused_for_quota(head)
                 finally:
                     await response.aclose()
             measured.status = status = response.status_code
-        await self._heard(status, response.headers)
+        await self._heard(status, response.headers, quota)
         if status == 200:
             return response, content
+        if quota:
+            raise self._quota_spent(path, status, said)
         if status in _RETRY_STATUS:
             raise TransientProviderError(
                 "provider busy or failing" + said,
@@ -547,6 +569,12 @@ class ProviderClient:
             content += piece
         return content
 
+    def _quota_spent(self, path: str, status: int, said: str, method: str = "GET") -> QuotaExceeded:
+        reason = f"the account's quota is spent ({_QUOTA}): not retried"
+        return QuotaExceeded(
+            reason + said, provider=self.name, path=path, status=status, method=method
+        )
+
     async def stream_bytes(self, path: str) -> AsyncIterator[bytes]:
         """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;
         opening is retried like :meth:`get_json`, a break mid-stream raises
@@ -605,7 +633,8 @@ class ProviderClient:
         """One POST to ``{base_url}/{path}`` (a create call), once the account's budget gives
         it a slot (waiting at most ``wait_s``): its status, its body (capped like every
         answer) and its Retry-After. Timeouts, network failures and no slot in time raise
-        :class:`TransientProviderError`; the caller retries with the same key."""
+        :class:`TransientProviderError`; the caller retries with the same key. A refusal for
+        ``insufficient_quota`` raises :class:`QuotaExceeded`: no retry helps."""
         await self._take(path, wait_s)
         headers = self._headers.copy()
         headers["content-type"] = content_type
@@ -624,7 +653,10 @@ class ProviderClient:
             finally:
                 await response.aclose()
             measured.status = status = response.status_code
-        await self._heard(status, response.headers)
+        quota = status in _QUOTA_STATUS and _refused_for_quota(bytes(body[:_SAID_BYTES]))
+        await self._heard(status, response.headers, quota)
+        if quota:
+            raise self._quota_spent(path, status, _said(bytes(body[:_SAID_BYTES])), "POST")
         return status, bytes(body), retry_after_s(response.headers)
 
     async def aclose(self) -> None:

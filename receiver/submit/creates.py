@@ -11,6 +11,9 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
   (itself capped at 300 s);
 - any other 4xx rejects the line, with the provider's own reason; so does anything
   unexpected (the line is reported, the other lines go on);
+- a refusal for ``insufficient_quota`` (:class:`~nopoll.exceptions.QuotaExceeded`) rejects
+  the line and stops the run: no create is sent after it, every line not sent yet is
+  reported as not submitted, with the reason, and a rerun once the quota allows sends them;
 - a ``custom_id`` seen on an earlier line of the run rejects the line (both would share
   one key);
 - every created id gets a watch (``expect_callback`` when the provider has webhook
@@ -42,12 +45,12 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from nopoll.exceptions import TransientProviderError
+from nopoll.exceptions import QuotaExceeded, TransientProviderError
 from nopoll.wire import RETRY_LATER, safe_id
 from receiver.backoff import Backoff
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
-from receiver.providers.client import ProviderClient
+from receiver.providers.client import ProviderClient, provider_said
 from receiver.watches.store import WatchStore
 
 __all__ = [
@@ -209,21 +212,30 @@ class Submitter:
         callback came (a provider with webhook secrets, unless ``poll``)."""
         self._custom_ids: dict[str, int] = {}
         """custom_id → the line that used it first (this run)."""
+        self.refused: QuotaExceeded | None = None
+        """The first refusal for ``insufficient_quota``: nothing more is sent this run."""
 
     async def post(
         self, path: str, content: bytes, key: str, content_type: str, result: SubmitResult
     ) -> tuple[int | None, bytes, str]:
         """POST with retries of transient answers under the same key: ``(status, body,
-        error)``; status None when every try failed in transit."""
+        error)``; status None when every try failed in transit, or when nothing was sent
+        because the provider refused a create for ``insufficient_quota`` before."""
         status: int | None = None
         content_back, error = b"", ""
         for attempt in range(1, self.max_tries + 1):
+            if self.refused is not None:
+                return None, b"", self._not_sent()
             retry_after: float | None = None
             result.requests += 1
             try:
                 status, content_back, retry_after = await self.client.post_once(
                     path, content, content_type=content_type, idempotency_key=key
                 )
+            except QuotaExceeded as exc:
+                self.refused = self.refused or exc
+                said = provider_said(str(exc.args[0]))[1]
+                return exc.status, b"", f"{said or 'quota spent'} (insufficient_quota)"
             except TransientProviderError as exc:
                 status, error, retry_after = None, str(exc.args[0]), exc.retry_after_s
             else:
@@ -233,6 +245,16 @@ class Submitter:
             if attempt < self.max_tries:
                 await asyncio.sleep(self.backoff.delay(attempt, retry_after))
         return status, content_back, f"gave up after {self.max_tries} tries: {error}"
+
+    def _not_sent(self) -> str:
+        """Why a line is not sent: the provider refused an earlier create for quota."""
+        assert self.refused is not None
+        said = provider_said(str(self.refused.args[0]))[1]
+        words = f': "{said}"' if said else ""
+        return (
+            f"not submitted: {self.name} refused an earlier create for insufficient_quota"
+            f"{words}; run the same command again once the quota allows"
+        )
 
     async def submit_lines(self, lines: Iterable[tuple[int, bytes]], digest: str) -> SubmitResult:
         """Submit every line not recorded as submitted for ``digest``; see module docs."""

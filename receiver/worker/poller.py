@@ -22,6 +22,9 @@ of its lease is put back, not counted:
   is polled again after it. Other failures (5xx, timeouts) are retried at the watch's own
   interval, or after a longer ``Retry-After``. Each poll is one try: every request a
   watch makes goes through the rate limit.
+- refused for ``insufficient_quota`` (:class:`~nopoll.exceptions.QuotaExceeded`): no poll
+  can succeed until the quota allows, so the watch ends at once as a dead letter with the
+  provider's words (replayable, like an expired watch's).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
-from nopoll.exceptions import ProviderError, TransientProviderError
+from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
 from nopoll.status import object_status, unfinished_status
 from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
@@ -189,6 +192,10 @@ class WatchPoller:
             in_s = max(1.0, exc.retry_after_s or 0.0)
             await self.store.reschedule(watch, in_s=in_s, status=watch.status, polled=False)
             return
+        except QuotaExceeded as exc:
+            metrics.watch_polls.labels(watch.provider, "error").inc()
+            await self._end_as_letter(watch, f"refused: {exc}", watch.polls + 1)
+            return
         except TransientProviderError as exc:
             outcome = "429" if exc.status == 429 else "error"
             metrics.watch_polls.labels(watch.provider, outcome).inc()
@@ -218,21 +225,29 @@ class WatchPoller:
         if age_s + in_s <= config.watch.expire_after_s:
             await self.store.reschedule(watch, in_s=in_s, status=status)
             return
+        error = (
+            f"expired: still {status or 'unknown'} after {age_s:.0f} s "
+            f"({watch.polls} polls; expire_after_s {config.watch.expire_after_s:g})"
+        )
+        await self._end_as_letter(watch, error, watch.polls)
+
+    async def _end_as_letter(self, watch: Watch, error: str, polls: int) -> None:
+        """End the watch (``expired``) as a dead letter saying ``error``; its replay fetches
+        the id once."""
         # A replay of this letter must end the watch the way a callback would: landed.
         job = _fetch_job(watch, received_at=now_rfc3339(), from_watch=False).polled()
         letter = await self.state.dead_letters.add(
             sink="watch",
             provider=watch.provider,
             keys=[watch.id],
-            attempts=watch.polls,
-            error=f"expired: still {status or 'unknown'} after {age_s:.0f} s "
-            f"({watch.polls} polls; expire_after_s {config.watch.expire_after_s:g})",
+            attempts=polls,
+            error=error,
             function=job.function,
             kwargs=job.kwargs,
         )
         await self.store.end(watch, "expired")
         self.state.metrics.dead_letters.labels("watch").inc()
-        log.warning("watch %s %s expired: dead letter %s", watch.kind, watch.id, letter.id)
+        log.warning("watch %s %s ended: dead letter %s: %s", watch.kind, watch.id, letter.id, error)
 
     async def _land(self, watch: Watch, obj: dict[str, Any]) -> None:
         """Deliver a terminal object once: unless a callback's job got there first."""

@@ -1,6 +1,6 @@
 """Each provider account's request budget: every request nopoll makes there (polls, fetches,
 row GETs, streams, creates) takes a slot of one shared budget, paced by the provider's
-rate-limit headers and paused by its 429s. Against the real
+rate-limit headers and paused by its 429s; a quota refusal is permanent. Against the real
 simulator (behind :class:`~tests.limited_provider.LimitedSimulator`) and real Redis."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from nopoll.exceptions import TransientProviderError
+from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
 from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import HttpConfig, ProviderConfig, Settings, load_settings
 from receiver.metrics import Metrics
@@ -27,7 +27,7 @@ from receiver.providers.budget import (
     rate_pause_s,
 )
 from receiver.worker.state import build_state
-from tests.limited_provider import max_in_any_second
+from tests.limited_provider import OPENAI_QUOTA, VALAR_QUOTA, max_in_any_second
 
 KEY = "sk-test-not-a-real-key"
 
@@ -339,6 +339,61 @@ async def test_a_429_pause_reaches_another_process_of_an_account_without_budget(
             await r.aclose()
     last = sim.seen("/v1/responses/resp_other")[-1]
     assert last.at - refused >= 2.8
+
+
+# --- quota: no retry helps ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(429, VALAR_QUOTA), (429, OPENAI_QUOTA), (402, VALAR_QUOTA), (403, OPENAI_QUOTA)],
+    ids=["valar-429", "openai-429", "402", "403"],
+)
+async def test_insufficient_quota_is_permanent_with_the_providers_words(
+    limited_sim, redis_url, status, body
+):
+    sim = limited_sim(api_key=KEY)
+    sim.add_response("resp_quota")
+    sim.add_response("resp_after")
+    sim.refuse("/v1/responses/resp_quota", status=status, body=body, retry_after=1)
+    redis = Redis.from_url(redis_url)
+    c = _client(sim, redis, rate_limit_rps=50)
+    try:
+        with pytest.raises(QuotaExceeded) as info:
+            await c.get_json("responses/resp_quota", attempts=3)
+        started = time.monotonic()
+        await c.get_json("responses/resp_after")  # a quota refusal is no rate signal
+        took = time.monotonic() - started
+        with pytest.raises(QuotaExceeded) as created:
+            sim.refuse("/v1/responses", status=status, body=body, method="POST")
+            await c.post_once(
+                "responses", b"{}", content_type="application/json", idempotency_key="k"
+            )
+    finally:
+        await c.aclose()
+        await redis.aclose()
+    assert not isinstance(info.value, TransientProviderError)
+    assert isinstance(info.value, ProviderError) and info.value.status == status
+    assert body["error"]["message"] in str(info.value)
+    assert "insufficient_quota" in str(info.value)
+    assert len(sim.seen("/v1/responses/resp_quota")) == 1  # not retried
+    assert took < 0.5
+    assert body["error"]["message"] in str(created.value)
+
+
+async def test_a_plain_429_is_still_transient(limited_sim, redis_url):
+    sim = limited_sim(api_key=KEY)
+    sim.add_response("resp_rate")
+    limited = {"error": {"type": "rate_limit_exceeded", "message": "request rate limit exceeded"}}
+    sim.refuse("/v1/responses/resp_rate", body=limited, retry_after=0.2, first=1)
+    redis = Redis.from_url(redis_url)
+    c = _client(sim, redis, rate_limit_rps=50)
+    try:
+        assert (await c.get_json("responses/resp_rate", attempts=2))["id"] == "resp_rate"
+    finally:
+        await c.aclose()
+        await redis.aclose()
+    assert len(sim.seen("/v1/responses/resp_rate")) == 2
 
 
 # --- tenants --------------------------------------------------------------------------------
