@@ -157,11 +157,10 @@ class AccountBudget:
         self._looked = -math.inf
         self._look: asyncio.Task[None] | None = None
 
-    @property
-    def free(self) -> bool:
-        """True when a request may go now without waiting for Redis: the account has no
-        rate and no pause this process knows of. Looks at the shared pause in the
-        background at most every :data:`PAUSE_LOOK_S`."""
+    def free_now(self) -> bool:
+        """True when a request may go now without asking Redis: the account has no rate
+        and no pause this process knows of. Starts a look at the shared pause, in the
+        background, at most every :data:`PAUSE_LOOK_S`."""
         if self._limiter is not None:
             return False
         now = time.monotonic()

@@ -421,7 +421,7 @@ class ProviderClient:
         """A slot of the account's budget for one request (nothing to wait for, and no Redis
         call, when the account has no rate and no pause)."""
         budget = self.budget
-        if budget is not None and not budget.free:
+        if budget is not None and not budget.free_now():
             await budget.take(path, wait_s)
 
     async def _heard(self, status: int, headers: Mapping[str, str], quota: bool) -> None:
