@@ -276,6 +276,8 @@ def write_config(tmp: Path, base_url: str, sinks: str) -> Path:
         f"    base_url: {base_url}\n"
         f"    webhook_secrets: ['{secret}']\n"
         "    max_concurrency: 32\n"
+        # the simulator has no request limit (valar's default budget would be 1/s)
+        "    rate_limit_rps: null\n"
         f"sinks:\n{sinks}"
     )
     return path

@@ -9,7 +9,7 @@ background work). Three parts, each with its own baseline from the same run:
 
 1. **Schedule** (simulated clock, ``--n`` ids registered over ``--submit-s``): the real
    ``receiver.worker.poller.next_interval_s`` with the default watch settings, every poll given
-   a slot of the shared rate limit (``--rps``) in due order, as ``receiver.worker.ratelimit``
+   a slot of the shared rate limit (``--rps``) in due order, as ``receiver.providers.ratelimit``
    does. Prints nopoll's requests / the 1-s loop's requests, the delay from completion to
    the poll that finds it, and the most polls in any one-second window.
 2. **Live** (real clock, compressed ``--live-scale`` times): ``--live-n`` ids in the
@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common
 
 from receiver.config.settings import WatchConfig
+from receiver.providers.ratelimit import JITTER_ALLOWANCE_S
 from receiver.worker.poller import next_interval_s
-from receiver.worker.ratelimit import JITTER_ALLOWANCE_S
 
 MEDIAN_S = 60.0
 P99_S = 1200.0
@@ -89,7 +89,7 @@ def schedule(n: int, rps: float, submit_s: float, seed: int) -> dict[str, float]
     registered = [submit_s * i / n for i in range(n)]
     due = [(registered[i] + cfg.first_poll_s, i, 1) for i in range(n)]
     heapq.heapify(due)
-    gap = (1 + JITTER_ALLOWANCE_S) / rps  # the slots receiver.worker.ratelimit hands out
+    gap = (1 + JITTER_ALLOWANCE_S) / rps  # the slots receiver.providers.ratelimit hands out
     next_slot, polls, delays, at_times = 0, 0, [], []
     for _ in range(200 * n):  # bounded: every id ends long before this
         if not due:

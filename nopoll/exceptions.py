@@ -7,6 +7,7 @@ exactly ours::
     ├── ConfigError (also ValueError)  -- the config file is missing, unreadable or invalid
     ├── VerificationError               -- a callback's signature headers do not check out
     ├── ProviderError                   -- a provider request failed (provider, path, status)
+    │   ├── QuotaExceeded               -- ... the account's quota is spent: no retry helps
     │   └── TransientProviderError      -- ... and trying again later may succeed
     │       └── ResultNotReady          -- the object is not terminal yet (in_progress, ...)
     └── SinkError                       -- a sink could not open or write (carries the sink name)
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigError",
     "NopollError",
     "ProviderError",
+    "QuotaExceeded",
     "ResultNotReady",
     "SinkError",
     "SinkRejected",
@@ -49,17 +51,32 @@ class ProviderError(NopollError):
     """A request to a provider failed for good (a 4xx other than 408/429, or bad JSON)."""
 
     def __init__(
-        self, message: str, *, provider: str, path: str, status: int | None = None
+        self,
+        message: str,
+        *,
+        provider: str,
+        path: str,
+        status: int | None = None,
+        method: str = "GET",
     ) -> None:
         super().__init__(message)
         self.provider = provider
         self.path = path
         self.status = status
+        self.method = method
 
     def __str__(self) -> str:
-        where = f"{self.provider} GET {self.path}"
+        where = f"{self.provider} {self.method} {self.path}"
         status = f" (HTTP {self.status})" if self.status is not None else ""
         return f"{where}{status}: {self.args[0]}"
+
+
+class QuotaExceeded(ProviderError):
+    """The provider refused the request because the account's quota is spent (a 429, 402 or
+    403 whose error says ``insufficient_quota``, as OpenAI and Valar answer at their spend
+    caps). Unlike a rate limit, waiting a few seconds does not help: it keeps failing until
+    the quota is raised or the spend ages out, so the work becomes a dead letter at once,
+    and the message carries the provider's own words."""
 
 
 class TransientProviderError(ProviderError):

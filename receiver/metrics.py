@@ -96,7 +96,14 @@ class Metrics:
         self.rate_limit_wait_seconds = _counter(
             r,
             "nopoll_rate_limit_wait_seconds",
-            "Seconds polls waited for a slot of the provider's rate limit",
+            "Seconds provider requests waited for a slot (watch.rate_limit_rps, the account's "
+            "rate_limit_rps) or out a pause",
+            "provider",
+        )
+        self.rate_limit_pauses = _counter(
+            r,
+            "nopoll_rate_limit_pauses",
+            "Pauses of a provider account: a 429's Retry-After, or X-RateLimit-Remaining 0",
             "provider",
         )
         self._queues = _QueueCollector()

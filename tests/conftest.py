@@ -143,6 +143,25 @@ def provider_sim() -> Iterator[Callable[..., ProviderSimulator]]:
 
 
 @pytest.fixture
+def limited_sim() -> Iterator[Callable[..., Any]]:
+    """Factory: a started :class:`~tests.limited_provider.LimitedSimulator` (the provider
+    simulator behind a rate-limit layer: X-RateLimit-* headers, 429s, a request log)."""
+    from tests.limited_provider import LimitedSimulator
+
+    started: list[LimitedSimulator] = []
+
+    def make(**kwargs: Any) -> LimitedSimulator:
+        sim = LimitedSimulator(**kwargs)
+        sim.start()
+        started.append(sim)
+        return sim
+
+    yield make
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
 def webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 

@@ -22,6 +22,7 @@ _SHOWN = 10
 
 
 async def _submit(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
+    from receiver.providers.budget import account_budget
     from receiver.providers.client import ProviderClient
     from receiver.queue._arq import arq_pool
     from receiver.submit.creates import Submitter, file_digest
@@ -42,7 +43,9 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
     http = settings.http.model_copy(
         update={"max_connections": max(settings.http.max_connections, args.concurrency)}
     )
-    client = ProviderClient(args.provider, provider, http)
+    # the account's budget: these creates share it with the workers' polls and fetches
+    budget = account_budget(redis, args.provider, args.tenant, provider)
+    client = ProviderClient(args.provider, provider, http, budget=budget)
     started = time.monotonic()
     try:
         await reach(redis, where)  # before anything is created at the provider
@@ -72,6 +75,8 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
             f"({result.submitted / elapsed if elapsed else 0:.0f}/s, {result.requests} POSTs)"
         )
         code = _report_rejected(args, path, result.rejected)
+        if submitter.refused is not None:
+            print(f"stopped creating: {submitter.refused}", file=sys.stderr)
         if args.poll and result.ids:  # a run before registered them to wait for callbacks
             await WatchStore(redis).poll_now(
                 args.provider, "response", result.ids, tenant=args.tenant

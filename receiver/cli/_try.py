@@ -97,6 +97,8 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
     ]
     if secret is not None:
         lines.append(f'    webhook_secrets: ["${{{var}_WEBHOOK_SECRET}}"]')
+    if DIALECTS[dialect].rate_limit_rps is not None:  # the real provider's, not this one's
+        lines.append("    rate_limit_rps: null           # the simulator has no request limit")
     lines += [
         "sinks:",
         '  db: {type: sql, url: "sqlite:///nopoll-data/results.db"}',

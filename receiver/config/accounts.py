@@ -1,9 +1,10 @@
 """Tenants' provider accounts: which account a tenant's work uses, and the name its Redis
 keys and job ids go by.
 
-The tenant's own ``api_key`` (every account has one: the config refuses one without) and
-``webhook_secrets`` (where given) replace the provider's (:func:`tenant_provider`); the
-provider's ``dialect``, ``base_url`` and settings stay.
+The tenant's own ``api_key`` (every account has one: the config refuses one without),
+``webhook_secrets`` and ``rate_limit_rps`` (where given) replace the provider's
+(:func:`tenant_provider`); the provider's ``dialect``, ``base_url`` and settings stay. Each
+account's request budget is its own whatever its rate (Redis keys by :func:`scoped`).
 
 Everything the default tenant keys by provider in Redis (the webhook-id dedupe, job ids,
 batch progress, watches and callback markers, ``nopoll submit``'s records and
@@ -29,9 +30,9 @@ def scoped(provider: str, tenant: str) -> str:
 
 
 def tenant_provider(settings: Settings, tenant: str, provider: str) -> ProviderConfig | None:
-    """``provider``'s config as ``tenant`` uses it (its own ``api_key`` and
-    ``webhook_secrets`` where given); None when the tenant or provider is unknown, or the
-    tenant has no account at that provider."""
+    """``provider``'s config as ``tenant`` uses it (its own ``api_key``, and
+    ``webhook_secrets`` and ``rate_limit_rps`` where given); None when the tenant or
+    provider is unknown, or the tenant has no account at that provider."""
     config = settings.providers.get(provider)
     if config is None or tenant == DEFAULT_TENANT:
         return config
@@ -44,6 +45,8 @@ def tenant_provider(settings: Settings, tenant: str, provider: str) -> ProviderC
         update["api_key"] = account.api_key
     if account.webhook_secrets:
         update["webhook_secrets"] = list(account.webhook_secrets)
+    if "rate_limit_rps" in account.model_fields_set:
+        update["rate_limit_rps"] = account.rate_limit_rps
     return config.model_copy(update=update)
 
 

@@ -89,7 +89,14 @@ def describe(
             if p.webhook_secrets
             else "no webhook secrets: takes no callbacks"
         )
-        lines.append(f"provider {name} ({p.dialect}): {callbacks}; fetches from {p.base_url}")
+        budget = (
+            f"; at most {p.rate_limit_rps:g} requests/s to the account"
+            if p.rate_limit_rps is not None
+            else ""
+        )
+        lines.append(
+            f"provider {name} ({p.dialect}): {callbacks}; fetches from {p.base_url}{budget}"
+        )
     for name, sink in settings.sinks.items():
         value = next((getattr(sink, f) for f in _WHERE if getattr(sink, f, None) is not None), "")
         where = value.get_secret_value() if isinstance(value, SecretStr) else str(value)

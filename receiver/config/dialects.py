@@ -37,13 +37,22 @@ class DialectInfo:
     base_path: str = "/v1"
     """What its ``base_url`` has after the host: OpenAI-style APIs end in ``/v1``,
     Anthropic's SDK takes the host itself."""
+    rate_limit_rps: float | None = None
+    """Requests per second its providers document for one account, every kind of request
+    together: the default of ``providers.<name>.rate_limit_rps``. None: no fixed request
+    rate is documented (a limit in tokens, or per model, or none at all), so an account
+    has no request budget and its requests cost nothing extra."""
 
 
 DIALECTS: dict[str, DialectInfo] = {
     "openai": DialectInfo("receiver.providers.openai:OpenAIDialect", sends_callbacks=True),
     "sference": DialectInfo("receiver.providers.sference:SferenceDialect", sends_callbacks=True),
     "sail": DialectInfo("receiver.providers.sail:SailDialect", sends_callbacks=False),
-    "valar": DialectInfo("receiver.providers.valar:ValarDialect", sends_callbacks=False),
+    # Valar: 60 requests a minute per organization, summed over its API keys (limits.mdx,
+    # commit c6185994 on an unmerged docs branch; /work/notes/contracts/valar.md section 5)
+    "valar": DialectInfo(
+        "receiver.providers.valar:ValarDialect", sends_callbacks=False, rate_limit_rps=1.0
+    ),
     "anthropic": DialectInfo(
         "receiver.providers.anthropic:AnthropicDialect",
         sends_callbacks=False,

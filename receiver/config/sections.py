@@ -19,6 +19,7 @@ from pydantic import (
 from receiver.backoff import Backoff
 
 __all__ = [
+    "MAX_RATE_LIMIT_RPS",
     "ApiConfig",
     "BatchConfig",
     "HttpConfig",
@@ -28,6 +29,11 @@ __all__ = [
     "WatchConfig",
     "WorkerConfig",
 ]
+
+
+MAX_RATE_LIMIT_RPS = 10_000
+"""The highest request rate a rate limit may be set to (``watch.rate_limit_rps``, a provider
+account's ``rate_limit_rps``)."""
 
 
 class ConfigModel(BaseModel):
@@ -43,7 +49,7 @@ class WatchConfig(ConfigModel):
     """The first poll, this long after the watch starts."""
     max_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     """Polls back off exponentially (with jitter) up to this interval."""
-    rate_limit_rps: float = Field(default=20.0, gt=0, le=10_000)
+    rate_limit_rps: float = Field(default=20.0, gt=0, le=MAX_RATE_LIMIT_RPS)
     """Polls per second to this provider, summed over every worker process."""
     expire_after_s: float = Field(default=86_400.0, gt=0)
     """A watch still pending after this long ends as a dead letter (``expired``)."""

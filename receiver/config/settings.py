@@ -40,6 +40,7 @@ from nopoll.exceptions import ConfigError
 from nopoll.wire import decode_webhook_secret
 from receiver.config.dialects import DIALECTS, DialectInfo, known_dialect
 from receiver.config.sections import (
+    MAX_RATE_LIMIT_RPS,
     ApiConfig,
     BatchConfig,
     ConfigModel,
@@ -133,6 +134,10 @@ class ProviderConfig(ConfigModel):
     webhook_secrets: list[_WebhookSecret] = Field(default_factory=list)
     tolerance_s: int = Field(default=300, ge=1, le=86_400)
     max_concurrency: int = Field(default=32, ge=1, le=1024)
+    rate_limit_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_LIMIT_RPS)
+    """Requests per second to this provider account, every kind (polls, fetches, per-row
+    GETs, result streams, creates) summed over every process. Left out: the dialect's
+    documented limit (:attr:`DialectInfo.rate_limit_rps`); ``null``: no budget."""
     watch: WatchConfig = Field(default_factory=WatchConfig)
 
     @field_validator("base_url")
@@ -165,6 +170,8 @@ class ProviderConfig(ConfigModel):
         if self.api_version is not None and not info.takes_api_version:
             having = [name for name, row in DIALECTS.items() if row.takes_api_version]
             raise ValueError(f"api_version: only the {' and '.join(having)} dialect has one")
+        if "rate_limit_rps" not in self.model_fields_set:  # the provider's documented limit
+            object.__setattr__(self, "rate_limit_rps", info.rate_limit_rps)
         return self
 
     @property

@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from nopoll.envelope import DEFAULT_TENANT
 from nopoll.wire import decode_webhook_secret
-from receiver.config.sections import ConfigModel
+from receiver.config.sections import MAX_RATE_LIMIT_RPS, ConfigModel
 from receiver.config.source import left_unset
 
 __all__ = [
@@ -47,10 +47,13 @@ def _kept(value: list[SecretStr]) -> list[SecretStr]:
 class TenantProviderConfig(ConfigModel):
     """A tenant's own account at one provider: its own key (required: with the provider's
     key it could fetch the default tenant's results) and, optionally, its own webhook
-    secrets (the provider's ``dialect``, ``base_url`` and settings stay)."""
+    secrets and request rate (the provider's ``dialect``, ``base_url`` and settings stay)."""
 
     api_key: SecretStr | None = None
     webhook_secrets: list[SecretStr] = Field(default_factory=list)
+    rate_limit_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_LIMIT_RPS)
+    """Requests per second to the tenant's account (a budget of its own, whatever the
+    provider's account uses). Left out: the provider's ``rate_limit_rps``; ``null``: none."""
 
     @field_validator("webhook_secrets")
     @classmethod

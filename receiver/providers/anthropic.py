@@ -129,7 +129,9 @@ class AnthropicDialect:
             auth_headers(key.get_secret_value() if key else None, client.config.api_version)
         )
 
-    async def fetch_response(self, response_id: str) -> dict[str, Any]:
+    async def fetch_response(
+        self, response_id: str, *, wait_s: float | None = None
+    ) -> dict[str, Any]:
         raise ProviderError(
             "the anthropic dialect has batches only (no single responses to fetch)",
             provider=self.client.name,
@@ -137,13 +139,13 @@ class AnthropicDialect:
         )
 
     async def fetch_batch_object(
-        self, batch_id: str, *, attempts: int | None = None
+        self, batch_id: str, *, attempts: int | None = None, wait_s: float | None = None
     ) -> dict[str, Any]:
         """``GET {base_url}/v1/messages/batches/{id}`` (after checking the id is safe)."""
         if not safe_id(batch_id):
             raise ProviderError("unsafe batch id", provider=self.client.name, path=BATCHES_PATH)
         path = f"{BATCHES_PATH}/{batch_id}"
-        data = await self.client.get_json(path, attempts=attempts)
+        data = await self.client.get_json(path, attempts=attempts, wait_s=wait_s)
         if data.get("id") != batch_id:
             raise ProviderError(
                 "answer is for another batch id", provider=self.client.name, path=path, status=200

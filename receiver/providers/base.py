@@ -100,15 +100,19 @@ class Dialect(Protocol):
 
     def __init__(self, client: ProviderClient) -> None: ...
 
-    async def fetch_response(self, response_id: str) -> dict[str, Any]:
-        """The finished Responses object for ``response_id``."""
+    async def fetch_response(
+        self, response_id: str, *, wait_s: float | None = None
+    ) -> dict[str, Any]:
+        """The finished Responses object for ``response_id``; the GET waits at most
+        ``wait_s`` for its slot of the account's budget (:mod:`receiver.providers.budget`)."""
         ...
 
     async def fetch_batch_object(
-        self, batch_id: str, *, attempts: int | None = None
+        self, batch_id: str, *, attempts: int | None = None, wait_s: float | None = None
     ) -> dict[str, Any]:
         """The batch object for ``batch_id`` (after checking the id is safe), tried up to
-        ``attempts`` times (default ``http.attempts``): what a watch polls."""
+        ``attempts`` times (default ``http.attempts``), each waiting at most ``wait_s`` for
+        its slot: what a watch polls."""
         ...
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
@@ -239,12 +243,14 @@ class ResponsesDialect:
     def __init__(self, client: ProviderClient) -> None:
         self.client = client
 
-    async def fetch_response(self, response_id: str) -> dict[str, Any]:
+    async def fetch_response(
+        self, response_id: str, *, wait_s: float | None = None
+    ) -> dict[str, Any]:
         if not safe_id(response_id):
             raise ProviderError("unsafe response id", provider=self.client.name, path="responses/?")
         # One request per job try: the fetch job's own retries are this request's retries
         # (retrying here too would multiply them; docs/reliability.md has the bound).
-        data = await self.client.get_json(f"responses/{response_id}", attempts=1)
+        data = await self.client.get_json(f"responses/{response_id}", attempts=1, wait_s=wait_s)
         if data.get("id") != response_id:
             raise ProviderError(
                 "answer is for another response id",
@@ -255,13 +261,14 @@ class ResponsesDialect:
         return data
 
     async def fetch_batch_object(
-        self, batch_id: str, *, attempts: int | None = None
+        self, batch_id: str, *, attempts: int | None = None, wait_s: float | None = None
     ) -> dict[str, Any]:
         """``GET {base_url}/batches/{id}`` (after checking the id is safe), tried up to
-        ``attempts`` times (default ``http.attempts``)."""
+        ``attempts`` times (default ``http.attempts``), each waiting at most ``wait_s`` for
+        its slot of the account's budget."""
         if not safe_id(batch_id):
             raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
-        return await self.client.get_json(f"batches/{batch_id}", attempts=attempts)
+        return await self.client.get_json(f"batches/{batch_id}", attempts=attempts, wait_s=wait_s)
 
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         raise NotImplementedError
@@ -416,9 +423,12 @@ def _row_status(info: Any) -> tuple[str, dict[str, str] | None]:
 
 async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> AsyncIterator[Chunk]:
     """Walk the batch object's ``request_status``: ``GET /batches/{id}/{custom_id}`` for every
-    completed row under bounded concurrency (two chunks in flight), the rest recorded with
-    their status. Chunks are cut by row count (:func:`id_chunks`): a row's size is known
-    once it is fetched, and a resumed run fetches no skipped row."""
+    completed row under bounded concurrency (two chunks in flight, at most
+    ``max_concurrency`` GETs, fewer when the account's budget lets fewer through in a few
+    seconds), the rest recorded with their status. Each GET waits for its slot of the
+    account's budget: a 1,000-row Valar batch at its 60 a minute takes some 18 minutes.
+    Chunks are cut by row count (:func:`id_chunks`): a row's size is known once it is
+    fetched, and a resumed run fetches no skipped row."""
     client = dialect.client
     request_status = fetch.batch.get("request_status") or {}
     if not isinstance(request_status, dict):
@@ -428,7 +438,7 @@ async def rows_by_custom_id(dialect: ResponsesDialect, fetch: BatchFetch) -> Asy
             path=f"batches/{fetch.batch_id}",
             status=200,
         )
-    concurrency = client.config.max_concurrency
+    concurrency = client.useful_concurrency(client.config.max_concurrency)
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(index: int, custom_id: str) -> BatchRow:

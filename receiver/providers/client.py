@@ -2,7 +2,11 @@
 
 :class:`ProviderClient` only ever calls the configured ``base_url``: paths are built from
 ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
-callback is used as a URL. Transient failures (429, 5xx, timeouts, connection errors)
+callback is used as a URL. Every request first takes a slot of its account's request
+budget, and every answer's rate-limit headers and 429s pace it
+(:mod:`receiver.providers.budget`); an answer that refuses for ``insufficient_quota`` raises
+:class:`~nopoll.exceptions.QuotaExceeded`, which no retry helps. Transient failures (429,
+5xx, timeouts, connection errors)
 are retried a few times in place (``http.attempts``; a single response's fetch once: its
 job is retried instead), waiting with :class:`~receiver.backoff.Backoff` and honouring a
 ``Retry-After`` up to ``http.max_retry_after_s``; what still fails, or asks for a longer
@@ -33,12 +37,13 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from nopoll.exceptions import ProviderError, TransientProviderError
+from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
 from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._aiohttp import AiohttpGets
 from receiver.providers._decode import ENCODINGS, PIECE, Answer, Decoder, raw_stream
+from receiver.providers.budget import AccountBudget
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span
 
@@ -54,6 +59,9 @@ __all__ = [
 
 _RETRY_STATUS = RETRY_LATER | {500, 502, 503, 504, 529}
 """529: Anthropic's ``overloaded_error``."""
+_QUOTA_STATUS = frozenset({402, 403, 429})
+"""Statuses whose error may say ``insufficient_quota``: a spent quota, not a rate limit."""
+_QUOTA = "insufficient_quota"
 _IN_JOB_FIRST_S = 0.25
 _IN_JOB_MAX_S = 4.0
 """In-job waits stay short: a longer outage is the job's retries' to ride out."""
@@ -81,13 +89,11 @@ _SAID_BYTES = 4096
 _SAID_CHARS = 300
 
 
-async def _provider_says(response: Answer) -> str:
-    """``; the provider said: "..."`` with the provider's own error message from an error
-    answer (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"message"}`` or
-    ``{"detail"}``, else its text), truncated and JSON-escaped so it cannot forge a log
-    line; empty when there is none. At most 64 KiB of the answer is read (the rest is
-    not: the connection is then closed rather than reused), and a failure to read it
-    only loses the reason."""
+async def _error_head(response: Answer) -> bytes:
+    """The first 4 KiB of an error answer, where its reason is (:func:`_said`,
+    :func:`_refused_for_quota`); empty when it is encoded. At most 64 KiB of the answer is
+    read (the rest is not: the connection is then closed rather than reused), and a
+    failure to read it only loses the reason."""
     head = bytearray()
     read = 0
     try:
@@ -99,11 +105,14 @@ async def _provider_says(response: Answer) -> str:
     except _NETWORK_ERRORS:
         pass
     if response.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
-        return ""
-    return _said(bytes(head))
+        return b""
+    return bytes(head)
 
 
 def _said(raw: bytes) -> str:
+    """``; the provider said: "..."`` with the provider's own error message from an error
+    answer (:func:`error_reason`), truncated and JSON-escaped so it cannot forge a log
+    line; empty when there is none."""
     message = error_reason(raw)
     if message is None:
         return ""
@@ -152,6 +161,19 @@ def _extra(extra: Any) -> str:
         if len(said) == 3:
             break
     return "".join(f"; {part}" for part in said)
+
+
+def _refused_for_quota(raw: bytes) -> bool:
+    """Whether an error answer says ``insufficient_quota``: in ``error.type`` (Valar) or
+    ``error.code`` (OpenAI, which sets both)."""
+    if _QUOTA.encode() not in raw:  # most error answers: no parse
+        return False
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    error = data.get("error") if isinstance(data, dict) else None
+    return isinstance(error, dict) and _QUOTA in (error.get("type"), error.get("code"))
 
 
 def provider_said(error: str) -> tuple[str, str | None]:
@@ -300,9 +322,13 @@ class ProviderClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         on_request: Any = None,
+        budget: AccountBudget | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        self.budget = budget
+        """The account's request budget (:mod:`receiver.providers.budget`): a slot of it before
+        every request, its pauses after the answers that ask for one. None: neither."""
         self._http = http
         self._on_request = on_request
         self._backoff = Backoff(_IN_JOB_FIRST_S, _IN_JOB_MAX_S, http.max_retry_after_s)
@@ -394,22 +420,26 @@ class ProviderClient:
         # A long Retry-After defers the whole job instead of holding a worker slot.
         return (exc.retry_after_s or 0.0) <= self._http.max_retry_after_s
 
-    async def get_json(self, path: str, *, attempts: int | None = None) -> dict[str, Any]:
+    async def get_json(
+        self, path: str, *, attempts: int | None = None, wait_s: float | None = None
+    ) -> dict[str, Any]:
         """GET ``{base_url}/{path}`` and return its JSON object, trying transient failures
-        up to ``attempts`` times (default ``http.attempts``)."""
+        up to ``attempts`` times (default ``http.attempts``); each try waits at most
+        ``wait_s`` for its slot of the account's budget (default
+        :data:`~receiver.providers.budget.WAIT_S`)."""
         try:  # the first try outside the retry loop: most GETs need no more, at less cost
-            return await self._get_once(path)
+            return await self._get_once(path, wait_s)
         except TransientProviderError as exc:
             if (attempts or self._http.attempts) <= 1 or not self._worth_retrying_now(exc):
                 raise
             await asyncio.sleep(self._backoff.delay(1, exc.retry_after_s))
         async for attempt in self._retrying(attempts, tried_before=1):
             with attempt:
-                return await self._get_once(path)
+                return await self._get_once(path, wait_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _get_once(self, path: str) -> dict[str, Any]:
-        _, content = await self._request(path, read=True)
+    async def _get_once(self, path: str, wait_s: float | None = None) -> dict[str, Any]:
+        _, content = await self._request(path, read=True, wait_s=wait_s)
         try:
             data = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -422,11 +452,34 @@ class ProviderClient:
             )
         return data
 
-    async def _request(self, path: str, *, read: bool) -> tuple[Answer, bytearray]:
-        """One GET, measured; a 200 comes back (its body read, within the cap, when ``read``,
-        else open for streaming), anything else raises, transient or not."""
+    async def _take(self, path: str, wait_s: float | None) -> None:
+        """A slot of the account's budget for one request (nothing to wait for, and no Redis
+        call, when the account has no rate and no pause)."""
+        budget = self.budget
+        if budget is not None and not budget.free_now():
+            await budget.take(path, wait_s)
+
+    async def _heard(self, status: int, headers: Mapping[str, str], quota: bool) -> None:
+        """Pause the account when an answer asks for it (its rate-limit headers, a 429)."""
+        budget = self.budget
+        if budget is not None and (pause := budget.pause_after(status, headers, quota=quota)):
+            await budget.pause(pause)
+
+    def useful_concurrency(self, wanted: int) -> int:
+        """Requests of one kind worth having in flight at once: ``wanted``, or what the
+        account's budget lets through in a few seconds when that is fewer."""
+        return wanted if self.budget is None else self.budget.useful_concurrency(wanted)
+
+    async def _request(
+        self, path: str, *, read: bool, wait_s: float | None = None
+    ) -> tuple[Answer, bytearray]:
+        """One GET, measured, once the account's budget gives it a slot (waiting at most
+        ``wait_s``); a 200 comes back (its body read, within the cap, when ``read``, else
+        open for streaming), anything else raises, transient or not."""
+        await self._take(path, wait_s)
         content = bytearray()
         said = ""
+        quota = False
         with self._measured(path) as measured:
             response = await self._send(path)
             if read or response.status_code != 200:
@@ -434,12 +487,17 @@ class ProviderClient:
                     if response.status_code == 200:
                         content = await self._read_capped(response, path)
                     else:
-                        said = await _provider_says(response)
+                        head = await _error_head(response)
+                        said = _said(head)
+                        quota = response.status_code in _QUOTA_STATUS and _refused_for_quota(head)
                 finally:
                     await response.aclose()
             measured.status = status = response.status_code
+        await self._heard(status, response.headers, quota)
         if status == 200:
             return response, content
+        if quota:
+            raise self._quota_spent(path, status, said)
         if status in _RETRY_STATUS:
             raise TransientProviderError(
                 "provider busy or failing" + said,
@@ -546,8 +604,14 @@ class ProviderClient:
             content += piece
         return content
 
+    def _quota_spent(self, path: str, status: int, said: str, method: str = "GET") -> QuotaExceeded:
+        reason = f"the account's quota is spent ({_QUOTA}): not retried"
+        return QuotaExceeded(
+            reason + said, provider=self.name, path=path, status=status, method=method
+        )
+
     async def stream_bytes(
-        self, path: str, *, attempts: int | None = None
+        self, path: str, *, attempts: int | None = None, wait_s: float | None = None
     ) -> AsyncGenerator[bytes, None]:
         """GET ``{base_url}/{path}`` as a decoded byte stream, in pieces of at most 64 KiB;
         opening is tried like :meth:`get_json` (up to ``attempts``), a break mid-stream
@@ -555,7 +619,7 @@ class ProviderClient:
         response: Answer | None = None
         async for attempt in self._retrying(attempts):
             with attempt:
-                response, _ = await self._request(path, read=False)
+                response, _ = await self._request(path, read=False, wait_s=wait_s)
         assert response is not None
         try:
             with self._transient(path, lambda _: "stream timed out", "stream broke"):
@@ -595,11 +659,20 @@ class ProviderClient:
             yield line
 
     async def post_once(
-        self, path: str, content: bytes, *, content_type: str, idempotency_key: str
+        self,
+        path: str,
+        content: bytes,
+        *,
+        content_type: str,
+        idempotency_key: str,
+        wait_s: float | None = None,
     ) -> tuple[int, bytes, float | None]:
-        """One POST to ``{base_url}/{path}`` (a create call): its status, its body (capped
-        like every answer) and its Retry-After. Timeouts and network failures raise
-        :class:`TransientProviderError`; the caller retries with the same key."""
+        """One POST to ``{base_url}/{path}`` (a create call), once the account's budget gives
+        it a slot (waiting at most ``wait_s``): its status, its body (capped like every
+        answer) and its Retry-After. Timeouts, network failures and no slot in time raise
+        :class:`TransientProviderError`; the caller retries with the same key. A refusal for
+        ``insufficient_quota`` raises :class:`QuotaExceeded`: no retry helps."""
+        await self._take(path, wait_s)
         headers = self._headers.copy()
         headers["content-type"] = content_type
         headers["idempotency-key"] = idempotency_key
@@ -616,9 +689,15 @@ class ProviderClient:
                 body = await self._read_capped(response, path)
             finally:
                 await response.aclose()
-            measured.status = response.status_code
-        return response.status_code, bytes(body), retry_after_s(response.headers)
+            measured.status = status = response.status_code
+        quota = status in _QUOTA_STATUS and _refused_for_quota(bytes(body[:_SAID_BYTES]))
+        await self._heard(status, response.headers, quota)
+        if quota:
+            raise self._quota_spent(path, status, _said(bytes(body[:_SAID_BYTES])), "POST")
+        return status, bytes(body), retry_after_s(response.headers)
 
     async def aclose(self) -> None:
+        if self.budget is not None:
+            await self.budget.aclose()
         for transport in self._transports:
             await transport.aclose()

@@ -182,7 +182,7 @@ class SailDialect(RequestStatusDialect):
         return super().batch_pending(batch)
 
     async def fetch_batch_object(
-        self, batch_id: str, *, attempts: int | None = None
+        self, batch_id: str, *, attempts: int | None = None, wait_s: float | None = None
     ) -> dict[str, Any]:
         """The batch object, streamed: everything but inline ``results`` is built (within
         ``http.max_response_bytes``); when an inline ``results`` array begins, reading stops
@@ -195,7 +195,9 @@ class SailDialect(RequestStatusDialect):
         read = 0
         try:
             async with (
-                contextlib.aclosing(self.client.stream_bytes(path, attempts=attempts)) as stream,
+                contextlib.aclosing(
+                    self.client.stream_bytes(path, attempts=attempts, wait_s=wait_s)
+                ) as stream,
                 contextlib.aclosing(_events(stream)) as pushes,
             ):
                 async for size, events in pushes:

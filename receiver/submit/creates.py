@@ -11,6 +11,9 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
   (itself capped at 300 s);
 - any other 4xx rejects the line, with the provider's own reason; so does anything
   unexpected (the line is reported, the other lines go on);
+- a refusal for ``insufficient_quota`` (:class:`~nopoll.exceptions.QuotaExceeded`) rejects
+  the line and stops the run: no create is sent after it, every line not sent yet is
+  reported as not submitted, with the reason, and a rerun once the quota allows sends them;
 - a ``custom_id`` seen on an earlier line of the run rejects the line (both would share
   one key);
 - every created id gets a watch (``expect_callback`` when the provider has webhook
@@ -20,6 +23,10 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
   file skips every recorded line without a request; a line whose create was answered but
   not yet recorded (the process was killed) is sent again with its key, and the provider
   replays the same id.
+
+Every create takes a slot of the account's request budget, which the workers' polls and
+fetches share (:mod:`receiver.providers.budget`); for a budgeted account at most what it
+lets through in a few seconds is in flight, whatever ``concurrency`` asks.
 
 The file is streamed twice (hash, then lines), a block at a time through a bounded queue:
 memory does not grow with the file, only the ids (for ``--wait``) and custom_ids do.
@@ -38,12 +45,12 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from nopoll.exceptions import TransientProviderError
+from nopoll.exceptions import QuotaExceeded, TransientProviderError
 from nopoll.wire import RETRY_LATER, safe_id
 from receiver.backoff import Backoff
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
-from receiver.providers.client import ProviderClient, error_reason
+from receiver.providers.client import ProviderClient, error_reason, provider_said
 from receiver.watches.store import WatchStore
 
 __all__ = [
@@ -195,7 +202,7 @@ class Submitter:
         self.client = client
         self.redis = redis
         self.store = WatchStore(redis)
-        self.concurrency = max(1, concurrency)
+        self.concurrency = client.useful_concurrency(max(1, concurrency))
         self.max_tries = max(1, max_tries)
         self.backoff = backoff or Backoff(0.5, 30.0, 300.0)
         self.on_progress = on_progress
@@ -204,23 +211,32 @@ class Submitter:
         callback came (a provider with webhook secrets, unless ``poll``)."""
         self._custom_ids: dict[str, int] = {}
         """custom_id → the line that used it first (this run)."""
+        self.refused: QuotaExceeded | None = None
+        """The first refusal for ``insufficient_quota``: nothing more is sent this run."""
 
     async def post(
         self, path: str, content: bytes, key: str, content_type: str, result: SubmitResult
     ) -> tuple[int | None, bytes, str]:
         """POST with retries of transient answers under the same key: ``(status, body,
-        error)``; status None when every try failed in transit."""
+        error)``; status None when every try failed in transit, or when nothing was sent
+        because the provider refused a create for ``insufficient_quota`` before."""
         status: int | None = None
         content_back, error = b"", ""
         for attempt in range(1, self.max_tries + 1):
+            if self.refused is not None:
+                return None, b"", self._not_sent()
             retry_after: float | None = None
             result.requests += 1
             try:
                 status, content_back, retry_after = await self.client.post_once(
                     path, content, content_type=content_type, idempotency_key=key
                 )
+            except QuotaExceeded as exc:
+                self.refused = self.refused or exc
+                said = provider_said(str(exc.args[0]))[1]
+                return exc.status, b"", f"{said or 'quota spent'} (insufficient_quota)"
             except TransientProviderError as exc:
-                status, error = None, str(exc.args[0])
+                status, error, retry_after = None, str(exc.args[0]), exc.retry_after_s
             else:
                 if not transient(status):
                     return status, content_back, ""
@@ -228,6 +244,16 @@ class Submitter:
             if attempt < self.max_tries:
                 await asyncio.sleep(self.backoff.delay(attempt, retry_after))
         return status, content_back, f"gave up after {self.max_tries} tries: {error}"
+
+    def _not_sent(self) -> str:
+        """Why a line is not sent: the provider refused an earlier create for quota."""
+        assert self.refused is not None
+        said = provider_said(str(self.refused.args[0]))[1]
+        words = f': "{said}"' if said else ""
+        return (
+            f"not submitted: {self.name} refused an earlier create for insufficient_quota"
+            f"{words}; run the same command again once the quota allows"
+        )
 
     async def submit_lines(self, lines: Iterable[tuple[int, bytes]], digest: str) -> SubmitResult:
         """Submit every line not recorded as submitted for ``digest``; see module docs."""

@@ -104,8 +104,10 @@ async def fetch_response(
     skipped = await _polled_already(ctx, watches, "response", job)
     if skipped is not None:
         return skipped
+    # a slot of the account's budget within a quarter of the job's time, else a retry later
+    wait_s = ctx["state"].settings.worker.response_job_timeout_s / 4
     try:
-        body = await dialect.fetch_response(job.response_id)
+        body = await dialect.fetch_response(job.response_id, wait_s=wait_s)
         status = unfinished_status(body)
         if status is not None:
             path = f"responses/{job.response_id}"

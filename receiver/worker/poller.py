@@ -2,7 +2,10 @@
 
 One loop per process looks at each provider's earliest due time only (a watch that is not
 due costs nothing), takes as many due watches as it has room for (``max_concurrency`` per
-provider), and polls each one once the provider's shared rate limit gives it a slot:
+provider), and polls each one once the provider's shared poll rate limit
+(``watch.rate_limit_rps``) and then its account's request budget
+(:mod:`receiver.providers.budget`) each give it a slot; a poll that gets none within a third
+of its lease is put back, not counted:
 
 - not terminal yet: polled again after ``first_poll_s * 4**(polls-1)``, capped at
   ``max_interval_s``, times a random 0.9-1 (so watches registered together spread out):
@@ -14,10 +17,14 @@ provider), and polls each one once the provider's shared rate limit gives it a s
   older than ``expire_after_s``: the watch ends as a dead letter (``sink`` ``watch``).
 - terminal: a response's polled body is landed as it is (no second GET); a batch goes to
   the batch pipeline (the ``fetch_batch`` job). Either only if no callback claimed it first.
-- ``429``: the whole provider pauses for its ``Retry-After`` (at least 1 s; every
-  process), the watch is polled again after it. Other failures (5xx, timeouts) are
-  retried at the watch's own interval, or after a longer ``Retry-After``. Each poll is
-  one try: every request a watch makes goes through the rate limit.
+- ``429``: the whole provider's polls pause for its ``Retry-After`` (at least 1 s; every
+  process), and every request of the account (the client pauses its budget), the watch
+  is polled again after it. Other failures (5xx, timeouts) are retried at the watch's own
+  interval, or after a longer ``Retry-After``. Each poll is one try: every request a
+  watch makes goes through the rate limit.
+- refused for ``insufficient_quota`` (:class:`~nopoll.exceptions.QuotaExceeded`): no poll
+  can succeed until the quota allows, so the watch ends at once as a dead letter with the
+  provider's words (replayable, like an expired watch's).
 """
 
 from __future__ import annotations
@@ -32,15 +39,16 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
-from nopoll.exceptions import ProviderError, TransientProviderError
+from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
 from nopoll.status import object_status, unfinished_status
 from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
+from receiver.providers.budget import NoRequestSlot
+from receiver.providers.ratelimit import RateLimiter
 from receiver.queue.enqueue import put_job
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
 from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
-from receiver.worker.ratelimit import RateLimiter
 from receiver.worker.state import WorkerState
 
 __all__ = ["GROWTH", "JITTER", "WatchPoller", "lease_s", "next_interval_s"]
@@ -171,14 +179,23 @@ class WatchPoller:
         metrics = self.state.metrics
         if waited:
             metrics.rate_limit_wait_seconds.labels(watch.provider).inc(waited)
+        wait_s = max(0.0, self.lease_s / 3 - waited)  # for the account's slot, what is left
         try:
             if watch.kind == "response":
-                obj = await dialect.fetch_response(watch.id)
+                obj = await dialect.fetch_response(watch.id, wait_s=wait_s)
                 status = unfinished_status(obj)
             else:
                 # one try: every request a watch makes goes through the rate limit
-                obj = await dialect.fetch_batch_object(watch.id, attempts=1)
+                obj = await dialect.fetch_batch_object(watch.id, attempts=1, wait_s=wait_s)
                 status = dialect.batch_pending(obj)
+        except NoRequestSlot as exc:  # the account's budget had none in time: no poll made
+            in_s = max(1.0, exc.retry_after_s or 0.0)
+            await self.store.reschedule(watch, in_s=in_s, status=watch.status, polled=False)
+            return
+        except QuotaExceeded as exc:
+            metrics.watch_polls.labels(watch.provider, "error").inc()
+            await self._end_as_letter(watch, f"refused: {exc}", watch.polls + 1)
+            return
         except TransientProviderError as exc:
             outcome = "429" if exc.status == 429 else "error"
             metrics.watch_polls.labels(watch.provider, outcome).inc()
@@ -209,21 +226,29 @@ class WatchPoller:
         if age_s + in_s <= config.watch.expire_after_s:
             await self.store.reschedule(watch, in_s=in_s, status=status)
             return
+        error = (
+            f"expired: still {status or 'unknown'} after {age_s:.0f} s "
+            f"({watch.polls} polls; expire_after_s {config.watch.expire_after_s:g})"
+        )
+        await self._end_as_letter(watch, error, watch.polls)
+
+    async def _end_as_letter(self, watch: Watch, error: str, polls: int) -> None:
+        """End the watch (``expired``) as a dead letter saying ``error``; its replay fetches
+        the id once."""
         # A replay of this letter must end the watch the way a callback would: landed.
         job = _fetch_job(watch, received_at=now_rfc3339(), from_watch=False).polled()
         letter = await self.state.dead_letters.add(
             sink="watch",
             provider=watch.provider,
             keys=[watch.id],
-            attempts=watch.polls,
-            error=f"expired: still {status or 'unknown'} after {age_s:.0f} s "
-            f"({watch.polls} polls; expire_after_s {config.watch.expire_after_s:g})",
+            attempts=polls,
+            error=error,
             function=job.function,
             kwargs=job.kwargs,
         )
         await self.store.end(watch, "expired")
         self.state.metrics.dead_letters.labels("watch").inc()
-        log.warning("watch %s %s expired: dead letter %s", watch.kind, watch.id, letter.id)
+        log.warning("watch %s %s ended: dead letter %s: %s", watch.kind, watch.id, letter.id, error)
 
     async def _land(self, watch: Watch, obj: dict[str, Any], status: str) -> None:
         """Deliver a terminal object (``status``: its final status) once: unless a

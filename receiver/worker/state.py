@@ -28,6 +28,7 @@ from receiver.fanout.routing import Router
 from receiver.journey.store import JourneyStore
 from receiver.metrics import Metrics
 from receiver.providers import Dialect, ProviderClient, dialect_for
+from receiver.providers.budget import account_budget
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
 from receiver.queue.trips import UNBOUNDED, SharedTrips
@@ -123,23 +124,33 @@ def build_state(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> WorkerState:
-    """A worker's resources; nothing is connected yet (sinks open on first use)."""
+    """A worker's resources; nothing is connected yet (sinks open on first use). Each
+    provider account (a provider's own, each tenant's there) gets its client with its own
+    request budget (:mod:`receiver.providers.budget`), on the state's Redis."""
+    redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
 
-    def dialect(name: str, cfg: ProviderConfig) -> Dialect:
-        on_request = metrics.observe_provider_request
+    def dialect(name: str, tenant: str, cfg: ProviderConfig) -> Dialect:
         client = ProviderClient(
-            name, cfg, settings.http, transport=transport, on_request=on_request
+            name,
+            cfg,
+            settings.http,
+            transport=transport,
+            on_request=metrics.observe_provider_request,
+            budget=account_budget(redis, name, tenant, cfg, metrics),
         )
         return dialect_for(cfg.dialect, client)
 
-    dialects = {name: dialect(name, cfg) for name, cfg in settings.providers.items()}
-    tenant_dialects = {key: dialect(key[1], cfg) for key, cfg in tenant_providers(settings).items()}
+    dialects = {
+        name: dialect(name, DEFAULT_TENANT, cfg) for name, cfg in settings.providers.items()
+    }
+    tenant_dialects = {
+        key: dialect(key[1], key[0], cfg) for key, cfg in tenant_providers(settings).items()
+    }
     sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
     router = Router(settings.routes, list(sinks))
     # the results API's own sink (with consumer_tokens): every envelope, whatever the routes
     router = add_publication(sinks, router, settings, redis_url, metrics)
     fanout = FanOut(sinks, router, metrics)
-    redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
     journey = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
     # one trip out at a time: whatever the jobs ask meanwhile leaves together in the next;
     # no bound on who waits: the callers are this process's own jobs (worker.max_jobs)

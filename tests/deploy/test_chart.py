@@ -19,6 +19,7 @@ from receiver.config.settings import (
     RouteConfig,
     RouteMatch,
     Settings,
+    TenantProviderConfig,
     UiConfig,
     WorkerConfig,
 )
@@ -138,6 +139,26 @@ def test_a_provider_without_callbacks_is_accepted(helm: Any, render: Any) -> Non
     assert "sail:" in render(values).config_map()["nopoll.yaml"]
 
 
+def test_a_request_budget_is_a_number_or_null(helm: Any) -> None:
+    """``rate_limit_rps`` of a provider and of a tenant's account: a rate, or null for no
+    budget (what a valar provider pointed at a simulator needs); 0 is refused."""
+    values = copy.deepcopy(default_values())
+    values["config"]["providers"] = {
+        "valar": {"dialect": "valar", "base_url": "https://x", "rate_limit_rps": None},
+        "more": {"dialect": "valar", "base_url": "https://y", "rate_limit_rps": 5},
+    }
+    values["config"]["tenants"] = {
+        "team-a": {"providers": {"valar": {"api_key": "${TEAM_A_KEY}", "rate_limit_rps": 0.5}}}
+    }
+    values["config"]["tenant_keys"] = ["${TENANT_KEY}"]
+    values["secret"]["env"].update({"TEAM_A_KEY": "sk-a", "TENANT_KEY": "k" * 32})
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema(values)
+        values["config"]["providers"]["more"]["rate_limit_rps"] = 0
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(values)
+
+
 def test_schema_config_keys_match_nopoll_settings() -> None:
     """Every key of nopoll's config models is in the chart's schema, and nothing else."""
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -150,6 +171,10 @@ def test_schema_config_keys_match_nopoll_settings() -> None:
     assert keys(config) == expected
     assert keys(config["properties"]["providers"]["additionalProperties"]) == set(
         ProviderConfig.model_fields
+    )
+    tenant = config["properties"]["tenants"]["additionalProperties"]["properties"]
+    assert keys(tenant["providers"]["additionalProperties"]) == set(
+        TenantProviderConfig.model_fields
     )
     assert keys(config["properties"]["fetch_retry"]) == set(RetryConfig.model_fields)
     assert keys(config["properties"]["sink_retry"]) == set(RetryConfig.model_fields)

@@ -118,6 +118,7 @@ def _values(
             "dialect": "valar",
             "base_url": batch_sim.base_url,
             "max_concurrency": 4,
+            "rate_limit_rps": None,  # the simulator has no request limit
             "api_key": "${SIM_API_KEY}",
             "webhook_secrets": ["${SIM_WEBHOOK_SECRET}"],
         }

@@ -187,7 +187,10 @@ def start_valar_batch(procs, tmp_path, redis_url, pg_url, pg_table, signed_callb
             sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
             extra="batch: {chunk_size: 200, lease_s: 2}\n",
         )
-        text = config.read_text().replace("dialect: openai", "dialect: valar")
+        # the simulator has no request limit (valar's default budget would be 1/s)
+        text = config.read_text().replace(
+            "dialect: openai", "dialect: valar\n    rate_limit_rps: null"
+        )
         extra = f"health_check_interval_s: 1{worker_extra}}}"
         config.write_text(text.replace("health_check_interval_s: 1}", extra))
         worker = procs.start("worker", "--config", str(config))

@@ -25,7 +25,10 @@ from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
-WATCH = "    watch: {first_poll_s: 0.2, max_interval_s: 0.5, rate_limit_rps: 200}\n"
+WATCH = (
+    "    rate_limit_rps: null\n"  # the simulator has no request limit (valar's would be 1/s)
+    "    watch: {first_poll_s: 0.2, max_interval_s: 0.5, rate_limit_rps: 200}\n"
+)
 
 
 def _config(tmp_path, sim, redis_url, pg_url, pg_table, dialect="openai", *, callbacks=False):

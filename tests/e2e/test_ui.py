@@ -46,7 +46,10 @@ async def ui_stack(procs, tmp_path, provider_sim, redis_url, pg_url, pg_table):
         sinks=f"  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n",
         extra=f"batch: {{chunk_size: 100}}\nadmin_tokens: ['{ADMIN}']\n",
     )
-    text = config.read_text().replace("    dialect: openai\n", "    dialect: valar\n")
+    # the simulator has no request limit (valar's default budget would be 1/s)
+    text = config.read_text().replace(
+        "    dialect: openai\n", "    dialect: valar\n    rate_limit_rps: null\n"
+    )
     text = text.replace(
         "    base_url:",
         "    max_concurrency: 4\n    api_key: sk-test-not-a-real-key\n    base_url:",

@@ -56,7 +56,8 @@ def _config(
         f"data_dir: {tmp_path / 'data'}\n"
         "providers:\n"
         f"  sim:\n    dialect: openai\n{provider}"
-        f"  simv:\n    dialect: valar\n{provider}{slow}"
+        # the simulator has no request limit (valar's default budget would be 1/s)
+        f"  simv:\n    dialect: valar\n    rate_limit_rps: null\n{provider}{slow}"
         f"sinks:\n  db: {{type: sql, url: '{pg_url}', table: {table}}}\n"
         f"  lake: {{type: s3, bucket: {BUCKET}, endpoint_url: '{s3_url}', region: us-east-1,"
         f" create_bucket: true, access_key_id: {FAKE_CREDENTIALS['AWS_ACCESS_KEY_ID']},"

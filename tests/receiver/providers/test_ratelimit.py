@@ -11,12 +11,12 @@ import time
 
 from redis.asyncio import Redis
 
-from receiver.worker.ratelimit import RateLimiter
+from receiver.providers.ratelimit import RateLimiter
 
 _GRANTS = """
 import asyncio, json, sys, time
 from redis.asyncio import Redis
-from receiver.worker.ratelimit import RateLimiter
+from receiver.providers.ratelimit import RateLimiter
 
 async def main(url, rate, seconds):
     redis = Redis.from_url(url)
