@@ -171,7 +171,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             port=args.port,
             host=args.host,
             auto_respond=True,
-            create_dialect=args.dialect,
+            dialect=args.dialect,
         )
     except OSError as exc:
         print(

@@ -59,7 +59,7 @@ class CreateSettings:
     it creates nothing, in ``after`` it creates and the retry gets the stored answer. With
     ``webhook_url`` and ``webhook_secret``, each created response is announced once complete."""
 
-    create_dialect: str = "openai"  # whose batches (a name in PROFILES)
+    dialect: str = "openai"  # whose batches (a name in PROFILES)
     complete_after_s: float = 0.0  # a created response or batch is in_progress this long
     complete_after: Callable[[str], float] | None = None  # a response's own, by its id
     create_delay_s: float = 0.0  # every create answer waits this long (creation is at once)
@@ -177,7 +177,7 @@ class Creations:
 
     def endpoint(self, kind: str) -> Callable[[Request], Awaitable[Response]]:
         """The ``POST /v1/{kind}`` endpoint, ``kind`` being ``responses``, ``files`` or
-        ``batches`` (in the shape of ``create_dialect``)."""
+        ``batches`` (in the shape of ``dialect``)."""
         read = self._read_file if kind == "files" else self._read_json
         check = {"responses": self._response, "files": self._file, "batches": self._batch}[kind]
 
@@ -296,7 +296,7 @@ class Creations:
         return create
 
     def _batch(self, body: dict[str, Any]) -> _Create:
-        dialect = self.settings.create_dialect
+        dialect = self.settings.dialect
         profile = PROFILES[dialect]
         if profile.created_from is None:
             raise _Refused(f"{dialect} batches are not created at POST /v1/batches", 404)

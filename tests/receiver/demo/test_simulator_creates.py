@@ -190,7 +190,7 @@ INLINE["valar"] = INLINE["sail"]
 
 @pytest.mark.parametrize("dialect", ["sference", "sail", "valar"])
 def test_inline_batch_is_created_pending_then_serves_its_custom_ids(provider_sim, dialect):
-    sim = provider_sim(api_key=KEY, create_dialect=dialect, complete_after_s=0.3)
+    sim = provider_sim(api_key=KEY, dialect=dialect, complete_after_s=0.3)
     r = post(sim, "/batches", INLINE[dialect], key="b-1")
     assert r.status_code == 200
     batch = r.json()
@@ -212,7 +212,7 @@ def test_inline_batch_is_created_pending_then_serves_its_custom_ids(provider_sim
 
 
 def test_sference_rows_may_leave_out_custom_id(provider_sim):
-    sim = provider_sim(api_key=KEY, create_dialect="sference")
+    sim = provider_sim(api_key=KEY, dialect="sference")
     batch = post(sim, "/batches", sference(*({"body": b} for b in ROWS))).json()
     with client(sim) as c:
         lines = c.get(f"/batches/{batch['id']}/results.jsonl").text.splitlines()
@@ -247,14 +247,14 @@ BAD_BATCHES = [
 
 @pytest.mark.parametrize(("dialect", "body", "message"), BAD_BATCHES)
 def test_wrong_batch_shapes_are_400_naming_the_field(provider_sim, dialect, body, message):
-    sim = provider_sim(api_key=KEY, create_dialect=dialect)
+    sim = provider_sim(api_key=KEY, dialect=dialect)
     r = post(sim, "/batches", body)
     assert r.status_code == 400 and message in r.json()["error"]["message"]
     assert sim.creations("batches") == 0
 
 
 def test_message_batches_are_not_created_at_v1_batches(provider_sim):
-    sim = provider_sim(api_key=KEY, create_dialect="anthropic")
+    sim = provider_sim(api_key=KEY, dialect="anthropic")
     r = post(sim, "/batches", INLINE["sail"])
     assert r.status_code == 404 and "/v1/batches" in r.json()["error"]["message"]
     assert sim.creations("batches") == 0
@@ -285,7 +285,7 @@ def test_message_batch_results_come_in_another_order_on_each_download(provider_s
 
 
 def test_inline_batches_have_a_row_limit(provider_sim):
-    sim = provider_sim(api_key=KEY, create_dialect="sail")
+    sim = provider_sim(api_key=KEY, dialect="sail")
     rows = ({"custom_id": f"c{i}", "params": ROWS[0]} for i in range(100_001))
     r = post(sim, "/batches", sail(*rows))
     assert r.status_code == 400 and "at most 100,000" in r.json()["error"]["message"]
