@@ -1,6 +1,6 @@
 """The provider simulator's create side, as ``nopoll submit`` calls it: ``POST /v1/responses``,
-``/v1/files`` and ``/v1/batches`` with idempotency keys and injected faults, and Standard
-Webhooks callbacks announcing each created response once it completes.
+``/v1/files``, ``/v1/batches`` and ``/v1/streams`` with idempotency keys and injected faults,
+and Standard Webhooks callbacks announcing each created response once it completes.
 
 Every create answers, and refuses, in the shape of the simulator's dialect (its
 :class:`~receiver.demo.profiles.SimProfile`), with the providers' documented limits (else a
@@ -8,8 +8,8 @@ Every create answers, and refuses, in the shape of the simulator's dialect (its
 
 - responses: ``{"model", "input": str | list, "background": true, "metadata"?}``. OpenAI:
   at most 16 string values, ``custom_id`` an unknown parameter (it goes in ``metadata``);
-  sference: answered 200 ``in_progress``, ``metadata.completion_window`` only ``24h``;
-  Sail and Valar: answered 202 ``pending``,
+  sference: answered 200 ``in_progress``, ``metadata.completion_window`` only ``24h``,
+  ``metadata.stream_id`` a stream it created; Sail and Valar: answered 202 ``pending``,
   metadata values strings, their completion windows, Valar's ``store`` only true and
   ``stream`` only false.
 - ``openai``: ``POST /v1/files`` (multipart ``purpose=batch``, ``file`` of at most 50,000
@@ -18,7 +18,7 @@ Every create answers, and refuses, in the shape of the simulator's dialect (its
 - ``sference``: ``{"window"?: "24h", "requests": [{"custom_id"?, "body"}]}`` (201, a
   ``pending`` BatchResponse): one ``body.model`` for all rows, each with non-empty
   ``messages`` or an ``input``; a bad row refuses the whole batch as
-  ``requests[i] (custom_id="x"): why``.
+  ``requests[i] (custom_id="x"): why``. ``POST /v1/streams {"name", "window"?}``: 201.
 - ``sail``, ``valar``: ``{"endpoint": "/v1/responses", "label"?, "requests": [{"custom_id",
   "params"}]}``, ``additionalProperties: false`` on the body and on each item, ``label``
   ``^[a-zA-Z0-9_-]+$`` (at most 128), ``custom_id`` ``^[a-z0-9][a-z0-9_-]*$`` (1 to 64),
@@ -59,6 +59,7 @@ from receiver.demo.batches import SimBatch
 from receiver.demo.ids import prefixed_id, uuid7
 from receiver.demo.profiles import PROFILES, SimProfile
 from receiver.demo.responses import make_response, send_callback
+from receiver.demo.streams import SimStream, StreamItem
 
 __all__ = ["CreateRequest", "CreateSettings", "Creations", "created_output_text"]
 
@@ -180,12 +181,13 @@ class Creations:
         self._failed: set[tuple[str, str | None]] = set()
         self._responses: dict[str, CreatedResponse] = {}
         self._files: dict[str, list[tuple[str, str, str]]] = {}
+        self._streams: dict[str, SimStream] = {}
         self._ready: asyncio.Queue[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
 
     def creations(self, kind: str) -> int:
-        """How many ``responses``, ``files`` or ``batches`` were really created."""
+        """How many ``responses``, ``files``, ``batches`` or ``streams`` were really created."""
         with self._lock:
             return self._counts[kind]
 
@@ -201,14 +203,39 @@ class Creations:
         body = make_response(response_id, text=made.text, model=made.model, metadata=made.metadata)
         return {**body, "created_at": int(made.created_at)}, made
 
+    def responses(self, stream_id: str | None = None) -> list[tuple[str, CreatedResponse]]:
+        """Created responses, newest first (``stream_id``: only that stream's)."""
+        with self._lock:
+            made = list(self._responses.items())
+        made.reverse()
+        if stream_id is None:
+            return made
+        return [(rid, m) for rid, m in made if m.metadata.get("stream_id") == stream_id]
+
+    def stream(self, stream_id: str) -> SimStream | None:
+        return self._streams.get(stream_id)
+
+    def streams(self) -> list[SimStream]:
+        """Created streams, newest first."""
+        with self._lock:
+            return list(reversed(self._streams.values()))
+
+    def stream_detail(self, stream: SimStream) -> dict[str, Any]:
+        items = (
+            StreamItem(rid, m.created_at, m.completes_at)
+            for rid, m in self.responses(stream.stream_id)
+        )
+        return stream.detail(items, time.time())
+
     def endpoint(self, kind: str) -> Callable[[Request], Awaitable[Response]]:
-        """The ``POST /v1/{kind}`` endpoint, ``kind`` being ``responses``, ``files`` or
-        ``batches`` (in the shape of ``dialect``)."""
+        """The ``POST /v1/{kind}`` endpoint, ``kind`` being ``responses``, ``files``,
+        ``batches`` or ``streams`` (in the shape of ``dialect``)."""
         read = self._read_file if kind == "files" else self._read_json
         check = {
             "responses": self._response,
             "files": self._file,
             "batches": self._batch,
+            "streams": self._stream,
         }[kind]
 
         async def create(request: Request) -> Response:
@@ -236,6 +263,7 @@ class Creations:
         return {
             "responses": profile.response_create_status,
             "batches": profile.batch_create_status,
+            "streams": 201,
         }.get(kind, 200)
 
     def _decide(
@@ -318,6 +346,10 @@ class Creations:
         if windows is not None and window is not None:
             message = f"{where}.completion_window: must be {' or '.join(windows)}"
             _need(window in windows, message, f"{param}.completion_window")
+        stream_id = metadata.get("stream_id")
+        if profile.streams and stream_id is not None:
+            known = isinstance(stream_id, str) and stream_id in self._streams
+            _need(known, f"{where}.stream_id: no stream {stream_id}", f"{param}.stream_id")
         return metadata
 
     def _response(self, body: dict[str, Any]) -> _Create:
@@ -344,6 +376,22 @@ class Creations:
             made = self.response(rid)
             assert made is not None
             return profile.shape_response(made[0], profile.response_statuses[0])
+
+        return create
+
+    def _stream(self, body: dict[str, Any]) -> _Create:
+        profile = self.settings.profile
+        if not profile.streams:
+            raise _Refused(f"{self.settings.dialect} has no streams", 404)
+        name = _text(body.get("name"), "name")
+        window = body.get("window", "24h")
+        _need(window == "24h", 'window: must be "24h" (the only supported value)', "window")
+
+        def create() -> dict[str, Any]:
+            stream = SimStream(uuid7(), name, time.time(), window)
+            with self._lock:
+                self._streams[stream.stream_id] = stream
+            return stream.detail((), stream.created_at)
 
         return create
 

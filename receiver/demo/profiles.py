@@ -107,6 +107,9 @@ class SimProfile:
     """A top-level ``custom_id`` on a response create is refused as an unknown parameter."""
     param_values: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     """Create parameters that take only these values (an ``enum`` of the reference)."""
+    streams: bool = False
+    """``GET /v1/responses?stream_id=&limit=`` lists responses; ``POST /v1/streams`` and
+    ``GET /v1/streams[/{id}]`` serve streams counting the responses created in them."""
     # --- every answer ----------------------------------------------------------------------
     error_body: ErrorBody = openai_error
     """Its error answers' body."""
@@ -153,6 +156,7 @@ PROFILES: dict[str, SimProfile] = {
         response_windows=("24h",),
         string_metadata=False,
         custom_id_param=False,
+        streams=True,
         error_body=litestar_error,
         idempotency_conflict=(400, None),
     ),

@@ -6,19 +6,20 @@ number of times first (429 with Retry-After, 500, a slow answer, still in progre
 send it gzip-encoded or too large (padded, endless, a gzip bomb: see
 :class:`~receiver.demo.answers.Oversize`), counts every request it gets, and sends
 Standard Webhooks-signed callbacks (signed by the ``standardwebhooks`` package, not by
-nopoll's own code). ``POST /v1/responses``, ``/v1/files`` and ``/v1/batches`` create
-responses and batches as ``nopoll submit`` does (see :mod:`receiver.demo.creates`).
-Anthropic's Message Batches are served under ``/v1/messages/batches`` (see
-:mod:`receiver.demo.anthropic`; that dialect's ``base_url`` is
-:attr:`ProviderSimulator.host_url`).
+nopoll's own code). ``POST /v1/responses``, ``/v1/files``, ``/v1/batches`` and
+``/v1/streams`` create responses, batches and streams as ``nopoll submit`` does (see
+:mod:`receiver.demo.creates`). Anthropic's Message Batches are served under
+``/v1/messages/batches`` (see :mod:`receiver.demo.anthropic`; that dialect's ``base_url``
+is :attr:`ProviderSimulator.host_url`).
 
 It speaks one dialect (``dialect=``, default ``openai``): the shape of the responses it
 serves and creates, of its errors, lists and ids follows that dialect's published contract
 (:mod:`receiver.demo.profiles`); each batch has its own dialect. For sference: UUID ids,
 ``ResponseItem`` objects, ``BatchResponse`` objects (``GET /v1/batches`` ``{items}``,
-``POST /v1/batches/{id}/cancel``), Litestar errors. For Sail and Valar: ``ResponseObject``
-objects, batch objects with a ``request_status`` map and no ``status``, ``GET /v1/batches``
-a bare array (``after_id``/``before_id``/``limit``).
+``POST /v1/batches/{id}/cancel``), streams and ``GET /v1/responses?stream_id=``, Litestar
+errors. For Sail and Valar: ``ResponseObject`` objects, batch objects with a
+``request_status`` map and no ``status``, ``GET /v1/batches`` a bare array
+(``after_id``/``before_id``/``limit``).
 """
 
 from __future__ import annotations
@@ -217,6 +218,31 @@ class _Routes:
         body = sim.profile.shape_response(sim.body, pending)
         return json_answer(body, oversize=sim.oversize, gzip=sim.gzip)
 
+    async def list_responses(self, request: Request) -> Response:
+        """``GET /v1/responses?stream_id=&limit=``: sference's ``ResponseList``, newest first."""
+        self._count(request)
+        profile = self.profile
+        if not self._authorized(request):
+            return _error(profile, 401, "bad api key")
+        if not profile.streams:
+            return _error(profile, 404, "Not Found")
+        limit = _int_param(request, "limit", 100, 1, 10_000)
+        if limit is None:
+            return _error(profile, 400, "limit: must be a positive integer")
+        stream_id = request.query_params.get("stream_id") or None
+        made = self.creates.responses(stream_id)
+        data, now, statuses = [], time.time(), profile.response_statuses
+        for rid, m in made[:limit]:
+            pending = None
+            if now < m.completes_at:
+                pending = pending_phase(statuses, m.created_at, m.completes_at, now)
+            created = self.creates.response(rid)
+            assert created is not None
+            item = profile.shape_response(created[0], pending)
+            data.append({k: item[k] for k in ("id", "object", "created_at", "model", "status")})
+        body = {"object": "list", "data": data, "has_more": len(made) > limit}
+        return json_answer(body)
+
     def _batch(self, request: Request) -> SimBatch | Response:
         """The batch of the path, or the answer that refuses the request."""
         self._count(request)
@@ -316,6 +342,22 @@ class _Routes:
                     lines = batch.openai_lines(errors)
                     return answer(lines, media_type="application/jsonl", gzip=batch.gzipped_results)
         return _error(self.profile, 404, "no such file")
+
+    async def get_streams(self, request: Request) -> Response:
+        """``GET /v1/streams`` and ``GET /v1/streams/{id}`` (sference)."""
+        self._count(request)
+        profile = self.profile
+        if not self._authorized(request):
+            return _error(profile, 401, "bad api key")
+        if not profile.streams:
+            return _error(profile, 404, "Not Found")
+        sid = request.path_params.get("sid")
+        if sid is None:
+            return json_answer({"items": [s.list_item() for s in self.creates.streams()]})
+        stream = self.creates.stream(sid)
+        if stream is None:
+            return _error(profile, 404, "no such stream")
+        return json_answer(self.creates.stream_detail(stream))
 
 
 class ProviderSimulator:
@@ -432,14 +474,17 @@ class ProviderSimulator:
             routes=[
                 *(
                     Route(f"/v1/{kind}", routes.guarded(creates.endpoint(kind)), methods=["POST"])
-                    for kind in ("responses", "files", "batches")
+                    for kind in ("responses", "files", "batches", "streams")
                 ),
+                Route("/v1/responses", routes.list_responses, methods=["GET"]),
                 Route("/v1/responses/{rid}", routes.get_response),
                 Route("/v1/batches", routes.list_batches, methods=["GET"]),
                 Route("/v1/batches/{bid}", routes.get_batch),
                 Route("/v1/batches/{bid}/cancel", routes.cancel_batch, methods=["POST"]),
                 Route("/v1/batches/{bid}/{part}", routes.get_batch_part),
                 Route("/v1/files/{fid}/content", routes.get_file),
+                Route("/v1/streams", routes.get_streams, methods=["GET"]),
+                Route("/v1/streams/{sid}", routes.get_streams),
                 *self.anthropic.routes(),
             ]
         )

@@ -101,10 +101,13 @@ def test_response_errors_are_litestar_bodies(provider_sim):
         window = error(
             c.post("/responses", json={**BODY, "metadata": {"completion_window": "1h"}}), 400
         )
+        stream = error(
+            c.post("/responses", json={**BODY, "metadata": {"stream_id": uuid7("x")}}), 400
+        )
     with client(sim, "sk-wrong") as c:
         denied = error(c.get(f"/responses/{uuid7('missing')}"), 401)
     assert missing.extra is None and bad.extra == {} and "model" in bad.detail
-    assert "completion_window" in window.detail
+    assert "completion_window" in window.detail and "stream_id" in stream.detail
     assert denied.detail
 
 
@@ -191,11 +194,65 @@ def test_batch_errors_are_litestar_bodies(provider_sim):
     assert "window" in window.detail and "requests" in rows.detail and missing.detail
 
 
+# --- streams -----------------------------------------------------------------------------
+def test_a_stream_counts_and_lists_the_responses_created_in_it(provider_sim):
+    sim = provider_sim(api_key=KEY, dialect="sference", complete_after_s=0.6)
+    with client(sim) as c:
+        stream = ok(c.post("/streams", json={"name": "daily"}), sference.StreamDetailResponse, 201)
+        meta = {"stream_id": stream.id, "completion_window": "24h"}
+        made = [
+            ok(
+                c.post("/responses", json={**BODY, "input": f"q{i}", "metadata": meta}),
+                sference.ResponseItem,
+            ).id
+            for i in range(3)
+        ]
+        ok(c.post("/responses", json=BODY), sference.ResponseItem)  # not in the stream
+        running = ok(c.get(f"/streams/{stream.id}"), sference.StreamDetailResponse)
+        listed = ok(c.get("/responses", params={"stream_id": stream.id}), sference.ResponseList)
+        page = ok(
+            c.get("/responses", params={"stream_id": stream.id, "limit": 2}), sference.ResponseList
+        )
+        everything = ok(c.get("/responses"), sference.ResponseList)
+        done = wait_until(
+            lambda: (
+                (
+                    s := parse(
+                        sference.StreamDetailResponse, c.get(f"/streams/{stream.id}").content
+                    )
+                ).completed_items
+                == 3
+                and s
+            )
+        )
+        streams = ok(c.get("/streams"), sference.StreamListResponse)
+        missing = error(c.get(f"/streams/{uuid7('nope')}"), 404)
+        bad = error(c.post("/streams", json={"name": "x", "window": "1h"}), 400)
+    assert (stream.status, stream.window, stream.total_items) == ("open", "24h", 0)
+    assert running.total_items == 3 and running.pending_items + running.running_items == 3
+    assert [r.id for r in listed.data] == made[::-1] and not listed.has_more
+    assert {r.status for r in listed.data} == {"in_progress"}
+    assert len(page.data) == 2 and page.has_more and len(everything.data) == 4
+    assert done.total_items == done.completed_items == 3 and done.completion_ratio == 1.0
+    assert done.total_tokens == 3 * 28 and done.last_completion_at and done.latest_completion_id
+    assert [s.id for s in streams.items] == [stream.id]
+    assert missing.detail and "window" in bad.detail
+
+
+def test_the_other_dialects_have_no_streams(provider_sim):
+    sim = provider_sim(api_key=KEY, dialect="openai")
+    with client(sim) as c:
+        assert c.post("/streams", json={"name": "x"}).status_code == 404
+        assert c.get("/streams").status_code == 404
+        assert c.get("/responses").status_code == 404
+
+
 @pytest.mark.parametrize(
     ("path", "body", "other"),
     [
         ("/responses", BODY, {**BODY, "model": "m-2"}),
         ("/batches", {"requests": ROWS}, {"requests": ROWS[:1]}),
+        ("/streams", {"name": "n"}, {"name": "other"}),
     ],
 )
 def test_a_reused_key_with_another_body_is_a_400(provider_sim, path, body, other):
