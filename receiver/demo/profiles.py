@@ -4,8 +4,8 @@ a new dialect fails loudly until the simulator learns it).
 
 The simulator's routes, :class:`~receiver.demo.batches.SimBatch` and the create side read
 these facts instead of naming dialects. Each fact is the provider's published contract
-(sference's ``contract/openapi.json``, Sail's and Valar's OpenAPI references:
-``tests/contracts`` names the files and commits), or, where a fact is nopoll's
+(sference's ``contract/openapi.json``, Sail's and Valar's OpenAPI references, Valar's
+limits page: ``tests/contracts`` names the files and commits), or, where a fact is nopoll's
 own (where a request's body goes in an item of ``requests``), read from the provider's
 class.
 """
@@ -115,6 +115,9 @@ class SimProfile:
     """Its error answers' body."""
     idempotency_conflict: tuple[int, str | None] = (422, None)
     """(status, error type) of a create reusing an ``Idempotency-Key`` with another body."""
+    rate_limit_per_min: int | None = None
+    """Its documented request rate per API key, the default of ``nopoll simulate`` (None: no
+    limit); the simulator itself limits only when told (``rate_limit_per_min=``)."""
 
 
 _RESPONSES_API = SimProfile(
@@ -172,6 +175,7 @@ PROFILES: dict[str, SimProfile] = {
         request_part=ValarDialect.request_part,
         response_windows=("asap", "standard", "flex"),
         param_values={"store": (True,), "stream": (False,), "truncation": ("disabled",)},
+        rate_limit_per_min=60,
     ),
     "anthropic": SimProfile(message_batches=True, created_from=None),
 }

@@ -19,7 +19,8 @@ serves and creates, of its errors, lists and ids follows that dialect's publishe
 ``POST /v1/batches/{id}/cancel``), streams and ``GET /v1/responses?stream_id=``, Litestar
 errors. For Sail and Valar: ``ResponseObject`` objects, batch objects with a
 ``request_status`` map and no ``status``, ``GET /v1/batches`` a bare array
-(``after_id``/``before_id``/``limit``).
+(``after_id``/``before_id``/``limit``); for Valar, with ``rate_limit_per_min``, its rate-limit
+headers and 429s (:mod:`receiver.demo.limits`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from receiver.demo.anthropic import AnthropicBatches
 from receiver.demo.batches import SimBatch
 from receiver.demo.creates import CreateSettings, Creations, created_output_text
 from receiver.demo.ids import prefixed_id, uuid7
+from receiver.demo.limits import RateLimits
 from receiver.demo.profiles import PROFILES, SimProfile
 from receiver.demo.responses import (
     generated_response,
@@ -365,9 +367,11 @@ class ProviderSimulator:
 
     With ``auto_respond=True``, ``GET /v1/responses/resp_...`` (or a UUID) for an id it was
     never told about answers :func:`generated_response` instead of 404 (``nopoll simulate``
-    uses it, so any id a user sends a test callback for can be fetched). Other keywords are
-    :class:`~receiver.demo.creates.CreateSettings` (``sim.creates.settings`` later),
-    ``dialect`` among them: the API it speaks.
+    uses it, so any id a user sends a test callback for can be fetched). With
+    ``rate_limit_per_min``, every API key is limited as Valar limits it (see
+    :mod:`receiver.demo.limits`; ``sim.limits.quota_exceeded`` turns the spend cap on). Other
+    keywords are :class:`~receiver.demo.creates.CreateSettings` (``sim.creates.settings``
+    later), ``dialect`` among them: the API it speaks.
     """
 
     def __init__(
@@ -377,9 +381,12 @@ class ProviderSimulator:
         port: int = 0,
         host: str = "127.0.0.1",
         auto_respond: bool = False,
+        rate_limit_per_min: int | None = None,
         **create: Any,
     ) -> None:
         self.state = _State(auto_respond=auto_respond)
+        self.limits = RateLimits(rate_limit_per_min)
+        """The request limits (Valar's): the buckets and the spend-cap switch."""
         self.creates = Creations(CreateSettings(**create), self.add_batch)
         """The create side: its settings, what it created and received."""
         keys = [api_key] if isinstance(api_key, str) else api_key  # several: several accounts
@@ -468,9 +475,9 @@ class ProviderSimulator:
         self.state.default_delay_s = seconds
 
     # --- the server ---------------------------------------------------------------------
-    def _app(self) -> Starlette:
+    def _app(self) -> Any:
         routes, creates = _Routes(self.state, self._api_keys, self.creates), self.creates
-        return Starlette(
+        app = Starlette(
             routes=[
                 *(
                     Route(f"/v1/{kind}", routes.guarded(creates.endpoint(kind)), methods=["POST"])
@@ -488,6 +495,7 @@ class ProviderSimulator:
                 *self.anthropic.routes(),
             ]
         )
+        return self.limits.wrap(app)
 
     def start(self) -> ProviderSimulator:
         config = uvicorn.Config(self._app(), log_config=None, access_log=False, lifespan="off")
