@@ -55,13 +55,14 @@ REDIS = os.environ.get("NOPOLL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 SIDE_BY_SIDE = {
-    "sference": ("results.jsonl", "bench_side"),
-    "openai": ("output file", "bench_side_openai"),
-    "sail": ("inline results", "bench_side_sail"),
-    "valar": ("per-row GETs", "bench_side_valar"),
+    "sference": ("results.jsonl", "bench_side", ""),
+    "openai": ("output file", "bench_side_openai", ""),
+    "sail": ("inline results", "bench_side_sail", ",shape=guide"),
+    "valar": ("per-row GETs", "bench_side_valar", ""),
 }
 """The batches measured beside the Anthropic one, as many rows each: (where its rows come
-from, its batch id). Valar's per-row GETs have no delay here (part 3 has the 20 ms one)."""
+from, its batch id, its simulator options). Valar's per-row GETs have no delay here (part 3
+has the 20 ms one); Sail's inline results are its guide's shape."""
 
 
 def free_port() -> int:
@@ -420,8 +421,8 @@ def main() -> int:
             f"valar:bench_valar:{args.valar_rows}:row_delay_s={args.valar_delay},failed_every=50",
             f"anthropic:msgbatch_bench:{args.anthropic_rows}:{body},errored_every=50",
             *(
-                f"{dialect}:{batch_id}:{args.anthropic_rows}:{body},failed_every=50"
-                for dialect, (_, batch_id) in SIDE_BY_SIDE.items()
+                f"{dialect}:{batch_id}:{args.anthropic_rows}:{body},failed_every=50{options}"
+                for dialect, (_, batch_id, options) in SIDE_BY_SIDE.items()
             ),
         ],
     )
@@ -445,7 +446,7 @@ def main() -> int:
             if 5 in parts and args.concurrent > 0:
                 config = concurrent_config(pg_config, base, port)
                 ids = {
-                    **{d: b for d, (_, b) in SIDE_BY_SIDE.items()},
+                    **{d: b for d, (_, b, _) in SIDE_BY_SIDE.items()},
                     "anthropic": "msgbatch_bench",
                 }
                 chosen = args.dialects.split(",") if args.dialects else list(ids)
@@ -521,7 +522,7 @@ def _side_by_side(
     assert n == args.anthropic_rows, n
     lines = [f"  {'anthropic':<9} {'(results_url JSONL)':<20} {rate:>8,.0f} rows/s"]
     lines[0] += f"  peak RSS {rss:.0f} MB"
-    for dialect, (source, batch_id) in SIDE_BY_SIDE.items():
+    for dialect, (source, batch_id, _) in SIDE_BY_SIDE.items():
         side_config = tmp / f"nopoll-side-{dialect}.yaml"
         side_config.write_text(
             pg_config.read_text().replace("dialect: sference", f"dialect: {dialect}")

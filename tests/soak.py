@@ -429,8 +429,10 @@ class Soak:
         provider = f"p_{dialect}"
         batch_id = f"batch_soak_{k:04d}"
         options: dict[str, Any] = {"failed_every": 17}
-        if PROFILES[dialect].inline_results and k % 8 == 2:
-            options["inline"] = False  # results: null, then per-row GETs
+        if PROFILES[dialect].guide_shape:  # Sail's guide's shape: inline results, or
+            options["shape"] = "guide"
+            if k % 8 == 2:
+                options["inline"] = False  # results: null, then per-row GETs
         batch = self.sim.add_batch(dialect, batch_id, self.batch_rows, **options)
         body, headers = self._signed("batch.completed", batch_id, f"msg_{batch_id}")
         window = await self._acknowledged(client, provider, body, headers)

@@ -48,6 +48,12 @@ def _batch_spec(value: str) -> tuple[str, int]:
     return batch_id, int(rows)
 
 
+def _per_minute(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of requests, got {value!r}")
+    return int(value)
+
+
 def _name(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", value):
         raise argparse.ArgumentTypeError(
@@ -72,6 +78,11 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
         )
         + (f"; {served}" if served else ""),
     ]
+    if (per_min := _rate_limit(args)) is not None:
+        lines.append(
+            f"each API key may send {per_min} requests a minute (X-RateLimit-* headers, then "
+            "429 with Retry-After; --rate-limit 0 turns this off)"
+        )
     if secret is None:
         lines.append(
             f"{dialect} sends no webhooks: nopoll polls its results, so there is no webhook "
@@ -160,6 +171,17 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
     return "\n".join(lines)
 
 
+def _rate_limit(args: argparse.Namespace) -> int | None:
+    """Requests a minute per API key: ``--rate-limit``, else the dialect's documented limit
+    (Valar's 60; None, also for 0: no limit)."""
+    from receiver.demo.profiles import PROFILES
+
+    chosen = args.rate_limit
+    if chosen is None:
+        chosen = PROFILES[args.dialect].rate_limit_per_min
+    return chosen or None
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from receiver.demo.simulator import ProviderSimulator
 
@@ -173,7 +195,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             port=args.port,
             host=args.host,
             auto_respond=True,
-            create_dialect=args.dialect,
+            dialect=args.dialect,
+            rate_limit_per_min=_rate_limit(args),
         )
     except OSError as exc:
         print(
@@ -421,6 +444,14 @@ def _register_simulate(sub: Any) -> None:
         default=_SIM_NAME,
         help=f"the provider's name in the printed config, and of its variables "
         f"(NAME_API_KEY); default {_SIM_NAME}: give a second simulator another one",
+    )
+    p.add_argument(
+        "--rate-limit",
+        type=_per_minute,
+        default=None,
+        metavar="N",
+        help="requests a minute per API key, with Valar's X-RateLimit-* headers and 429s "
+        "(default: the dialect's documented limit, 60 for valar, none for the others; 0: off)",
     )
     p.add_argument(
         "--batch",

@@ -1,24 +1,37 @@
 """The provider simulator's create side, as ``nopoll submit`` calls it: ``POST /v1/responses``,
-``/v1/files`` and ``/v1/batches`` with idempotency keys and injected faults, and Standard
-Webhooks callbacks announcing each created response once it completes.
+``/v1/files``, ``/v1/batches`` and ``/v1/streams`` with idempotency keys and injected faults,
+and Standard Webhooks callbacks announcing each created response once it completes.
 
-Accepted shapes, with the providers' documented limits (else a 400 naming the field):
+Every create answers, and refuses, in the shape of the simulator's dialect (its
+:class:`~receiver.demo.profiles.SimProfile`), with the providers' documented limits (else a
+400 in the dialect's error shape naming the field):
 
-- responses: ``{"model", "input": str | list, "background": true, "metadata"?}`` (at most 16
-  string values); ``custom_id`` is an unknown parameter (it goes in ``metadata``).
+- responses: ``{"model", "input": str | list, "background": true, "metadata"?}``. OpenAI:
+  at most 16 string values, ``custom_id`` an unknown parameter (it goes in ``metadata``);
+  sference: answered 200 ``in_progress``, ``metadata.completion_window`` only ``24h``,
+  ``metadata.stream_id`` a stream it created; Sail and Valar: answered 202 ``pending``,
+  metadata values strings, their completion windows, Valar's ``store`` only true and
+  ``stream`` only false.
 - ``openai``: ``POST /v1/files`` (multipart ``purpose=batch``, ``file`` of at most 50,000
   lines ``{"custom_id", "method": "POST", "url", "body"}``), then ``POST /v1/batches``
   ``{"input_file_id", "endpoint", "completion_window": "24h"}``: urls = endpoint, one model.
-- ``sference``: ``{"window": "24h", "requests": [{"custom_id"?, "body"}]}``: one ``body.model``
-  for all rows, each with non-empty ``messages`` or an ``input``; a bad row refuses the whole
-  batch as ``requests[i] (custom_id="x"): why``.
-- ``sail``, ``valar``: ``{"endpoint": "/v1/responses", "label", "requests": [{"custom_id",
-  "params"}]}``; ``params.metadata.completion_window``, if given, is the batch window (Valar
-  ``standard``, no ``asap``; Sail ``flex``). At most 100,000 rows (sference too), custom_ids
-  unique; the documented body caps (256 MiB, OpenAI files 200 MB) are not enforced.
+- ``sference``: ``{"window"?: "24h", "requests": [{"custom_id"?, "body"}]}`` (201, a
+  ``pending`` BatchResponse): one ``body.model`` for all rows, each with non-empty
+  ``messages`` or an ``input``; a bad row refuses the whole batch as
+  ``requests[i] (custom_id="x"): why``. ``POST /v1/streams {"name", "window"?}``: 201.
+- ``sail``, ``valar``: ``{"endpoint": "/v1/responses", "label"?, "requests": [{"custom_id",
+  "params"}]}``, ``additionalProperties: false`` on the body and on each item, ``label``
+  ``^[a-zA-Z0-9_-]+$`` (at most 128), ``custom_id`` ``^[a-z0-9][a-z0-9_-]*$`` (1 to 64),
+  string metadata values, ``params.metadata.completion_window`` ``standard`` or ``flex``
+  (``asap`` and ``priority`` are refused in a batch); answered 200 ``{id, request_counts,
+  created_at, label?}``; refusals are ``invalid_request_error`` naming the ``param``.
 
-An ``Idempotency-Key`` already answered on a path replays that answer, creating nothing
-(another body: 422); only creations are stored, a refused body is refused again.
+At most 100,000 rows (sference too), custom_ids unique; the documented body caps (256 MiB,
+OpenAI files 200 MB) are not enforced. An ``Idempotency-Key`` already answered on a path
+replays that answer, creating nothing; the same key with another body is refused (OpenAI
+422, sference 400; Sail and Valar 400 ``idempotency_error``). Only creations are stored, a
+refused body is refused again. (sference's contract has no idempotency keys: its simulator
+honours them anyway, as nopoll sends them to every provider.)
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 import threading
 import time
 import uuid
@@ -42,8 +56,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from receiver.demo.batches import SimBatch
+from receiver.demo.ids import prefixed_id, uuid7
 from receiver.demo.profiles import PROFILES, SimProfile
 from receiver.demo.responses import make_response, send_callback
+from receiver.demo.streams import SimStream, StreamItem
 
 __all__ = ["CreateRequest", "CreateSettings", "Creations", "created_output_text"]
 
@@ -59,8 +75,8 @@ class CreateSettings:
     it creates nothing, in ``after`` it creates and the retry gets the stored answer. With
     ``webhook_url`` and ``webhook_secret``, each created response is announced once complete."""
 
-    create_dialect: str = "openai"  # whose batches (a name in PROFILES)
-    complete_after_s: float = 0.0  # a created response or batch is in_progress this long
+    dialect: str = "openai"  # the API it speaks (a name in PROFILES)
+    complete_after_s: float = 0.0  # a created response or batch runs this long
     complete_after: Callable[[str], float] | None = None  # a response's own, by its id
     create_delay_s: float = 0.0  # every create answer waits this long (creation is at once)
     create_fail_first: float = 0.0
@@ -75,6 +91,10 @@ class CreateSettings:
     batch_options: dict[str, Any] = field(default_factory=dict)  # SimBatch options for all
     log_size: int = 200_000  # create requests and callback deliveries remembered
 
+    @property
+    def profile(self) -> SimProfile:
+        return PROFILES[self.dialect]
+
 
 class CreateRequest(NamedTuple):
     """A create request as received (``body`` None when it could not be read)."""
@@ -85,9 +105,21 @@ class CreateRequest(NamedTuple):
 
 
 class _Refused(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, kind: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.message, self.status = message, status
+        self.message, self.status, self.param, self.kind = message, status, param, kind
+
+
+class CreatedResponse(NamedTuple):
+    """A response the create side made: what it completes with, its metadata, and when."""
+
+    model: str
+    text: str
+    metadata: dict[str, Any]
+    created_at: float
+    completes_at: float
 
 
 _Create = Callable[[], dict[str, Any]]
@@ -101,31 +133,28 @@ def created_output_text(input_: Any) -> str:
     return f"{_WORDS[int(digest[:2], 16) % len(_WORDS)]} {digest[:12]}"
 
 
-def _need(ok: bool, message: str) -> None:
+def _need(ok: bool, message: str, param: str | None = None) -> None:
     if not ok:
-        raise _Refused(message)
-
-
-def _error(message: str) -> bytes:
-    return orjson.dumps({"error": {"message": message}})
+        raise _Refused(message, param=param)
 
 
 def _text(value: Any, where: str) -> str:
-    _need(isinstance(value, str) and bool(value), f"{where}: required, a non-empty string")
+    _need(isinstance(value, str) and bool(value), f"{where}: required, a non-empty string", where)
     return str(value)
-
-
-def _metadata(value: Any, where: str) -> dict[str, str]:
-    _need(isinstance(value, dict | None), f"{where}: must be an object of strings")
-    _need(len(value or {}) <= 16, f"{where}: at most 16 keys, got {len(value or {})}")
-    for key, item in (value or {}).items():
-        _need(isinstance(item, str), f"{where}.{key}: must be a string")
-    return dict(value or {})
 
 
 def _unique(custom_ids: Iterable[str | None], where: str) -> None:
     twice = [cid for cid, n in Counter(custom_ids).items() if cid is not None and n > 1]
-    _need(not twice, f"{where}: custom_id {twice[0] if twice else ''} is not unique")
+    _need(not twice, f"{where}: custom_id {twice[0] if twice else ''} is not unique", where)
+
+
+def _known_keys(obj: dict[str, Any], allowed: tuple[str, ...] | None, where: str) -> None:
+    """``additionalProperties: false``: the first key not in ``allowed`` is refused."""
+    if allowed is None:
+        return
+    for key in obj:
+        param = f"{where}.{key}" if where else key
+        _need(key in allowed, f"{param}: unknown parameter", param)
 
 
 def _line(line: bytes) -> Any:
@@ -148,17 +177,17 @@ class Creations:
         self.deliveries: deque[tuple[str, int, int | None]] = deque(maxlen=settings.log_size)
         """(response id, tries, last status or None) of every callback sent, newest last."""
         self._counts: Counter[str] = Counter()
-        self._answers: dict[tuple[str, str | None], tuple[bytes, bytes]] = {}
+        self._answers: dict[tuple[str, str | None], tuple[bytes, int, bytes]] = {}
         self._failed: set[tuple[str, str | None]] = set()
-        self._responses: dict[str, tuple[str, str, dict[str, str], float, float]] = {}
-        """Response id → (model, output text, metadata, created at, completes at)."""
+        self._responses: dict[str, CreatedResponse] = {}
         self._files: dict[str, list[tuple[str, str, str]]] = {}
+        self._streams: dict[str, SimStream] = {}
         self._ready: asyncio.Queue[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
 
     def creations(self, kind: str) -> int:
-        """How many ``responses``, ``files`` or ``batches`` were really created."""
+        """How many ``responses``, ``files``, ``batches`` or ``streams`` were really created."""
         with self._lock:
             return self._counts[kind]
 
@@ -167,28 +196,60 @@ class Creations:
         with self._lock:
             return [r for r in self._log if r.path.startswith(path_prefix)]
 
-    def response(self, response_id: str) -> tuple[dict[str, Any], float] | None:
-        """A created response as it is once complete, and the time it completes."""
+    def response(self, response_id: str) -> tuple[dict[str, Any], CreatedResponse] | None:
+        """A created response as it is once complete (OpenAI's shape), and how it was made."""
         if (made := self._responses.get(response_id)) is None:
             return None
-        model, text, metadata, created_at, complete_at = made
-        body = make_response(response_id, text=text, model=model, metadata=metadata)
-        return {**body, "created_at": int(created_at)}, complete_at
+        body = make_response(response_id, text=made.text, model=made.model, metadata=made.metadata)
+        return {**body, "created_at": int(made.created_at)}, made
+
+    def responses(self, stream_id: str | None = None) -> list[tuple[str, CreatedResponse]]:
+        """Created responses, newest first (``stream_id``: only that stream's)."""
+        with self._lock:
+            made = list(self._responses.items())
+        made.reverse()
+        if stream_id is None:
+            return made
+        return [(rid, m) for rid, m in made if m.metadata.get("stream_id") == stream_id]
+
+    def stream(self, stream_id: str) -> SimStream | None:
+        return self._streams.get(stream_id)
+
+    def streams(self) -> list[SimStream]:
+        """Created streams, newest first."""
+        with self._lock:
+            return list(reversed(self._streams.values()))
+
+    def stream_detail(self, stream: SimStream) -> dict[str, Any]:
+        items = (
+            StreamItem(rid, m.created_at, m.completes_at)
+            for rid, m in self.responses(stream.stream_id)
+        )
+        return stream.detail(items, time.time())
 
     def endpoint(self, kind: str) -> Callable[[Request], Awaitable[Response]]:
-        """The ``POST /v1/{kind}`` endpoint, ``kind`` being ``responses``, ``files`` or
-        ``batches`` (in the shape of ``create_dialect``)."""
+        """The ``POST /v1/{kind}`` endpoint, ``kind`` being ``responses``, ``files``,
+        ``batches`` or ``streams`` (in the shape of ``dialect``)."""
         read = self._read_file if kind == "files" else self._read_json
-        check = {"responses": self._response, "files": self._file, "batches": self._batch}[kind]
+        check = {
+            "responses": self._response,
+            "files": self._file,
+            "batches": self._batch,
+            "streams": self._stream,
+        }[kind]
 
         async def create(request: Request) -> Response:
             path, key = request.url.path, request.headers.get("idempotency-key") or None
+            profile = self.settings.profile
             body: dict[str, Any] | None = None
             try:
                 body, digest = await read(request)
                 answer = self._decide(kind, (path, key), digest, lambda: check(body or {}))
             except _Refused as refused:
-                answer = (refused.status, _error(refused.message), {})
+                data = profile.error_body(
+                    refused.status, refused.message, param=refused.param, type=refused.kind
+                )
+                answer = (refused.status, data, {})
             with self._lock:
                 self._log.append(CreateRequest(path, key, body))
             if self.settings.create_delay_s > 0:
@@ -197,31 +258,44 @@ class Creations:
 
         return create
 
+    def _created_status(self, kind: str) -> int:
+        profile = self.settings.profile
+        return {
+            "responses": profile.response_create_status,
+            "batches": profile.batch_create_status,
+            "streams": 201,
+        }.get(kind, 200)
+
     def _decide(
         self, kind: str, slot: tuple[str, str | None], digest: bytes, check: Callable[[], _Create]
     ) -> tuple[int, bytes, dict[str, str]]:
         """Replay, refuse (raises), fail or create; no await here, so one key creates once."""
         key, settings, failure = slot[1], self.settings, None
         if slot in self._answers:
-            stored, data = self._answers[slot]
+            stored, status, data = self._answers[slot]
             if stored != digest:
-                raise _Refused(f"Idempotency-Key {key} was used with another body", 422)
-            return 200, data, {}
+                conflict, kind_ = settings.profile.idempotency_conflict
+                message = f"Idempotency-Key {key} was used with another body"
+                raise _Refused(message, conflict, kind=kind_)
+            return status, data, {}
         create = check()
         share = int.from_bytes(hashlib.sha256(f"{key}".encode()).digest()[:8], "big") / 2**64
         if key is not None and slot not in self._failed and share < settings.create_fail_first:
             self._failed.add(slot)
             retry = settings.create_retry_after
             headers = {"retry-after": f"{retry:g}"} if retry is not None else {}
-            failure = (settings.create_fail_status, _error("internal error, try again"), headers)
+            status = settings.create_fail_status
+            data = settings.profile.error_body(status, "internal error, try again")
+            failure = (status, data, headers)
             if settings.create_fail_mode == "before":
                 return failure
         data = bytes(memoryview(orjson.dumps(create())))  # orjson's own bytes keep 4 KiB
+        status = self._created_status(kind)
         with self._lock:
             self._counts[kind] += 1
         if key is not None:
-            self._answers[slot] = (digest, data)
-        return failure or (200, data, {})
+            self._answers[slot] = (digest, status, data)
+        return failure or (status, data, {})
 
     async def _read_json(self, request: Request) -> tuple[dict[str, Any], bytes]:
         try:
@@ -245,33 +319,85 @@ class Creations:
         body = {"purpose": purpose, "filename": filename, "bytes": len(content), "file": file}
         return body, hashlib.sha256(f"{purpose}\0".encode() + content).digest()
 
+    def _new_id(self, prefix: str) -> str:
+        return uuid7() if self.settings.profile.ids == "uuid" else prefixed_id(prefix)
+
     def _model(self, model: Any, where: str) -> str:
         model = _text(model, where)
         prefix = "" if where == "model" else f"{where}: "
-        _need(model != self.settings.reject_model, f"{prefix}model {model} does not exist")
+        _need(model != self.settings.reject_model, f"{prefix}model {model} does not exist", where)
         return str(model)
 
+    def _metadata(
+        self, value: Any, where: str, windows: tuple[str, ...] | None, param: str | None = None
+    ) -> dict[str, Any]:
+        """A create's ``metadata`` checked as the dialect takes it (refusals say ``where``
+        and name ``param``, default ``where``); ``windows``: the completion windows it may
+        name (None: any)."""
+        profile, param = self.settings.profile, param or where
+        _need(isinstance(value, dict | None), f"{where}: must be an object", param)
+        metadata: dict[str, Any] = dict(value or {})
+        limit, count = profile.metadata_keys, len(metadata)
+        _need(limit is None or count <= limit, f"{where}: at most {limit} keys, got {count}", param)
+        for key, item in metadata.items():
+            ok = isinstance(item, str) or (not profile.string_metadata and item is None)
+            _need(ok, f"{where}.{key}: must be a string", f"{param}.{key}")
+        window = metadata.get("completion_window")
+        if windows is not None and window is not None:
+            message = f"{where}.completion_window: must be {' or '.join(windows)}"
+            _need(window in windows, message, f"{param}.completion_window")
+        stream_id = metadata.get("stream_id")
+        if profile.streams and stream_id is not None:
+            known = isinstance(stream_id, str) and stream_id in self._streams
+            _need(known, f"{where}.stream_id: no stream {stream_id}", f"{param}.stream_id")
+        return metadata
+
     def _response(self, body: dict[str, Any]) -> _Create:
+        profile = self.settings.profile
         model, input_ = self._model(body.get("model"), "model"), body.get("input")
-        _need(isinstance(input_, str | list), "input: required, a string or a list")
-        _need(body.get("background") is True, "background: must be true (background only)")
-        _need("custom_id" not in body, "custom_id: unknown parameter (put it in metadata)")
-        metadata, text = _metadata(body.get("metadata"), "metadata"), created_output_text(input_)
+        _need(isinstance(input_, str | list), "input: required, a string or a list", "input")
+        ok = body.get("background") is True
+        _need(ok, "background: must be true (background only)", "background")
+        if profile.custom_id_param:
+            ok = "custom_id" not in body
+            _need(ok, "custom_id: unknown parameter (put it in metadata)", "custom_id")
+        for name, values in profile.param_values.items():
+            ok = name not in body or body[name] in values
+            _need(ok, f"{name}: must be {' or '.join(map(str, values))}", name)
+        metadata = self._metadata(body.get("metadata"), "metadata", profile.response_windows)
+        text = created_output_text(input_)
 
         def create() -> dict[str, Any]:
-            rid, now, after = f"resp_{uuid.uuid4().hex}", time.time(), self.settings.complete_after
+            rid, now, after = self._new_id("resp"), time.time(), self.settings.complete_after
             delay = after(rid) if after is not None else self.settings.complete_after_s
-            self._responses[rid] = (model, text, metadata, now, now + delay)
+            self._responses[rid] = CreatedResponse(model, text, metadata, now, now + delay)
             if self.settings.webhook_url is not None and self._ready is not None:
                 asyncio.get_running_loop().call_later(delay, self._ready.put_nowait, rid)
-            body, _ = self.response(rid) or ({}, 0)
-            return {**body, "status": "queued", "output": [], "usage": None}
+            made = self.response(rid)
+            assert made is not None
+            return profile.shape_response(made[0], profile.response_statuses[0])
+
+        return create
+
+    def _stream(self, body: dict[str, Any]) -> _Create:
+        profile = self.settings.profile
+        if not profile.streams:
+            raise _Refused(f"{self.settings.dialect} has no streams", 404)
+        name = _text(body.get("name"), "name")
+        window = body.get("window", "24h")
+        _need(window == "24h", 'window: must be "24h" (the only supported value)', "window")
+
+        def create() -> dict[str, Any]:
+            stream = SimStream(uuid7(), name, time.time(), window)
+            with self._lock:
+                self._streams[stream.stream_id] = stream
+            return stream.detail((), stream.created_at)
 
         return create
 
     def _file(self, body: dict[str, Any]) -> _Create:
-        _need(body["purpose"] == "batch", 'purpose: must be "batch"')
-        _need(body["file"] is not None, "file: required, a JSONL file of batch requests")
+        _need(body["purpose"] == "batch", 'purpose: must be "batch"', "purpose")
+        _need(body["file"] is not None, "file: required, a JSONL file of batch requests", "file")
         rows: list[tuple[str, str, str]] = []
         for n, line in enumerate(body["file"], 1):
             where = f"file line {n}"
@@ -283,7 +409,7 @@ class Creations:
                 _need(url in _ENDPOINTS, f"{where}: url: must be one of {', '.join(_ENDPOINTS)}")
                 _need(isinstance(line.get("body"), dict), f"{where}: body: required, an object")
                 rows.append((cid, url, _text(line["body"].get("model"), f"{where}: body.model")))
-        _need(0 < len(rows) <= 50_000, f"file: 1 to 50,000 requests, got {len(rows):,}")
+        _need(0 < len(rows) <= 50_000, f"file: 1 to 50,000 requests, got {len(rows):,}", "file")
         _unique((row[0] for row in rows), "file")
 
         def create() -> dict[str, Any]:
@@ -296,7 +422,7 @@ class Creations:
         return create
 
     def _batch(self, body: dict[str, Any]) -> _Create:
-        dialect = self.settings.create_dialect
+        dialect = self.settings.dialect
         profile = PROFILES[dialect]
         if profile.created_from is None:
             raise _Refused(f"{dialect} batches are not created at POST /v1/batches", 404)
@@ -306,14 +432,18 @@ class Creations:
         )
 
         def create() -> dict[str, Any]:
-            options = {"pending_status": "in_progress", **self.settings.batch_options}
+            options = dict(self.settings.batch_options)
+            if profile.created_batch_status is not None:
+                options.setdefault("pending_status", profile.created_batch_status)
             options["pending_until"] = time.time() + self.settings.complete_after_s
             options["custom_ids"] = custom_ids
             if not inline:
                 options["input_file_id"] = body["input_file_id"]
                 options["endpoint"] = body["endpoint"]
-            bid = f"batch_{uuid.uuid4().hex}"
-            return self._add_batch(dialect, bid, len(custom_ids), **options).pending_object()
+            if profile.label_pattern is not None and "label" in body:
+                options["label"] = body["label"]
+            bid = self._new_id("batch")
+            return self._add_batch(dialect, bid, len(custom_ids), **options).created_object()
 
         return create
 
@@ -321,9 +451,9 @@ class Creations:
         """The rows of a batch of an uploaded file, OpenAI's (see the module docstring)."""
         fid, endpoint = _text(body.get("input_file_id"), "input_file_id"), body.get("endpoint")
         _need(endpoint in _ENDPOINTS, f"endpoint: must be one of {', '.join(_ENDPOINTS)}")
-        window = profile.window
+        window = profile.windows[0]
         _need(body.get("completion_window") == window, f'completion_window: must be "{window}"')
-        _metadata(body.get("metadata"), "metadata")
+        self._metadata(body.get("metadata"), "metadata", None)
         rows = self._files.get(fid, [])
         _need(bool(rows), f"input_file_id: no file {fid} with purpose batch")
         for n, (cid, url, model) in enumerate(rows, 1):
@@ -336,44 +466,57 @@ class Creations:
     def _inline_batch(self, body: dict[str, Any], profile: SimProfile) -> _CustomIds:
         """The rows of a batch of inline requests, sference's, Sail's or Valar's (see the
         module docstring): whole ``body`` items or Responses ``params`` (``request_part``)."""
-        part, window, requests = profile.request_part, profile.window, body.get("requests")
+        part, requests = profile.request_part, body.get("requests")
         whole = part == "body"  # whole bodies: the window is the batch's, custom_id optional
+        _known_keys(body, profile.batch_keys, "")
         if whole:
-            ok = body.get("window") == window
-            _need(ok, f'window: must be "{window}" (the only supported value)')
+            window = profile.windows[0]
+            ok = body.get("window", window) == window
+            _need(ok, f'window: must be "{window}" (the only supported value)', "window")
         else:
-            _need(body.get("endpoint") == "/v1/responses", 'endpoint: must be "/v1/responses"')
-            _text(body.get("label"), "label")
+            ok = body.get("endpoint") == "/v1/responses"
+            _need(ok, 'endpoint: must be "/v1/responses"', "endpoint")
+            label = body.get("label")
+            if label is not None and profile.label_pattern is not None:
+                ok = isinstance(label, str) and re.fullmatch(profile.label_pattern, label)
+                message = "label: letters, digits, _ and - only, at most 128 characters"
+                _need(bool(ok), message, "label")
         if not isinstance(requests, list) or not requests:
-            raise _Refused("requests: required, a non-empty list")
-        _need(len(requests) <= 100_000, f"requests: at most 100,000, got {len(requests):,}")
+            raise _Refused("requests: required, a non-empty list", param="requests")
+        n_requests = len(requests)
+        _need(n_requests <= 100_000, f"requests: at most 100,000, got {n_requests:,}", "requests")
         custom_ids: _CustomIds = {}
         first_model = None
         for i, row in enumerate(requests):
             where = f"requests[{i}]"
-            _need(isinstance(row, dict), f"{where}: must be an object")
+            _need(isinstance(row, dict), f"{where}: must be an object", where)
+            _known_keys(row, profile.item_keys, where)
             cid = row.get("custom_id")
             cid = _text(cid, f"{where}.custom_id") if cid is not None or not whole else None
+            pattern = profile.custom_id_pattern
+            if cid is not None and pattern is not None:
+                message = f"{where}.custom_id: lower-case letters, digits, _ and - (1 to 64)"
+                _need(re.fullmatch(pattern, cid) is not None, message, f"{where}.custom_id")
             where += f' (custom_id="{cid}")' if cid is not None else ""
+            param = f"requests[{i}].{part}"
             inner = row.get(part)
-            _need(isinstance(inner, dict), f"{where}: {part}: required, an object")
+            _need(isinstance(inner, dict), f"{where}: {part}: required, an object", param)
             model = _text(inner.get("model"), f"{where}: {part}.model")
             input_ok = isinstance(inner.get("input"), str | list)
             if whole:
                 ok = model != self.settings.reject_model
-                _need(ok, f'{where}: Model "{model}" is not available for inference')
+                _need(ok, f'{where}: Model "{model}" is not available for inference', param)
                 expected = f'expected "{first_model}", got "{model}"'
                 ok = first_model in (None, model)
-                _need(ok, f"{where}: all batch rows must use the same model; {expected}")
+                _need(ok, f"{where}: all batch rows must use the same model; {expected}", param)
                 first_model, messages = model, inner.get("messages")
                 ok = input_ok if messages is None else isinstance(messages, list) and bool(messages)
-                _need(ok, f"{where}: body needs messages (a non-empty list) or input")
+                _need(ok, f"{where}: body needs messages (a non-empty list) or input", param)
             else:
                 self._model(model, f"{where}: params.model")
-                _need(input_ok, f"{where}: params.input: required, a string or a list")
-                meta = _metadata(inner.get("metadata"), f"{where}: params.metadata")
-                asked = meta.get("completion_window")
-                _need(asked in (None, window), f"{where}: completion_window: must be {window}")
+                _need(input_ok, f"{where}: params.input: required, a string or a list", param)
+                meta, at = inner.get("metadata"), f"requests[{i}].params.metadata"
+                self._metadata(meta, f"{where}: params.metadata", profile.windows, at)
             custom_ids[i] = cid
         _unique(custom_ids.values(), "requests")
         return custom_ids

@@ -66,8 +66,8 @@ async def rows_when_summary(pg_url, pg_table, batch_id):
     [
         ("openai", {"failed_every": 13}),
         ("sference", {"failed_every": 11, "no_custom_id_every": 9}),
-        ("sail", {"failed_every": 17}),
-        ("sail", {"failed_every": 17, "inline": False}),
+        ("sail", {"failed_every": 17, "shape": "guide"}),  # its guide's inline results
+        ("sail", {"failed_every": 17, "shape": "guide", "inline": False}),
         ("valar", {"failed_every": 19, "cancelled_every": 23}),
     ],
     ids=["openai", "sference", "sail-inline", "sail-results-null", "valar"],

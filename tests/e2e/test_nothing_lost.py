@@ -224,9 +224,13 @@ async def test_a_resume_after_the_chunk_size_changed_writes_every_row_exactly_on
     assert len(keys) == len(set(keys)) == batch.n_rows
 
 
-@pytest.mark.parametrize("dialect", ["openai", "sference", "sail"])
+@pytest.mark.parametrize(
+    ("dialect", "options"),
+    [("openai", {}), ("sference", {}), ("sail", {"shape": "guide"})],  # Sail: inline results
+    ids=["openai", "sference", "sail"],
+)
 async def test_a_batch_stopped_mid_way_resumes_byte_bounded_chunks_without_loss_or_repeat(
-    loss_stack, redis_url, redis_sync_client, tmp_path, dialect
+    loss_stack, redis_url, redis_sync_client, tmp_path, dialect, options
 ):
     from nopoll.exceptions import ProviderError
     from receiver.demo.answers import Oversize
@@ -239,7 +243,7 @@ async def test_a_batch_stopped_mid_way_resumes_byte_bounded_chunks_without_loss_
         dialect, sinks=files, batch=bounded, http={"max_line_bytes": 64 * 1024}
     )
     batch = sim.add_batch(
-        dialect, "batch_bytes", 400, failed_every=7, body_bytes=500, shuffled=False
+        dialect, "batch_bytes", 400, failed_every=7, body_bytes=500, shuffled=False, **options
     )
     batch.oversize, batch.oversize_at = Oversize("padded", 3 * 1024 * 1024), 250
     with pytest.raises(ProviderError):  # row 250 is over max_line_bytes: the run stops there

@@ -136,7 +136,7 @@ async def test_a_rejected_line_is_reported_with_its_reason_and_the_rest_land(
 async def test_a_batch_is_created_in_the_dialects_own_shape_then_lands(
     procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, dialect
 ):
-    sim = provider_sim(create_dialect=dialect, complete_after_s=0.5)
+    sim = provider_sim(dialect=dialect, complete_after_s=0.5)
     config = _config(tmp_path, sim, redis_url, pg_url, pg_table, dialect)
     procs.start("worker", "--config", str(config))
     source = tmp_path / "batch.jsonl"
@@ -175,7 +175,7 @@ async def test_a_batch_is_created_in_the_dialects_own_shape_then_lands(
 async def test_a_bad_batch_file_sends_nothing_and_lists_every_bad_line(
     procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
 ):
-    sim = provider_sim(create_dialect="sference")
+    sim = provider_sim(dialect="sference")
     config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
     source = tmp_path / "bad.jsonl"
     rows = [
@@ -247,7 +247,7 @@ async def test_with_callbacks_each_result_costs_one_create_and_one_fetch(
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_an_empty_file_is_refused_with_a_word(procs, tmp_path, provider_sim, redis_url, batch):
-    sim = provider_sim(create_dialect="openai")
+    sim = provider_sim(dialect="openai")
     config = _config(tmp_path, sim, redis_url, "sqlite://", "t")
     source = tmp_path / "empty.jsonl"
     source.write_text("\n  \n")
@@ -263,7 +263,7 @@ async def test_batch_wait_returns_once_every_row_is_in_the_sink_and_a_rerun_coun
     """``--batch --wait`` waited for the batch object only ("1/1") and returned while the
     rows still streamed; it now waits for the rows and the summary, showing them. A rerun
     shows what already ended (it showed ``0/1 landed 1``)."""
-    sim = provider_sim(create_dialect="openai", complete_after_s=0.5)
+    sim = provider_sim(dialect="openai", complete_after_s=0.5)
     config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
     config.write_text(config.read_text() + "batch: {chunk_size: 50}\n")
     procs.start("worker", "--config", str(config))

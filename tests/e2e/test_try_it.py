@@ -445,3 +445,31 @@ def test_simulate_without_webhooks_prints_no_secret_and_its_printed_commands_lan
         assert {row[2] for row in served} == {"completed"}
     finally:
         started.stop()
+
+
+@pytest.mark.parametrize(
+    ("flag", "per_min"), [((), 60), (("--rate-limit", "5"), 5), (("--rate-limit", "0"), None)]
+)
+def test_simulate_valar_limits_each_key_as_valar_documents(tmp_path, flag, per_min):
+    """``nopoll simulate --dialect valar`` limits requests as Valar's limits page says (60 a
+    minute per key, ``X-RateLimit-*`` headers); ``--rate-limit`` changes it, 0 turns it off."""
+    started = Started(tmp_path, _clean_env())
+    try:
+        args = ("simulate", "--port", "0", "--dialect", "valar", *flag)
+        proc, out = started.start("simulate", *args)
+        text = _wait_for_output(out, proc, "Ctrl-C stops the simulator")
+        key = re.search(r"^export SIM_API_KEY=(\S+)$", text, re.MULTILINE)
+        base = re.search(r"base_url: (http://\S+)", text)
+        assert key and base, text
+        assert (f"may send {per_min} requests a minute" in text) is (per_min is not None)
+        answer = httpx.get(
+            f"{base.group(1)}/batches",
+            headers={"authorization": f"Bearer {key.group(1)}"},
+            timeout=10,
+            trust_env=False,
+        )
+        assert answer.status_code == 200 and answer.json() == []
+        limit = answer.headers.get("x-ratelimit-limit")
+        assert limit == (str(per_min) if per_min else None)
+    finally:
+        started.stop()

@@ -193,9 +193,7 @@ async def test_replaying_an_expired_batch_watch_lands_it_and_ends_the_watch_land
     watch_stack, redis_url, pg_url, pg_table
 ):
     settings, sim, store = watch_stack("sference", expire_after_s=2.0)
-    batch = sim.add_batch(
-        "sference", "b_late", 120, pending_until=time.time() + 3600, pending_status="in_progress"
-    )
+    batch = sim.add_batch("sference", "b_late", 120, pending_until=time.time() + 3600)
     await store.register("sim", "batch", "b_late", first_poll_in_s=0)
     async with running_worker(settings, redis_url):
 
@@ -223,15 +221,21 @@ async def test_replaying_an_expired_batch_watch_lands_it_and_ends_the_watch_land
     assert (await store.counts("sim"))["expired"] == 0
 
 
-@pytest.mark.parametrize("dialect", ["openai", "sference", "sail", "valar"])
+@pytest.mark.parametrize(
+    ("dialect", "options"),
+    [
+        ("openai", {"pending_status": "finalizing"}),
+        ("sference", {}),  # pending, then running
+        ("sail", {"shape": "guide"}),  # in_progress, then completed
+        ("valar", {}),  # no status: every row settles
+    ],
+    ids=["openai", "sference", "sail", "valar"],
+)
 async def test_a_watched_batch_lands_every_row_then_its_summary(
-    watch_stack, redis_url, pg_url, pg_table, dialect
+    watch_stack, redis_url, pg_url, pg_table, dialect, options
 ):
     settings, sim, store = watch_stack(dialect)
-    pending = "in_progress" if dialect != "openai" else "finalizing"
-    sim.add_batch(
-        dialect, f"b_{dialect}", 250, pending_until=time.time() + 2, pending_status=pending
-    )
+    sim.add_batch(dialect, f"b_{dialect}", 250, pending_until=time.time() + 2, **options)
     await store.register("sim", "batch", f"b_{dialect}", first_poll_in_s=0.3)
     async with running_worker(settings, redis_url):
         rows = await wait_pg_rows(pg_url, pg_table, 251)

@@ -19,7 +19,7 @@ async def stack(make_settings, redis_url, provider_sim):
     async def make(**sim_settings):
         sim = provider_sim(**sim_settings)
         settings = make_settings(sim.base_url, redis_url=redis_url, admin_tokens=[TOKEN])
-        dialect = sim_settings.get("create_dialect", "openai")
+        dialect = sim_settings.get("dialect", "openai")
         provider = settings.providers["sim"].model_copy(update={"dialect": dialect})
         return sim, settings.model_copy(update={"providers": {"sim": provider}})
 
@@ -60,7 +60,7 @@ async def test_bodies_are_created_once_watched_and_rejections_say_why(stack, red
 
 
 async def test_one_batch_is_created_once(stack, redis_url):
-    sim, settings = await stack(create_dialect="sference")
+    sim, settings = await stack(dialect="sference")
     lines = [
         {
             "custom_id": f"c{i}",

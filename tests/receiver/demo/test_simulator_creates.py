@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -29,6 +30,13 @@ def post(sim: Any, path: str, body: Any, key: str | None = None) -> httpx.Respon
     headers = {"idempotency-key": key} if key else {}
     with client(sim) as c:
         return c.post(path, json=body, headers=headers)
+
+
+def message(answer: httpx.Response) -> str:
+    """An error answer's message: OpenAI's, Sail's and Valar's ``error.message``, or
+    sference's ``detail``."""
+    body = answer.json()
+    return body["detail"] if "detail" in body else body["error"]["message"]
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -73,11 +81,22 @@ def test_concurrent_tries_with_one_key_create_once(provider_sim):
     assert sim.creations("responses") == 1
 
 
-def test_a_key_reused_with_another_body_is_refused(provider_sim):
-    sim = provider_sim(api_key=KEY)
-    assert post(sim, "/responses", BODY, key="k").status_code == 200
+@pytest.mark.parametrize(
+    ("dialect", "status", "kind"),
+    [
+        ("openai", 422, "invalid_request_error"),
+        ("sference", 400, None),
+        ("sail", 400, "idempotency_error"),
+        ("valar", 400, "idempotency_error"),
+    ],
+)
+def test_a_key_reused_with_another_body_is_refused(provider_sim, dialect, status, kind):
+    sim = provider_sim(api_key=KEY, dialect=dialect)
+    assert post(sim, "/responses", BODY, key="k").is_success
     r = post(sim, "/responses", {**BODY, "input": "other"}, key="k")
-    assert r.status_code == 422 and "Idempotency-Key" in r.json()["error"]["message"]
+    assert r.status_code == status and "Idempotency-Key" in message(r)
+    if kind is not None:
+        assert r.json()["error"]["type"] == kind
     assert sim.creations("responses") == 1
 
 
@@ -188,31 +207,47 @@ INLINE = {
 INLINE["valar"] = INLINE["sail"]
 
 
-@pytest.mark.parametrize("dialect", ["sference", "sail", "valar"])
-def test_inline_batch_is_created_pending_then_serves_its_custom_ids(provider_sim, dialect):
-    sim = provider_sim(api_key=KEY, create_dialect=dialect, complete_after_s=0.3)
+def test_an_sference_batch_is_created_pending_runs_then_serves_its_rows(provider_sim):
+    sim = provider_sim(api_key=KEY, dialect="sference", complete_after_s=0.6)
+    r = post(sim, "/batches", INLINE["sference"], key="b-1")
+    assert r.status_code == 201
+    batch = r.json()
+    assert uuid.UUID(batch["id"]).version == 7 and batch["status"] == "pending"
+    assert post(sim, "/batches", INLINE["sference"], key="b-1").json()["id"] == batch["id"]
+    assert sim.creations("batches") == 1
+    seen = []
+    with client(sim) as c:
+        for _ in range(12):
+            seen.append(c.get(f"/batches/{batch['id']}").json()["status"])
+            time.sleep(0.06)
+        lines = c.get(f"/batches/{batch['id']}/results.jsonl").text.splitlines()
+    assert seen[0] == "pending" and "running" in seen and seen[-1] == "completed"
+    assert {orjson.loads(line)["custom_id"] for line in lines} == {"c-0", "c-1", "c-2"}
+
+
+@pytest.mark.parametrize("dialect", ["sail", "valar"])
+def test_a_request_status_batch_is_created_then_its_rows_settle(provider_sim, dialect):
+    sim = provider_sim(api_key=KEY, dialect=dialect, complete_after_s=0.3)
     r = post(sim, "/batches", INLINE[dialect], key="b-1")
     assert r.status_code == 200
     batch = r.json()
-    assert batch["id"].startswith("batch_") and batch["status"] == "in_progress"
+    assert set(batch) == {"id", "request_counts", "created_at", "label"}
+    assert batch["request_counts"] == 3 and batch["label"] == "job"
     assert post(sim, "/batches", INLINE[dialect], key="b-1").json()["id"] == batch["id"]
     assert sim.creations("batches") == 1
     with client(sim) as c:
-        assert c.get(f"/batches/{batch['id']}").json()["status"] == "in_progress"
+        running = c.get(f"/batches/{batch['id']}").json()
         time.sleep(0.35)
-        done = c.get(f"/batches/{batch['id']}")
-        assert done.json()["status"] == "completed"
-        wanted = {"c-0", "c-1", "c-2"}
-        if dialect == "sference":
-            lines = c.get(f"/batches/{batch['id']}/results.jsonl").text.splitlines()
-            assert {orjson.loads(line)["custom_id"] for line in lines} == wanted
-        else:
-            assert set(done.json()["request_status"]) == wanted
-            assert c.get(f"/batches/{batch['id']}/c-1").status_code == 200
+        done = c.get(f"/batches/{batch['id']}").json()
+        row = c.get(f"/batches/{batch['id']}/c-1")
+    assert "status" not in running and "status" not in done
+    assert {"RUNNING", "PENDING"} & {s["status"] for s in running["request_status"].values()}
+    assert done["request_status"] == {f"c-{i}": {"status": "COMPLETED"} for i in range(3)}
+    assert row.status_code == 200 and row.json()["status"] == "completed"
 
 
 def test_sference_rows_may_leave_out_custom_id(provider_sim):
-    sim = provider_sim(api_key=KEY, create_dialect="sference")
+    sim = provider_sim(api_key=KEY, dialect="sference")
     batch = post(sim, "/batches", sference(*({"body": b} for b in ROWS))).json()
     with client(sim) as c:
         lines = c.get(f"/batches/{batch['id']}/results.jsonl").text.splitlines()
@@ -225,7 +260,6 @@ SAME_MODEL = 'requests[1] (custom_id="row-b"): all batch rows must use the same 
 SAME_MODEL += 'expected "m-1", got "other-model"'
 BAD_BATCHES = [
     ("sference", {**INLINE["sference"], "window": "1h"}, "window"),
-    ("sference", {"requests": INLINE["sference"]["requests"]}, "window"),
     ("sference", {"window": "24h"}, "requests"),
     ("sference", sference(), "requests"),
     ("sference", sference({"custom_id": "a"}), 'requests[0] (custom_id="a"): body'),
@@ -234,10 +268,11 @@ BAD_BATCHES = [
     ("sference", sference({"body": {**ROWS[0], "model": "reject-me"}}), 'Model "reject-me"'),
     ("sail", {**INLINE["sail"], "endpoint": "/v1/chat/completions"}, "endpoint"),
     ("sail", {**INLINE["sail"], "label": ""}, "label"),
-    ("sail", INLINE["sference"], "endpoint"),
+    ("sail", INLINE["sference"], "window: unknown parameter"),
     ("sail", sail({"custom_id": "a", "params": {"model": "m"}}), "params.input"),
     ("sail", sail({"custom_id": "a", "params": {**ROWS[0], "model": "reject-me"}}), "reject-me"),
-    ("valar", sail({"custom_id": "a", "body": ROWS[0]}), 'requests[0] (custom_id="a"): params'),
+    ("valar", sail({"custom_id": "a", "body": ROWS[0]}), "requests[0].body: unknown parameter"),
+    ("valar", sail({"custom_id": "a"}), 'requests[0] (custom_id="a"): params: required'),
     ("valar", sail({"params": ROWS[0]}), "requests[0].custom_id"),
     ("valar", sail(*[{"custom_id": "a", "params": ROWS[0]}] * 2), "custom_id a is not unique"),
     ("valar", sail({"custom_id": "a", "params": ASAP}), "completion_window: must be standard"),
@@ -245,16 +280,16 @@ BAD_BATCHES = [
 ]
 
 
-@pytest.mark.parametrize(("dialect", "body", "message"), BAD_BATCHES)
-def test_wrong_batch_shapes_are_400_naming_the_field(provider_sim, dialect, body, message):
-    sim = provider_sim(api_key=KEY, create_dialect=dialect)
+@pytest.mark.parametrize(("dialect", "body", "expected"), BAD_BATCHES)
+def test_wrong_batch_shapes_are_400_naming_the_field(provider_sim, dialect, body, expected):
+    sim = provider_sim(api_key=KEY, dialect=dialect)
     r = post(sim, "/batches", body)
-    assert r.status_code == 400 and message in r.json()["error"]["message"]
+    assert r.status_code == 400 and expected in message(r)
     assert sim.creations("batches") == 0
 
 
 def test_message_batches_are_not_created_at_v1_batches(provider_sim):
-    sim = provider_sim(api_key=KEY, create_dialect="anthropic")
+    sim = provider_sim(api_key=KEY, dialect="anthropic")
     r = post(sim, "/batches", INLINE["sail"])
     assert r.status_code == 404 and "/v1/batches" in r.json()["error"]["message"]
     assert sim.creations("batches") == 0
@@ -285,7 +320,7 @@ def test_message_batch_results_come_in_another_order_on_each_download(provider_s
 
 
 def test_inline_batches_have_a_row_limit(provider_sim):
-    sim = provider_sim(api_key=KEY, create_dialect="sail")
+    sim = provider_sim(api_key=KEY, dialect="sail")
     rows = ({"custom_id": f"c{i}", "params": ROWS[0]} for i in range(100_001))
     r = post(sim, "/batches", sail(*rows))
     assert r.status_code == 400 and "at most 100,000" in r.json()["error"]["message"]

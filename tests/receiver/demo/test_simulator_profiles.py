@@ -15,6 +15,8 @@ def test_the_simulator_has_a_profile_for_every_dialect_and_no_other():
 @pytest.mark.parametrize("name", list(PROFILES))
 def test_every_profile_says_how_its_rows_are_served(name):
     p = PROFILES[name]
-    ways = (p.output_files, p.results_file, p.inline_results, p.request_status, p.message_batches)
-    assert any(ways)
+    ways = (p.output_files, p.results_file, p.request_status, p.message_batches)
+    assert sum(map(bool, ways)) == 1
     assert (p.created_from == "requests") == (p.request_part is not None)
+    assert not p.guide_shape or p.request_status  # the guide's shape has a request_status
+    assert len(p.batch_statuses) <= 2 and (p.created_from is None or p.windows)

@@ -215,12 +215,12 @@ async def test_gzip_results_file_within_the_caps_gives_every_row(provider_sim):
     await c.aclose()
 
 
-# --- Sail's inline results: a ~1 GiB document stays streamable, one item is capped -------
+# --- Sail's inline results (its guide's shape): ~1 GiB streams, one item is capped -------
 
 
 async def test_sail_document_larger_than_every_cap_still_streams(provider_sim):
     sim = provider_sim(api_key="sk-test")
-    sim.add_batch("sail", "batch_sail_big", 500, body_bytes=8000, gzip=True)
+    sim.add_batch("sail", "batch_sail_big", 500, shape="guide", body_bytes=8000, gzip=True)
     c = client(sim.base_url, "sail")
     rows = await all_rows(c, "sail", "batch_sail_big")  # ~4.5 MB decoded, items of ~9 kB
     assert len(rows) == 500 and all(r.status == "completed" for r in rows)
@@ -234,7 +234,7 @@ async def test_sail_document_larger_than_every_cap_still_streams(provider_sim):
 )
 async def test_sail_inline_item_over_the_line_cap_is_refused(provider_sim, oversize):
     sim = provider_sim(api_key="sk-test")
-    sim.add_batch("sail", "batch_sail_item", 10, oversize=oversize)
+    sim.add_batch("sail", "batch_sail_item", 10, shape="guide", oversize=oversize)
     c = client(sim.base_url, "sail")
     peak, error = await peak_memory(c, lambda: all_rows(c, "sail", "batch_sail_item"))
     assert "results item 3 " in permanent(error, LINE_CAP)
