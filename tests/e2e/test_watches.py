@@ -260,6 +260,7 @@ async def test_a_watched_sail_batch_larger_than_the_answer_cap_lands_once(
         "sail",
         "b_big",
         120,
+        shape="guide",
         body_bytes=60_000,
         pending_until=time.time() + 1.5,
         pending_status="in_progress",
