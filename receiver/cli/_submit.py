@@ -51,7 +51,13 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
         await reach(redis, where)  # before anything is created at the provider
         if args.batch:
             submitter = Submitter(
-                args.provider, provider, client, redis, tenant=args.tenant, poll=args.poll
+                args.provider,
+                provider,
+                client,
+                redis,
+                tenant=args.tenant,
+                poll=args.poll,
+                settle_after_s=args.settle_after,
             )
             return await _batch(args, submitter, path, digest, settings)
         total = _count_lines(path)
@@ -65,6 +71,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
                 on_progress=bar.update,
                 tenant=args.tenant,
                 poll=args.poll,
+                settle_after_s=args.settle_after,
             )
             result = await submitter.submit_lines(_lines(path), digest)
             bar.update(result, force=True)
@@ -336,6 +343,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--report", help="where rejected lines are written (default FILE.rejected.jsonl)"
+    )
+    p.add_argument(
+        "--settle-after",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="at a provider without idempotent creates (sference): how long a create whose "
+        "answer was lost is given to show up before nopoll counts what the provider has "
+        "(default 10 s)",
     )
     add_tenant_option(p)
     p.set_defaults(func=_cmd_submit)

@@ -72,15 +72,17 @@ class CreateSettings:
     """How the create side behaves, read on every request (set ``sim.creates.settings.x``).
     ``create_fail_first``: the share of Idempotency-Keys (by a hash of the key) whose first try
     answers ``create_fail_status`` (``Retry-After: create_retry_after`` if set): in mode ``before``
-    it creates nothing, in ``after`` it creates and the retry gets the stored answer. With
-    ``webhook_url`` and ``webhook_secret``, each created response is announced once complete."""
+    it creates nothing, in ``after`` it creates and the retry gets the stored answer (at a
+    provider without idempotency the retry creates again), in ``mixed`` half the keys do
+    one and half the other. With ``webhook_url`` and ``webhook_secret``, each created
+    response is announced once complete."""
 
     dialect: str = "openai"  # the API it speaks (a name in PROFILES)
     complete_after_s: float = 0.0  # a created response or batch runs this long
     complete_after: Callable[[str], float] | None = None  # a response's own, by its id
     create_delay_s: float = 0.0  # every create answer waits this long (creation is at once)
     create_fail_first: float = 0.0
-    create_fail_mode: Literal["before", "after"] = "before"
+    create_fail_mode: Literal["before", "after", "mixed"] = "before"
     create_fail_status: int = 500
     create_retry_after: float | None = None
     reject_model: str | None = "reject-me"  # a create with this model: 400 does not exist
@@ -271,6 +273,8 @@ class Creations:
     ) -> tuple[int, bytes, dict[str, str]]:
         """Replay, refuse (raises), fail or create; no await here, so one key creates once."""
         key, settings, failure = slot[1], self.settings, None
+        if not settings.profile.idempotency:  # the key is ignored: every create is new
+            slot = (slot[0], None)
         if slot in self._answers:
             stored, status, data = self._answers[slot]
             if stored != digest:
@@ -280,20 +284,24 @@ class Creations:
             return status, data, {}
         create = check()
         share = int.from_bytes(hashlib.sha256(f"{key}".encode()).digest()[:8], "big") / 2**64
-        if key is not None and slot not in self._failed and share < settings.create_fail_first:
-            self._failed.add(slot)
+        tried = (slot[0], key)
+        if key is not None and tried not in self._failed and share < settings.create_fail_first:
+            self._failed.add(tried)
             retry = settings.create_retry_after
             headers = {"retry-after": f"{retry:g}"} if retry is not None else {}
             status = settings.create_fail_status
             data = settings.profile.error_body(status, "internal error, try again")
             failure = (status, data, headers)
-            if settings.create_fail_mode == "before":
+            mode = settings.create_fail_mode
+            if mode == "mixed":  # by the key: half fail before creating, half after
+                mode = "before" if int(share * 2**20) % 2 else "after"
+            if mode == "before":
                 return failure
         data = bytes(memoryview(orjson.dumps(create())))  # orjson's own bytes keep 4 KiB
         status = self._created_status(kind)
         with self._lock:
             self._counts[kind] += 1
-        if key is not None:
+        if key is not None and settings.profile.idempotency:
             self._answers[slot] = (digest, status, data)
         return failure or (status, data, {})
 

@@ -115,6 +115,9 @@ class SimProfile:
     """Its error answers' body."""
     idempotency_conflict: tuple[int, str | None] = (422, None)
     """(status, error type) of a create reusing an ``Idempotency-Key`` with another body."""
+    idempotency: bool = True
+    """A create repeating an answered ``Idempotency-Key`` replays that answer; False (the
+    provider documents no idempotency): every create is made anew, the key ignored."""
     rate_limit_per_min: int | None = None
     """Its documented request rate per API key, the default of ``nopoll simulate`` (None: no
     limit); the simulator itself limits only when told (``rate_limit_per_min=``)."""
@@ -162,6 +165,7 @@ PROFILES: dict[str, SimProfile] = {
         streams=True,
         error_body=litestar_error,
         idempotency_conflict=(400, None),
+        idempotency=False,
     ),
     "sail": replace(
         _RESPONSES_API,

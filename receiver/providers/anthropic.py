@@ -119,6 +119,7 @@ class AnthropicDialect:
     max_bytes: ClassVar[int] = MAX_BATCH_BYTES
     whole_file_record: ClassVar[str | None] = None
     stable_chunks: ClassVar[bool] = False
+    idempotent_creates: ClassVar[bool] = True
     """Results come in no particular order, another one on each download: a resumed batch
     is rewritten from its first row."""
 
@@ -151,6 +152,18 @@ class AnthropicDialect:
                 "answer is for another batch id", provider=self.client.name, path=path, status=200
             )
         return data
+
+    async def submit_group(self, name: str) -> str | None:
+        return None
+
+    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
+        return body
+
+    async def group_ids(self, group: str) -> set[str] | None:
+        return None
+
+    async def batches_like(self, rows: int, since: float) -> list[str] | None:
+        return None
 
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         """By ``processing_status``: only ``ended`` is over."""

@@ -141,6 +141,31 @@ class Dialect(Protocol):
     one call does (a rerun that finds it recorded sends nothing and reads nothing); None
     when only reading the file tells how many batches it makes."""
 
+    idempotent_creates: ClassVar[bool]
+    """The provider documents that a create sent again with the same ``Idempotency-Key``
+    is not done twice. False: a create whose answer was lost may have happened, and
+    ``nopoll submit`` looks for it (:meth:`submit_group`, :meth:`group_ids`,
+    :meth:`batches_like`) before it sends the create again."""
+
+    async def submit_group(self, name: str) -> str | None:
+        """A group at the provider that one submit's single creates are made in (so that a
+        create whose answer was lost can be found: :meth:`group_ids`); None: none."""
+        ...
+
+    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
+        """A create body made in ``group``."""
+        ...
+
+    async def group_ids(self, group: str) -> set[str] | None:
+        """Every id created in ``group``; None when the provider cannot say."""
+        ...
+
+    async def batches_like(self, rows: int, since: float) -> list[str] | None:
+        """The ids of the account's batches of ``rows`` requests created since ``since``
+        (Unix time): where a batch create whose answer was lost would be; None when the
+        provider cannot list them."""
+        ...
+
     @classmethod
     def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
         """A ``submit --batch`` file's lines checked (``dialect``: the configured name, for
@@ -239,6 +264,7 @@ class ResponsesDialect:
     """Where a request's body goes in an item of ``requests``."""
     whole_file_record: ClassVar[str | None] = "batch"
     stable_chunks: ClassVar[bool] = True
+    idempotent_creates: ClassVar[bool] = True
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client
@@ -283,6 +309,18 @@ class ResponsesDialect:
     @classmethod
     def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
         return check_lines(lines, dialect, cls.row_limit, cls._add_row, cls.row_rule)
+
+    async def submit_group(self, name: str) -> str | None:
+        return None
+
+    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
+        return body
+
+    async def group_ids(self, group: str) -> set[str] | None:
+        return None
+
+    async def batches_like(self, rows: int, since: float) -> list[str] | None:
+        return None
 
     @classmethod
     def row_rule(cls, row: dict[str, Any]) -> str | None:

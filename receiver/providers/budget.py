@@ -96,6 +96,7 @@ class NoRequestSlot(TransientProviderError):
             path=path,
             retry_after_s=free_in_s,
         )
+        self.unsent = True
 
 
 def _number(headers: Mapping[str, str], name: str) -> float | None:

@@ -205,6 +205,15 @@ def _cut_message(raw: bytes) -> str | None:
     return None
 
 
+def _never_connected(exc: BaseException) -> bool:
+    """The request failed before a connection was made (refused, unreachable, a connect
+    timeout), so the provider cannot have acted on it."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return True
+    cause = exc.__cause__ or exc
+    return "Connector" in type(cause).__name__ or isinstance(cause, ConnectionRefusedError)
+
+
 def _timeout_text(exc: BaseException) -> str:
     # httpx-aiohttp reports a refused connection as ConnectTimeout; say what happened.
     cause = exc.__cause__
@@ -531,13 +540,17 @@ class ProviderClient:
         broke: str = "connection failed",
     ) -> TransientProviderError | None:
         """A timeout or network failure (``exc``) as the :class:`TransientProviderError` it
-        makes; None for anything else."""
+        makes (``unsent`` when no connection was made: the request never left); None for
+        anything else."""
         if isinstance(exc, httpx.TimeoutException | TimeoutError):
-            return TransientProviderError(timed_out(exc), provider=self.name, path=path)
-        if isinstance(exc, _NETWORK_ERRORS):
+            error = TransientProviderError(timed_out(exc), provider=self.name, path=path)
+        elif isinstance(exc, _NETWORK_ERRORS):
             reason = f"{broke} ({type(exc).__name__})"
-            return TransientProviderError(reason, provider=self.name, path=path)
-        return None
+            error = TransientProviderError(reason, provider=self.name, path=path)
+        else:
+            return None
+        error.unsent = _never_connected(exc)
+        return error
 
     def _error(self, path: str, message: str) -> ProviderError:
         return ProviderError(message, provider=self.name, path=path, status=200)

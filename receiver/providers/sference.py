@@ -7,16 +7,27 @@ Batch results: ``GET /batches/{id}`` (a ``BatchResponse``: ``status`` ``pending`
 ``result_json`` (a chat completion, as an object or a JSON string) and ``error_json``.
 A row of a cancelled batch that never ran (its status still ``pending`` or ``running``) is
 ``cancelled``.
+
+sference documents no idempotency for creates (:attr:`idempotent_creates` is False): a
+``nopoll submit`` of single responses tags every create with a stream of its own
+(``metadata.stream_id``), so that the ids created in it can be listed when an answer was
+lost; a batch create whose answer was lost is looked for in ``GET /batches``.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from nopoll.envelope import BatchFacts, BatchRow
+from nopoll.exceptions import ProviderError
 from nopoll.status import UNFINISHED, final_status, row_status, unknown_status
+from nopoll.wire import safe_id
 from receiver.providers.base import (
     BatchFetch,
     Chunk,
@@ -26,6 +37,7 @@ from receiver.providers.base import (
     loads_obj,
 )
 from receiver.providers.batch_input import BatchInput
+from receiver.providers.client import error_reason
 
 __all__ = ["SferenceDialect", "parse_line"]
 
@@ -54,6 +66,81 @@ class SferenceDialect(ResponsesDialect):
     "requests": [{"custom_id", "body"}]}``."""
 
     request_part = "body"
+    idempotent_creates = False
+
+    async def submit_group(self, name: str) -> str:
+        """A stream for one submit (``POST /streams``): a second stream of the same name,
+        made when an answer was lost, costs nothing (it stays empty), so this is tried again
+        freely."""
+        body = orjson.dumps({"name": name[:200], "window": "24h"})
+        key = "nopoll-" + hashlib.sha256(name.encode()).hexdigest()[:48]
+        error = "no answer"
+        for _ in range(3):
+            status, content, _retry = await self.client.post_once(
+                "streams", body, content_type="application/json", idempotency_key=key
+            )
+            if status in (200, 201):
+                data = orjson.loads(content) if content.strip() else None
+                stream_id = data.get("id") if isinstance(data, dict) else None
+                if isinstance(stream_id, str) and safe_id(stream_id):
+                    return stream_id
+                error = "the answer holds no usable stream id"
+                break
+            error = error_reason(content) or f"HTTP {status}"
+            if status < 500 and status != 429:
+                break
+        raise ProviderError(
+            f"could not create a stream for this submit: {error}",
+            provider=self.client.name,
+            path="streams",
+        )
+
+    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
+        """The create body with ``metadata.stream_id`` (and the ``completion_window`` a
+        background response needs, 24h, unless it names one)."""
+        metadata = dict(body.get("metadata") or {})
+        metadata["stream_id"] = group
+        if body.get("background"):
+            metadata.setdefault("completion_window", "24h")
+        return {**body, "metadata": metadata}
+
+    async def group_ids(self, group: str) -> set[str] | None:
+        """Every response id created in the stream ``group``: ``GET /streams/{id}`` says how
+        many, ``GET /responses?stream_id=`` lists them; None when the list is not whole."""
+        if not safe_id(group):
+            return None
+        stream = await self.client.get_json(f"streams/{group}")
+        total = stream.get("total_items")
+        if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+            return None
+        listed = await self.client.get_json(f"responses?stream_id={group}&limit={total + 100}")
+        data = listed.get("data")
+        if not isinstance(data, list) or listed.get("has_more"):
+            return None
+        ids = {
+            item["id"]
+            for item in data
+            if isinstance(item, dict) and isinstance(item.get("id"), str)
+        }
+        return ids if len(ids) >= total else None
+
+    async def batches_like(self, rows: int, since: float) -> list[str] | None:
+        """``GET /batches`` (``{"items": [...]}``, every batch of the account): those with
+        ``request_count`` ``rows`` created at ``since`` or later (a minute's leeway for
+        clocks)."""
+        listed = await self.client.get_json("batches")
+        items = listed.get("items")
+        if not isinstance(items, list):
+            return None
+        found = []
+        for item in items:
+            if not isinstance(item, dict) or item.get("request_count") != rows:
+                continue
+            created = _unix(item.get("created_at"))
+            batch_id = item.get("id")
+            if created is not None and created >= since - 60 and isinstance(batch_id, str):
+                found.append(batch_id)
+        return found
 
     @classmethod
     def row_rule(cls, row: dict[str, Any]) -> str | None:
@@ -102,6 +189,19 @@ class SferenceDialect(ResponsesDialect):
         lines = self.client.stream_lines(f"batches/{fetch.batch_id}/results.jsonl")
         async for chunk in chunk_rows(lines, fetch, parse):
             yield chunk
+
+
+def _unix(value: Any) -> float | None:
+    """An ISO 8601 time (sference's batch timestamps) as Unix time."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def _count(value: Any) -> int | None:

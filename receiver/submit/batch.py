@@ -8,23 +8,34 @@ as many Message Batches as the limits need for ``anthropic``). Each call is sent
 id recorded in Redis (a field of ``nopoll:submit:<provider>:<hash>``: ``file``, ``batch``,
 ``batch:<part>``): a rerun of the same file creates only what is not recorded yet, and
 every created batch is watched.
+
+At a provider without idempotency (sference) a batch create whose answer was lost is not
+sent again at once: the call is marked as being sent before it leaves, and the account's
+batches of that many requests made since then are looked for (:meth:`Dialect.batches_like`):
+one → it is the file's batch; none → the call is sent again; several → the file is
+reported in doubt, nothing more is sent. A rerun after a kill finds the mark and looks the
+same way first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable
 
 from receiver.providers import Dialect, dialect_type
-from receiver.providers.batch_input import BatchInput
+from receiver.providers.batch_input import BatchInput, CreateCall
 from receiver.submit.created import BatchResult
 from receiver.submit.created import create_batch as _create
 from receiver.submit.created import watch_batch as _watch
 from receiver.submit.creates import (
     RECORD_TTL_S,
+    CreateInDoubt,
     Rejected,
     Submitter,
     idempotency_key,
     record_key,
+    sending_key,
 )
 
 __all__ = ["BatchResult", "build_batch", "submit_batch"]
@@ -69,9 +80,7 @@ async def submit_batch(
             created_id: str | None = known.decode()
         else:
             key = idempotency_key(submitter.scope, digest, call.record)
-            created_id = await _create(
-                submitter, call.path, call.content, key, call.content_type, result
-            )
+            created_id = await _create_once(submitter, provider, call, key, digest, batch, result)
             if created_id is None:
                 break  # _create said why; a rerun creates what is not recorded yet
             sent += 1
@@ -87,3 +96,71 @@ async def submit_batch(
     result.batch_id = result.batch_ids[0] if result.batch_ids else None
     result.already = bool(result.batch_ids) and sent == 0 and not result.rejected
     return result
+
+
+async def _create_once(
+    submitter: Submitter,
+    provider: Dialect,
+    call: CreateCall,
+    key: str,
+    digest: str,
+    batch: BatchInput,
+    result: BatchResult,
+) -> str | None:
+    """The call's created id. At a provider without idempotency the call is marked as
+    being sent first, and a lost answer (this run's, or a killed run's mark) is looked for
+    among the account's batches before the call is sent again (see the module docs)."""
+    if submitter.idempotent:
+        return await _create(submitter, call.path, call.content, key, call.content_type, result)
+    marks = sending_key(submitter.scope, digest)
+    sent = await submitter.redis.hget(marks, call.record)  # type: ignore[misc]
+    since = float(sent) if sent is not None else None
+    for _ in range(3):
+        if since is not None:  # sent before, its answer lost: was it created?
+            await asyncio.sleep(submitter.settle_after_s)
+            found = await provider.batches_like(batch.rows, since)
+            if found is None or len(found) > 1:
+                why = (
+                    f"{len(found)} batches of {batch.rows} requests were created at "
+                    f"{submitter.name} since"
+                    if found
+                    else f"{submitter.name} cannot list its batches to tell whether it was created"
+                )
+                result.rejected.append(
+                    Rejected(
+                        0,
+                        None,
+                        None,
+                        f"POST /{call.path}: in doubt: its answer was lost and {why}; nopoll "
+                        "does not send it again (it may have been created)",
+                    )
+                )
+                result.problems += 1
+                return None
+            if found:
+                return found[0]
+        since = time.time()
+        async with submitter.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(marks, call.record, repr(since))
+            pipe.expire(marks, RECORD_TTL_S)
+            await pipe.execute()
+        try:
+            created_id = await _create(
+                submitter, call.path, call.content, key, call.content_type, result
+            )
+        except CreateInDoubt:
+            continue
+        if created_id is None:
+            await submitter.redis.hdel(marks, call.record)  # type: ignore[misc]
+        return created_id
+    result.rejected.append(
+        Rejected(
+            0,
+            None,
+            None,
+            f"POST /{call.path}: in doubt: its answer was lost three times; nopoll does not "
+            "send it again (it may have been created)",
+        )
+    )
+    result.problems += 1
+    return None

@@ -24,6 +24,18 @@ content hash and the line number (or the ``custom_id``), at bounded concurrency:
   not yet recorded (the process was killed) is sent again with its key, and the provider
   replays the same id.
 
+At a provider that documents no idempotency (sference: its dialect's
+``idempotent_creates`` is False) a retried create could be done twice, so a create whose
+answer was lost (a timeout, a broken connection, a 5xx) is not sent again at once. Every
+create of the run is made in a group of its own at the provider (a sference stream,
+recorded under the field ``group``), and each line is marked as being sent (the hash
+``...:sending``) before its POST leaves. Once the other lines are done, the lines in
+doubt are settled: the ids created in the group that no line recorded are counted; none
+→ the lines are sent again; as many as the lines → each line gets one of them; some but
+not all → those ids are watched, and the lines are reported *in doubt* and never sent
+again by nopoll (a rerun reports them again). A rerun after a kill treats the lines
+marked as sending but not recorded the same way.
+
 Every create takes a slot of the account's request budget, which the workers' polls and
 fetches share (:mod:`receiver.providers.budget`); for a budgeted account at most what it
 lets through in a few seconds is in flight, whatever ``concurrency`` asks.
@@ -50,10 +62,13 @@ from nopoll.wire import RETRY_LATER, safe_id
 from receiver.backoff import Backoff
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
+from receiver.providers import Dialect, dialect_type
+from receiver.providers.base import batch_label
 from receiver.providers.client import ProviderClient, error_reason, provider_said
 from receiver.watches.store import WatchStore
 
 __all__ = [
+    "CreateInDoubt",
     "Rejected",
     "SubmitResult",
     "Submitter",
@@ -97,6 +112,22 @@ def idempotency_key(provider: str, digest: str, part: str) -> str:
 
 def record_key(provider: str, digest: str) -> str:
     return f"nopoll:submit:{provider}:{digest}"
+
+
+def sending_key(provider: str, digest: str) -> str:
+    """The lines (or calls) sent but not answered yet, at a provider without idempotency."""
+    return f"{record_key(provider, digest)}:sending"
+
+
+GROUP_FIELD = "group"
+"""The record's field holding the provider-side group of a run's creates (a stream)."""
+SAFE_TO_RESEND = frozenset({425, 429})
+"""Answers that say the provider did nothing with the request (too early, too many)."""
+
+
+class CreateInDoubt(Exception):
+    """A create whose answer was lost at a provider that promises no idempotency: it may
+    have been done. It is not sent again until nopoll knows (see the module docs)."""
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -193,6 +224,7 @@ class Submitter:
         on_progress: Callable[[SubmitResult], None] | None = None,
         tenant: str = DEFAULT_TENANT,
         poll: bool = False,
+        settle_after_s: float = 10.0,
     ) -> None:
         self.name = name
         self.tenant = tenant
@@ -213,13 +245,35 @@ class Submitter:
         """custom_id → the line that used it first (this run)."""
         self.refused: QuotaExceeded | None = None
         """The first refusal for ``insufficient_quota``: nothing more is sent this run."""
+        kind = dialect_type(config.dialect)
+        self.idempotent = kind.idempotent_creates
+        """The provider documents idempotent creates (else: see the module docs)."""
+        self._kind = kind
+        self._dialect: Dialect | None = None
+        self.group: str | None = None
+        """The provider-side group of this run's creates (providers without idempotency)."""
+        self.settle_after_s = settle_after_s
+        """How long a create whose answer was lost is given to show up before the group's
+        ids are counted."""
+        self._in_doubt: list[tuple[int, bytes, str | None, str]] = []
+        """(line, raw line, custom_id, why) of creates whose answers were lost."""
+
+    @property
+    def dialect(self) -> Dialect:
+        """The provider's dialect (made when first needed: some authenticate their own
+        way, which changes the client)."""
+        if self._dialect is None:
+            self._dialect = self._kind(self.client)
+        return self._dialect
 
     async def post(
         self, path: str, content: bytes, key: str, content_type: str, result: SubmitResult
     ) -> tuple[int | None, bytes, str]:
         """POST with retries of transient answers under the same key: ``(status, body,
         error)``; status None when every try failed in transit, or when nothing was sent
-        because the provider refused a create for ``insufficient_quota`` before."""
+        because the provider refused a create for ``insufficient_quota`` before. At a
+        provider without idempotency only answers that say nothing was done are retried;
+        any other lost answer raises :class:`CreateInDoubt`."""
         status: int | None = None
         content_back, error = b"", ""
         for attempt in range(1, self.max_tries + 1):
@@ -237,10 +291,14 @@ class Submitter:
                 return exc.status, b"", f"{said or 'quota spent'} (insufficient_quota)"
             except TransientProviderError as exc:
                 status, error, retry_after = None, str(exc.args[0]), exc.retry_after_s
+                if not self.idempotent and not exc.unsent:
+                    raise CreateInDoubt(error) from None
             else:
                 if not transient(status):
                     return status, content_back, ""
                 error = provider_reason(status, content_back)
+                if not self.idempotent and status not in SAFE_TO_RESEND:
+                    raise CreateInDoubt(f"HTTP {status}: {error}")
             if attempt < self.max_tries:
                 await asyncio.sleep(self.backoff.delay(attempt, retry_after))
         return status, content_back, f"gave up after {self.max_tries} tries: {error}"
@@ -260,32 +318,149 @@ class Submitter:
         result = SubmitResult()
         queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue(self.concurrency * 2)
         created: list[tuple[int, str]] = []
+        if not self.idempotent:
+            self.group = await self._open_group(digest)
         workers = [
             asyncio.create_task(self._worker(queue, digest, result, created))
             for _ in range(self.concurrency)
         ]
         try:
             async for block in _blocks(lines):
+                fields = [str(n) for n, _ in block]
                 recorded = await self.redis.hmget(  # type: ignore[misc]
-                    record_key(self.scope, digest), [str(n) for n, _ in block]
+                    record_key(self.scope, digest), fields
                 )
-                for (number, raw), known in zip(block, recorded, strict=True):
+                sending: list[Any] = [None] * len(block)
+                if not self.idempotent:  # sent by a run before, never answered: in doubt
+                    sending = await self.redis.hmget(  # type: ignore[misc]
+                        sending_key(self.scope, digest), fields
+                    )
+                to_send = []
+                for (number, raw), known, sent in zip(block, recorded, sending, strict=True):
                     if known is not None:
                         result.already += 1
                         result.ids.append(known.decode())
                         self._progress(result)
+                    elif sent is not None:
+                        custom_id = create_body(raw)[1]
+                        self._in_doubt.append((number, raw, custom_id, "a run before sent it"))
                     else:
-                        await queue.put((number, raw))
+                        to_send.append((number, raw))
+                for item in to_send:
+                    await queue.put(item)
                 if len(created) >= BLOCK:
                     await self._record(digest, created, result)
             for _ in workers:
                 await queue.put(None)
             await asyncio.gather(*workers)
             await self._record(digest, created, result)
+            if self._in_doubt:
+                await self._settle(digest, result, created)
         finally:
             for task in workers:
                 task.cancel()
         return result
+
+    async def _open_group(self, digest: str) -> str | None:
+        """This file's group at the provider: the one a run before made, else a new one."""
+        key = record_key(self.scope, digest)
+        known = await self.redis.hget(key, GROUP_FIELD)  # type: ignore[misc]
+        if known is not None:
+            return str(known.decode())
+        group = await self.dialect.submit_group(batch_label(self.scope, digest))
+        if group is not None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, GROUP_FIELD, group)
+                pipe.expire(key, RECORD_TTL_S)
+                await pipe.execute()
+        return group
+
+    async def _mark_sending(self, digest: str, numbers: list[int]) -> None:
+        """At a provider without idempotency: these lines are being sent now (a run killed
+        before their answers are recorded leaves them in doubt, not unsent). One write per
+        line, just before its POST: a line marked long before it is sent would be in doubt
+        after a kill for no reason."""
+        if self.idempotent or not numbers:
+            return
+        key = sending_key(self.scope, digest)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={str(n): "1" for n in numbers})
+            pipe.expire(key, RECORD_TTL_S)
+            await pipe.execute()
+
+    async def _not_created(self, digest: str, number: int) -> None:
+        """The line was certainly not created (refused, or never sent): not in doubt."""
+        if not self.idempotent:
+            await self.redis.hdel(sending_key(self.scope, digest), str(number))  # type: ignore[misc]
+
+    async def _settle(
+        self, digest: str, result: SubmitResult, created: list[tuple[int, str]]
+    ) -> None:
+        """Settle the lines whose creates are in doubt (see the module docs): the group's
+        ids that no line recorded say how many of them were done."""
+        for _ in range(3):
+            doubt, self._in_doubt = self._in_doubt, []
+            if not doubt:
+                return
+            await asyncio.sleep(self.settle_after_s)  # a create still under way shows up
+            found = await self.dialect.group_ids(self.group) if self.group else None
+            recorded = {
+                value.decode()
+                for field, value in (
+                    await self.redis.hgetall(record_key(self.scope, digest))  # type: ignore[misc]
+                ).items()
+                if field != GROUP_FIELD.encode()
+            }
+            if found is None:
+                why = f"{self.name} cannot list the creates of this run to tell"
+                self._doubtful(doubt, result, why)
+                return
+            unknown = sorted(found - recorded)
+            if not unknown:  # none of them was done: each is sent again, once
+                for number, raw, _, _ in doubt:
+                    await self._one(number, raw, digest, result, created)
+                await self._record(digest, created, result)
+                continue
+            if len(unknown) == len(doubt):  # all were done: each line gets one of the ids
+                for (number, _, _, _), rid in zip(sorted(doubt), unknown, strict=True):
+                    created.append((number, rid))
+                result.submitted += len(doubt)
+                await self._record(digest, created, result)
+                return
+            # some were done, some not, and the provider cannot say which: the ids that
+            # exist are watched; the lines are not sent again
+            watch = self.config.watch
+            await self.store.register_all(
+                self.name,
+                "response",
+                unknown,
+                first_poll_in_s=watch.first_poll_s,
+                tenant=self.tenant,
+            )
+            result.ids.extend(unknown)
+            why = (
+                f"{len(unknown)} of the {len(doubt)} creates whose answers were lost exist "
+                f"at {self.name}, which cannot say which (it documents no idempotency)"
+            )
+            self._doubtful(doubt, result, why)
+            return
+        self._doubtful(self._in_doubt, result, "its answer was lost three times")
+        self._in_doubt = []
+
+    def _doubtful(
+        self, doubt: list[tuple[int, bytes, str | None, str]], result: SubmitResult, why: str
+    ) -> None:
+        for number, _, custom_id, lost in doubt:
+            result.rejected.append(
+                Rejected(
+                    number,
+                    custom_id,
+                    None,
+                    f"in doubt: its answer was lost ({lost[:120]}) and {why}; nopoll does not "
+                    "send it again (it may have been created)",
+                )
+            )
+            self._progress(result)
 
     async def _worker(
         self,
@@ -318,19 +493,28 @@ class Submitter:
             if first != number:
                 body, error = None, f"custom_id: {custom_id} is also on line {first}"
         if body is None:
+            await self._not_created(digest, number)
             result.rejected.append(Rejected(number, custom_id, None, error or "bad line"))
             return
         key = idempotency_key(
             self.scope, digest, f"custom_id:{custom_id}" if custom_id else f"line:{number}"
         )
-        status, content, error = await self.post(
-            "responses", orjson.dumps(body), key, "application/json", result
-        )
+        if self.group is not None:
+            body = self.dialect.in_group(body, self.group)
+        await self._mark_sending(digest, [number])  # just before it leaves
+        try:
+            status, content, error = await self.post(
+                "responses", orjson.dumps(body), key, "application/json", result
+            )
+        except CreateInDoubt as exc:
+            self._in_doubt.append((number, raw, custom_id, str(exc)))
+            return
         response_id = created_id(status, content)
         if response_id is not None:
             created.append((number, response_id))
             result.submitted += 1
         else:
+            await self._not_created(digest, number)
             reason = error or (
                 provider_reason(status or 0, content)
                 if status is not None and status >= 400

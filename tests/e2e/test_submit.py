@@ -284,3 +284,178 @@ async def test_batch_wait_returns_once_every_row_is_in_the_sink_and_a_rerun_coun
     again = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch", "--wait")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1/1 landed 1" in again.stdout, again.stdout
+
+
+# --- sference documents no idempotency: a lost answer is looked up, not sent again ------
+def _in_doubt(source: Path) -> list[int]:
+    """The lines the last run reported in doubt (from its rejected-lines file)."""
+    report = source.with_name(source.name + ".rejected.jsonl")
+    rows = [orjson.loads(line) for line in report.read_bytes().splitlines()]
+    return sorted(r["line"] for r in rows if r["error"].startswith("in doubt: "))
+
+
+async def _sference_submit(procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, n, **sim):
+    sim = provider_sim(dialect="sference", create_fail_status=502, **sim)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
+    procs.start("worker", "--config", str(config))
+    source = _lines(tmp_path / "requests.jsonl", n)
+    done = await asyncio.to_thread(
+        nopoll_submit, procs, config, source, "--wait", "--settle-after", "0.5"
+    )
+    return sim, config, source, done
+
+
+async def test_a_sference_create_whose_answer_was_lost_is_found_not_sent_twice(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """A fifth of the creates are done but answered 502. sference ignores Idempotency-Key,
+    so sending them again would create each twice: nopoll counts the ids created in the
+    submit's stream instead, finds them all, and sends nothing again."""
+    sim, config, source, done = await _sference_submit(
+        procs,
+        tmp_path,
+        provider_sim,
+        redis_url,
+        pg_url,
+        pg_table,
+        100,
+        create_fail_first=0.2,
+        create_fail_mode="after",
+        complete_after_s=0.3,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "100 submitted, 0 already submitted, 0 rejected" in done.stdout
+    assert sim.creations("responses") == 100  # none twice
+    posts = sim.creates.received("/v1/responses")
+    assert len(posts) == 100  # a lost answer was looked up, never sent again
+    streams = {p.body["metadata"]["stream_id"] for p in posts}
+    assert len(streams) == 1  # every create of the run in the submit's own stream
+    rows = await wait_pg_rows(pg_url, pg_table, 100, timeout=60)
+    assert len({r["key"] for r in rows}) == 100
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source)
+    assert "0 submitted, 100 already submitted" in again.stdout
+    assert sim.creations("responses") == 100
+
+
+async def test_a_sference_create_that_was_not_done_is_sent_again(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """The 502s came before anything was created: the stream holds none of them, so each
+    is sent again, once."""
+    sim, _, _, done = await _sference_submit(
+        procs,
+        tmp_path,
+        provider_sim,
+        redis_url,
+        pg_url,
+        pg_table,
+        100,
+        create_fail_first=0.2,
+        create_fail_mode="before",
+        complete_after_s=0.3,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "100 submitted" in done.stdout
+    assert sim.creations("responses") == 100
+    posts = sim.creates.received("/v1/responses")
+    assert 100 < len(posts) < 150  # the refused ones once more, no more
+    rows = await wait_pg_rows(pg_url, pg_table, 100, timeout=60)
+    assert len({r["key"] for r in rows}) == 100
+
+
+async def test_sference_creates_some_done_some_not_are_reported_in_doubt_never_doubled(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """Of the lost answers half were done and half not, and sference cannot say which line
+    each id belongs to: nopoll watches the ids that exist, reports those lines in doubt,
+    and creates nothing twice."""
+    sim, config, source, done = await _sference_submit(
+        procs,
+        tmp_path,
+        provider_sim,
+        redis_url,
+        pg_url,
+        pg_table,
+        100,
+        create_fail_first=0.3,
+        create_fail_mode="mixed",
+        complete_after_s=0.3,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    doubt = _in_doubt(source)
+    posts = sim.creates.received("/v1/responses")
+    assert len(posts) == 100  # not one line sent twice
+    created = sim.creations("responses")
+    assert 0 < 100 - created < len(doubt)  # some of the lines in doubt were created
+    rows = await wait_pg_rows(pg_url, pg_table, created, timeout=60)
+    assert len({r["key"] for r in rows}) == created  # every create lands, once
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source)
+    assert again.returncode == 1 and sim.creations("responses") == created  # still in doubt
+    assert _in_doubt(source) == doubt
+
+
+async def test_sigkill_mid_submit_at_sference_then_a_rerun_creates_no_duplicate(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """The run is killed with creates in flight (done at sference, never answered): the
+    rerun finds each line marked as sent and settles it against the stream first."""
+    sim = provider_sim(dialect="sference", create_delay_s=0.05, complete_after_s=0.2)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
+    source = _lines(tmp_path / "big.jsonl", 400)
+    killed = procs.start(
+        "submit", "--config", str(config), "sim", str(source), "--concurrency", "20"
+    )
+
+    async def halfway():
+        return sim.creations("responses") >= 150
+
+    await wait_for(halfway, timeout=60)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    procs.start("worker", "--config", str(config))
+    done = await asyncio.to_thread(
+        nopoll_submit, procs, config, source, "--wait", "--settle-after", "0.5"
+    )
+    doubt = _in_doubt(source) if done.returncode else []
+    assert len(doubt) <= 20, done.stderr  # at most the creates that were in flight
+    assert done.returncode == (1 if doubt else 0), done.stdout + done.stderr
+    created = sim.creations("responses")
+    assert created == len(sim.creates.received("/v1/responses"))  # none twice
+    assert 400 - len(doubt) <= created <= 400
+    rows = await wait_pg_rows(pg_url, pg_table, created, timeout=90)
+    assert len({r["key"] for r in rows}) == created
+
+
+@pytest.mark.parametrize("mode", ["after", "before"])
+async def test_a_sference_batch_create_whose_answer_was_lost_is_found_or_sent_once_more(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, mode
+):
+    """The batch create is answered 502: done (``after``) or not (``before``). nopoll looks
+    for a batch of that many requests made since it sent the create: found, it is the
+    file's batch; not found, the create is sent once more. One batch either way."""
+    sim = provider_sim(
+        dialect="sference",
+        complete_after_s=0.5,
+        create_fail_first=1.0,
+        create_fail_status=502,
+        create_fail_mode=mode,
+    )
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
+    procs.start("worker", "--config", str(config))
+    source = tmp_path / "batch.jsonl"
+    with source.open("wb") as f:
+        for i in range(30):
+            body = {"model": "m-1", "input": f"q {i}"}
+            line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/responses", "body": body}
+            f.write(orjson.dumps(line) + b"\n")
+    done = await asyncio.to_thread(
+        nopoll_submit, procs, config, source, "--batch", "--wait", "--settle-after", "0.3"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sim.creations("batches") == 1
+    assert len(sim.creates.received("/v1/batches")) == (1 if mode == "after" else 2)
+    rows = await wait_pg_rows(pg_url, pg_table, 31, timeout=60)
+    assert len([r for r in rows if r["kind"] == "batch_row"]) == 30
+    again = await asyncio.to_thread(nopoll_submit, procs, config, source, "--batch")
+    assert again.returncode == 0 and "already submitted" in again.stdout
+    assert sim.creations("batches") == 1
