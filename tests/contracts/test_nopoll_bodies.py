@@ -73,3 +73,39 @@ def test_a_submitted_batch_file_is_a_batch_body_the_contract_takes(dialect):
 @pytest.mark.parametrize("name", ["my evals (v2).jsonl", "données.jsonl", "x" * 300 + ".jsonl"])
 def test_the_batch_label_fits_the_contract_whatever_the_file_is_called(dialect, name):
     parse(BATCH_MODELS[dialect], _batch_body(dialect, name))
+
+
+async def test_a_sference_submit_makes_its_stream_and_creates_in_it_as_the_contract_says(
+    provider_sim,
+):
+    """sference promises no idempotency, so ``nopoll submit`` creates in a stream of its
+    own: the stream create and the create made in it, as the simulator received them,
+    are what the contract takes; and the stream's ids are found again by listing it."""
+    from receiver.config.sections import HttpConfig
+    from receiver.config.settings import ProviderConfig
+    from receiver.providers import ProviderClient, dialect_for
+
+    sim = provider_sim(dialect="sference", api_key="sk-test")
+    config = ProviderConfig(dialect="sference", base_url=sim.base_url, api_key="sk-test")
+    client = ProviderClient("sim", config, HttpConfig())
+    try:
+        sference_dialect = dialect_for("sference", client)
+        group = await sference_dialect.submit_group("nopoll-sim-0123456789ab")
+        body, _, _ = create_body(LINE)
+        grouped = sference_dialect.in_group(body, group)
+        status, content, _ = await client.post_once(
+            "responses",
+            orjson.dumps(grouped),
+            content_type="application/json",
+            idempotency_key="k-1",
+        )
+        assert status == 200, content
+        created = orjson.loads(content)["id"]
+        assert await sference_dialect.group_ids(group) == {created}
+    finally:
+        await client.aclose()
+    [stream] = sim.creates.received("/v1/streams")
+    parse(sference.StreamCreateRequest, orjson.dumps(stream.body))
+    [made] = sim.creates.received("/v1/responses")
+    parsed = parse(sference.ResponseCreateRequest, orjson.dumps(made.body))
+    assert parsed.metadata is not None and str(parsed.metadata.stream_id) == group

@@ -120,7 +120,8 @@ def test_a_running_batch_has_rows_ended_running_and_pending(provider_sim, dialec
     sim = provider_sim(api_key=KEY, dialect=dialect)
     now = time.time()
     batch = sim.add_batch(
-        dialect, "batch_half", 40, created_at=now - 2, pending_until=now + 2, failed_every=5
+        # half-way through 400 s: a row's state changes once in 10 s, not while it is read
+        dialect, "batch_half", 40, created_at=now - 200, pending_until=now + 200, failed_every=5
     )
     models = MODELS[dialect]
     with client(sim) as c:
