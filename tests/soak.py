@@ -297,6 +297,8 @@ class Soak:
             f"  {name}:\n    dialect: {dialect}\n    base_url: {self.sim.base_url}\n"
             f"    api_key: {API_KEY}\n    webhook_secrets: ['{SECRET}']\n"
             "    max_concurrency: 16\n"
+            # the simulator has no request limit (a valar account's default is 1/s)
+            "    rate_limit_rps: null\n"
             "    watch: {first_poll_s: 1, max_interval_s: 4, rate_limit_rps: 40, "
             "reconcile_after_s: 5}\n"
             for name, dialect in PROVIDERS.items()
