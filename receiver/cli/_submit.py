@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -49,30 +50,21 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
     started = time.monotonic()
     try:
         await reach(redis, where)  # before anything is created at the provider
+        submitter_for = functools.partial(
+            Submitter,
+            args.provider,
+            provider,
+            client,
+            redis,
+            tenant=args.tenant,
+            poll=args.poll,
+            settle_after_s=args.settle_after,
+        )
         if args.batch:
-            submitter = Submitter(
-                args.provider,
-                provider,
-                client,
-                redis,
-                tenant=args.tenant,
-                poll=args.poll,
-                settle_after_s=args.settle_after,
-            )
-            return await _batch(args, submitter, path, digest, settings)
+            return await _batch(args, submitter_for(), path, digest, settings)
         total = _count_lines(path)
         with _Bar(f"submitting to {args.provider}", total) as bar:
-            submitter = Submitter(
-                args.provider,
-                provider,
-                client,
-                redis,
-                concurrency=args.concurrency,
-                on_progress=bar.update,
-                tenant=args.tenant,
-                poll=args.poll,
-                settle_after_s=args.settle_after,
-            )
+            submitter = submitter_for(concurrency=args.concurrency, on_progress=bar.update)
             result = await submitter.submit_lines(_lines(path), digest)
             bar.update(result, force=True)
         elapsed = time.monotonic() - started

@@ -220,14 +220,20 @@ class _Routes:
         body = sim.profile.shape_response(sim.body, pending)
         return json_answer(body, oversize=sim.oversize, gzip=sim.gzip)
 
+    def _streams_refused(self, request: Request) -> Response | None:
+        """The answer to a streams route the key or the dialect does not allow, or None."""
+        if not self._authorized(request):
+            return _error(self.profile, 401, "bad api key")
+        if not self.profile.streams:
+            return _error(self.profile, 404, "Not Found")
+        return None
+
     async def list_responses(self, request: Request) -> Response:
         """``GET /v1/responses?stream_id=&limit=``: sference's ``ResponseList``, newest first."""
         self._count(request)
         profile = self.profile
-        if not self._authorized(request):
-            return _error(profile, 401, "bad api key")
-        if not profile.streams:
-            return _error(profile, 404, "Not Found")
+        if (refused := self._streams_refused(request)) is not None:
+            return refused
         limit = _int_param(request, "limit", 100, 1, 10_000)
         if limit is None:
             return _error(profile, 400, "limit: must be a positive integer")
@@ -349,10 +355,8 @@ class _Routes:
         """``GET /v1/streams`` and ``GET /v1/streams/{id}`` (sference)."""
         self._count(request)
         profile = self.profile
-        if not self._authorized(request):
-            return _error(profile, 401, "bad api key")
-        if not profile.streams:
-            return _error(profile, 404, "Not Found")
+        if (refused := self._streams_refused(request)) is not None:
+            return refused
         sid = request.path_params.get("sid")
         if sid is None:
             return json_answer({"items": [s.list_item() for s in self.creates.streams()]})

@@ -35,7 +35,13 @@ from nopoll.envelope import BatchFacts, BatchRow
 from nopoll.exceptions import ProviderError
 from nopoll.status import row_status, unfinished_status, unknown_status
 from nopoll.wire import safe_id
-from receiver.providers.base import BatchFetch, Chunk, chunk_rows, line_object
+from receiver.providers.base import (
+    BatchFetch,
+    Chunk,
+    IdempotentCreates,
+    chunk_rows,
+    line_object,
+)
 from receiver.providers.batch_input import MAX_LISTED, BadLine, BatchInput, CreateCall
 from receiver.providers.client import ProviderClient
 
@@ -111,7 +117,7 @@ def parse_line(index: int, line: bytes) -> BatchRow:
     return BatchRow(index, custom_id, status, error=unknown_status(kind))
 
 
-class AnthropicDialect:
+class AnthropicDialect(IdempotentCreates):
     """Anthropic Message Batches: poll the batch, then stream ``results_url``; a ``submit
     --batch`` file becomes as many batches as the API's limits need (see the module docs)."""
 
@@ -119,7 +125,6 @@ class AnthropicDialect:
     max_bytes: ClassVar[int] = MAX_BATCH_BYTES
     whole_file_record: ClassVar[str | None] = None
     stable_chunks: ClassVar[bool] = False
-    idempotent_creates: ClassVar[bool] = True
     """Results come in no particular order, another one on each download: a resumed batch
     is rewritten from its first row."""
 
@@ -152,18 +157,6 @@ class AnthropicDialect:
                 "answer is for another batch id", provider=self.client.name, path=path, status=200
             )
         return data
-
-    async def submit_group(self, name: str) -> str | None:
-        return None
-
-    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
-        return body
-
-    async def group_ids(self, group: str) -> set[str] | None:
-        return None
-
-    async def batches_like(self, rows: int, since: float) -> list[str] | None:
-        return None
 
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         """By ``processing_status``: only ``ended`` is over."""

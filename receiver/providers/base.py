@@ -33,6 +33,7 @@ __all__ = [
     "BatchFetch",
     "ChunkCut",
     "Dialect",
+    "IdempotentCreates",
     "RequestStatusDialect",
     "ResponsesDialect",
     "batch_label",
@@ -253,7 +254,27 @@ def loads_obj(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-class ResponsesDialect:
+class IdempotentCreates:
+    """A provider whose create is sent again under the same ``Idempotency-Key`` when its
+    answer was lost (Sail and Valar document that it then replays the first answer):
+    nothing to look up."""
+
+    idempotent_creates: ClassVar[bool] = True
+
+    async def submit_group(self, name: str) -> str | None:
+        return None
+
+    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
+        return body
+
+    async def group_ids(self, group: str) -> set[str] | None:
+        return None
+
+    async def batches_like(self, rows: int, since: float) -> list[str] | None:
+        return None
+
+
+class ResponsesDialect(IdempotentCreates):
     """Single responses: ``GET {base_url}/responses/{id}``, the same for every dialect; and
     ``POST {base_url}/batches`` with the requests inline, as Sail and Valar take it (``{"endpoint",
     "label", "requests": [{"custom_id", "params": body}]}``)."""
@@ -264,7 +285,6 @@ class ResponsesDialect:
     """Where a request's body goes in an item of ``requests``."""
     whole_file_record: ClassVar[str | None] = "batch"
     stable_chunks: ClassVar[bool] = True
-    idempotent_creates: ClassVar[bool] = True
 
     def __init__(self, client: ProviderClient) -> None:
         self.client = client
@@ -309,18 +329,6 @@ class ResponsesDialect:
     @classmethod
     def batch_input(cls, lines: Iterable[tuple[int, bytes]], dialect: str) -> BatchInput:
         return check_lines(lines, dialect, cls.row_limit, cls._add_row, cls.row_rule)
-
-    async def submit_group(self, name: str) -> str | None:
-        return None
-
-    def in_group(self, body: dict[str, Any], group: str) -> dict[str, Any]:
-        return body
-
-    async def group_ids(self, group: str) -> set[str] | None:
-        return None
-
-    async def batches_like(self, rows: int, since: float) -> list[str] | None:
-        return None
 
     @classmethod
     def row_rule(cls, row: dict[str, Any]) -> str | None:

@@ -176,6 +176,14 @@ class _Inline:
 class SailDialect(RequestStatusDialect):
     """Sail: per-custom_id results, or inline ones (the guide's older shape)."""
 
+    def _not_json(self, path: str, exc: Exception) -> ProviderError:
+        return ProviderError(
+            f"batch object is not valid JSON ({type(exc).__name__})",
+            provider=self.client.name,
+            path=path,
+            status=200,
+        )
+
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         if not isinstance(batch.get("status"), str) and isinstance(batch.get("results"), list):
             return None  # inline results: Sail inlines them once the batch is over
@@ -215,12 +223,7 @@ class SailDialect(RequestStatusDialect):
                     if read > cap:
                         raise self.client.too_large(path, "batch object", "max_response_bytes")
         except ijson.JSONError as exc:
-            raise ProviderError(
-                f"batch object is not valid JSON ({type(exc).__name__})",
-                provider=self.client.name,
-                path=path,
-                status=200,
-            ) from None
+            raise self._not_json(path, exc) from None
         if not isinstance(top.value, dict):
             raise ProviderError(
                 "answer is not a JSON object", provider=self.client.name, path=path, status=200
@@ -252,12 +255,7 @@ class SailDialect(RequestStatusDialect):
                     if outside_bytes > caps.max_response_bytes:
                         raise self.client.too_large(path, "batch object", "max_response_bytes")
         except ijson.JSONError as exc:
-            raise ProviderError(
-                f"batch object is not valid JSON ({type(exc).__name__})",
-                provider=self.client.name,
-                path=path,
-                status=200,
-            ) from None
+            raise self._not_json(path, exc) from None
         for chunk in parse.last():
             fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
             yield chunk

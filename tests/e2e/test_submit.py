@@ -294,30 +294,31 @@ def _in_doubt(source: Path) -> list[int]:
     return sorted(r["line"] for r in rows if r["error"].startswith("in doubt: "))
 
 
-async def _sference_submit(procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, n, **sim):
-    sim = provider_sim(dialect="sference", create_fail_status=502, **sim)
-    config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
-    procs.start("worker", "--config", str(config))
-    source = _lines(tmp_path / "requests.jsonl", n)
-    done = await asyncio.to_thread(
-        nopoll_submit, procs, config, source, "--wait", "--settle-after", "0.5"
-    )
-    return sim, config, source, done
+@pytest.fixture
+def sference_submit(procs, tmp_path, provider_sim, redis_url, pg_url, pg_table):
+    """Factory: ``nopoll submit --wait`` of ``n`` lines to a sference simulator (``sim``:
+    its settings) with a worker running; returns (simulator, config, file, the run)."""
+
+    async def run(n: int, **sim):
+        sim = provider_sim(dialect="sference", create_fail_status=502, **sim)
+        config = _config(tmp_path, sim, redis_url, pg_url, pg_table, "sference")
+        procs.start("worker", "--config", str(config))
+        source = _lines(tmp_path / "requests.jsonl", n)
+        done = await asyncio.to_thread(
+            nopoll_submit, procs, config, source, "--wait", "--settle-after", "0.5"
+        )
+        return sim, config, source, done
+
+    return run
 
 
 async def test_a_sference_create_whose_answer_was_lost_is_found_not_sent_twice(
-    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+    procs, pg_url, pg_table, sference_submit
 ):
     """A fifth of the creates are done but answered 502. sference ignores Idempotency-Key,
     so sending them again would create each twice: nopoll counts the ids created in the
     submit's stream instead, finds them all, and sends nothing again."""
-    sim, config, source, done = await _sference_submit(
-        procs,
-        tmp_path,
-        provider_sim,
-        redis_url,
-        pg_url,
-        pg_table,
+    sim, config, source, done = await sference_submit(
         100,
         create_fail_first=0.2,
         create_fail_mode="after",
@@ -338,17 +339,11 @@ async def test_a_sference_create_whose_answer_was_lost_is_found_not_sent_twice(
 
 
 async def test_a_sference_create_that_was_not_done_is_sent_again(
-    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+    procs, pg_url, pg_table, sference_submit
 ):
     """The 502s came before anything was created: the stream holds none of them, so each
     is sent again, once."""
-    sim, _, _, done = await _sference_submit(
-        procs,
-        tmp_path,
-        provider_sim,
-        redis_url,
-        pg_url,
-        pg_table,
+    sim, _, _, done = await sference_submit(
         100,
         create_fail_first=0.2,
         create_fail_mode="before",
@@ -364,18 +359,12 @@ async def test_a_sference_create_that_was_not_done_is_sent_again(
 
 
 async def test_sference_creates_some_done_some_not_are_reported_in_doubt_never_doubled(
-    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+    procs, pg_url, pg_table, sference_submit
 ):
     """Of the lost answers half were done and half not, and sference cannot say which line
     each id belongs to: nopoll watches the ids that exist, reports those lines in doubt,
     and creates nothing twice."""
-    sim, config, source, done = await _sference_submit(
-        procs,
-        tmp_path,
-        provider_sim,
-        redis_url,
-        pg_url,
-        pg_table,
+    sim, config, source, done = await sference_submit(
         100,
         create_fail_first=0.3,
         create_fail_mode="mixed",

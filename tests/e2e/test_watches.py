@@ -24,6 +24,7 @@ from tests.e2e.helpers import (
     write_config,
 )
 from tests.e2e.losses import letters
+from tests.limited_provider import max_in_any_second
 from tests.servers import running_api, running_worker
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ async def test_1000_watches_from_two_workers_never_exceed_the_rate_limit(
     rows = len(await wait_pg_rows(pg_url, pg_table, 1000, timeout=120, interval=0.5))
     assert rows == 1000
     stamps = sorted(sim.request_times("/v1/responses/"))
-    assert _max_in_any_second(stamps) <= 50, procs.logs()[-3000:]
+    assert max_in_any_second(stamps) <= 50, procs.logs()[-3000:]
     assert len(stamps) >= 1000
 
 
@@ -88,15 +89,6 @@ def _watched_config(tmp_path, sim, redis_url, pg_url, pg_table):
         sinks=sql_sink(pg_url, pg_table),
         provider="    watch: {first_poll_s: 0.3, max_interval_s: 1}\n",
     )
-
-
-def _max_in_any_second(stamps: list[float]) -> int:
-    best, start = 0, 0
-    for end, t in enumerate(stamps):
-        while t - stamps[start] >= 1.0:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
 
 
 async def test_a_callback_for_a_watched_id_lands_it_once_and_ends_the_watch(

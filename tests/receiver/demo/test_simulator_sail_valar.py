@@ -121,7 +121,12 @@ def test_a_running_batch_has_rows_ended_running_and_pending(provider_sim, dialec
     now = time.time()
     batch = sim.add_batch(
         # half-way through 400 s: a row's state changes once in 10 s, not while it is read
-        dialect, "batch_half", 40, created_at=now - 200, pending_until=now + 200, failed_every=5
+        dialect,
+        "batch_half",
+        40,
+        created_at=now - 200,
+        pending_until=now + 200,
+        failed_every=5,
     )
     models = MODELS[dialect]
     with client(sim) as c:

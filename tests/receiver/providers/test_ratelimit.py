@@ -12,6 +12,7 @@ import time
 from redis.asyncio import Redis
 
 from receiver.providers.ratelimit import RateLimiter
+from tests.limited_provider import max_in_any_second
 
 _GRANTS = """
 import asyncio, json, sys, time
@@ -35,16 +36,6 @@ asyncio.run(main(sys.argv[1], float(sys.argv[2]), float(sys.argv[3])))
 """
 
 
-def _max_in_any_second(stamps: list[float]) -> int:
-    stamps = sorted(stamps)
-    best, start = 0, 0
-    for end, t in enumerate(stamps):
-        while t - stamps[start] >= 1.0:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
-
-
 def test_two_processes_never_exceed_the_rate_in_any_one_second_window(redis_url):
     procs = [
         subprocess.Popen(
@@ -62,7 +53,7 @@ def test_two_processes_never_exceed_the_rate_in_any_one_second_window(redis_url)
     span = max(stamps) - min(stamps)
     assert len(stamps) >= 125  # the budget is used (less the 10 % jitter allowance)...
     assert len(stamps) <= 50 * span + 1  # ...not exceeded overall...
-    assert _max_in_any_second(stamps) <= 50  # ...nor in any one-second window
+    assert max_in_any_second(stamps) <= 50  # ...nor in any one-second window
 
 
 async def test_a_pause_holds_every_caller_and_a_slot_too_far_is_not_reserved(redis_url):
