@@ -93,6 +93,10 @@ class TransientProviderError(ProviderError):
     ) -> None:
         super().__init__(message, provider=provider, path=path, status=status)
         self.retry_after_s = retry_after_s
+        self.unsent = False
+        """The request never left (no connection was made, or no slot of the account's
+        budget came): sending it again cannot do it twice, even where creates are not
+        idempotent."""
 
 
 class ResultNotReady(TransientProviderError):
