@@ -48,8 +48,8 @@ DIALECTS: dict[str, DialectInfo] = {
     "openai": DialectInfo("receiver.providers.openai:OpenAIDialect", sends_callbacks=True),
     "sference": DialectInfo("receiver.providers.sference:SferenceDialect", sends_callbacks=True),
     "sail": DialectInfo("receiver.providers.sail:SailDialect", sends_callbacks=False),
-    # Valar: 60 requests a minute per organization, summed over its API keys (limits.mdx,
-    # commit c6185994 on an unmerged docs branch; /work/notes/contracts/valar.md section 5)
+    # Valar: 60 requests a minute per organization, summed over its API keys (Valar's
+    # published limits page, limits.mdx at commit c6185994 of valarhq/docs; see docs/providers.md)
     "valar": DialectInfo(
         "receiver.providers.valar:ValarDialect", sends_callbacks=False, rate_limit_rps=1.0
     ),

@@ -11,7 +11,7 @@ the ``required`` list of the schema it was written from; the batch objects are i
 schemas there, named here after their operations.
 
 :class:`GuideBatch` is the older shape of Sail's "Sending requests at scale" guide
-(``/work/shared/provider-docs/001_2e5ac53740f46814.txt``): a top-level ``status``, a
+(its requests-at-scale page): a top-level ``status``, a
 ``request_counts`` object and inline ``results`` (or ``results: null`` and an ``error``).
 nopoll must read both; the reference shape has no ``status`` and no ``results``.
 
