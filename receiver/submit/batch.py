@@ -1,12 +1,11 @@
 """``nopoll submit --batch``: a file of batch-input lines becomes the provider's batches.
 
 The provider's dialect checks every line before anything is sent and builds its create
-calls (one batch, or as many Message Batches as the limits need for ``anthropic``). Each
-call carries an ``Idempotency-Key`` from the provider, the file's hash and the call's
-record name, and its id is recorded under ``nopoll:submit:<scoped>:<hash>`` (``file``,
-``batch``, ``batch:<part>``), so a rerun creates only what is missing; every batch is
-watched. Without idempotency (sference) a lost answer is settled with
-:meth:`Dialect.batches_like` before anything is sent again.
+calls (one batch, or as many Message Batches as ``anthropic``'s limits need). Each call
+carries an ``Idempotency-Key`` from the provider, the file's hash and the call's record
+name; its id is recorded under ``nopoll:submit:<scoped>:<hash>``, so a rerun creates only
+what is missing, and watched. Without idempotency (sference) a lost answer is settled
+with :meth:`Dialect.batches_like` first.
 
 See docs/submit.md (batch mode, providers without idempotency).
 """

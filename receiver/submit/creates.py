@@ -1,14 +1,13 @@
 """``nopoll submit``: create background responses from a JSONL file, then watch them.
 
 Each line is a Responses create body, POSTed with ``background: true`` and an
-``Idempotency-Key`` derived from the provider, the file's hash and the line (or its
-``custom_id``), at bounded concurrency and within the account's request budget. Created
-ids are watched and recorded under ``nopoll:submit:<scoped>:<file hash>`` so that a rerun
-skips them; at a provider without idempotent creates, lines whose answer was lost are
-settled by counting the ids of the run's group. The file is read twice (hash, then
-lines).
+``Idempotency-Key`` from the provider, the file's hash and the line (or its
+``custom_id``), at bounded concurrency within the account's request budget. Created ids
+are watched and recorded under ``nopoll:submit:<scoped>:<file hash>``, so a rerun skips
+them; at a provider without idempotent creates, lines whose answer was lost are settled
+by counting the ids in the run's group. The file is streamed.
 
-See docs/submit.md for retries, reruns and the report.
+See docs/submit.md (idempotency and reruns, retries, the report).
 """
 
 from __future__ import annotations

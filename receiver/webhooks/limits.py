@@ -2,10 +2,10 @@
 
 With ``api.client_rps`` (or ``api.provider_rps``) set, an address (a provider's route)
 sending more than that in a sliding one-second window gets ``429`` with ``Retry-After``
-before its body is read, and its connection is closed, so a flood cannot crowd out
-genuine callbacks. The counters are the ``limits`` package's, in this process's memory:
-each API process limits on its own. The address is the peer, or ``X-Forwarded-For`` from
-``api.trusted_proxies``; one that is not an IP address counts as ``unknown``.
+before its body is read, and its connection is closed. The counters are the ``limits``
+package's, in this process's memory: each API process limits on its own. The address is
+the peer, or ``X-Forwarded-For`` from ``api.trusted_proxies``; one that is not an IP
+address counts as ``unknown``.
 
 See docs/security.md (rate limits on the webhook route).
 """

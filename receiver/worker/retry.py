@@ -2,10 +2,9 @@
 
 arq fails a job for good, with only a log line, on any exception but ``Retry``, on its
 own timeout and past ``max_tries``; nopoll promises rows or a dead letter that says why.
-So every job runs under :func:`guarded`: a deadline :data:`JOB_GRACE_S` before arq's
-(retried, then a dead letter), a Redis error retried, any other exception a dead letter,
-and a job run over and over without finishing a dead letter after ``max_tries + 2``
-runs.
+So every job runs under :func:`guarded`: a deadline :data:`JOB_GRACE_S` before arq's,
+Redis errors retried, any other exception a dead letter, and a job that never finishes
+a dead letter after ``max_tries + 2`` runs.
 
 See docs/reliability.md (how it works, retries and their bound).
 """
