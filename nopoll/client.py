@@ -2,25 +2,17 @@
 
 ::
 
-    from nopoll.client import Results, StreamReset
-
     async with Results("https://nopoll.example.com", token) as results:
         env = await results.get("openai", "resp_123")              # None: not landed
         env = await results.wait("openai", "resp_123", timeout=30)  # None: not in 30 s
-        stream = results.stream(tenant="team-a", kind="response")
-        while True:
-            try:
-                async for env in stream:
-                    handle(env)
-                    save(stream.last_event_id)   # to resume from after a restart
-            except StreamReset as gap:
-                resync(gap)                      # then go on with the same stream
+        async for env in results.stream(tenant="team-a"):
+            handle(env)
 
-:meth:`Results.stream` reconnects by itself with ``Last-Event-ID`` when the connection
-drops (``max_retries`` times in a row at most, with backoff), so nothing is missed and
-nothing comes twice. When entries it had not seen were trimmed on the server, iterating
-raises :class:`StreamReset`; the stream object then points after the gap, and iterating
-it again goes on from the oldest entry still kept.
+:meth:`Results.stream` reconnects by itself with ``Last-Event-ID``; when entries it had
+not seen were trimmed, iterating raises :class:`StreamReset`, and iterating again goes
+on after the gap.
+
+See docs/consumers.md (the Python client).
 """
 
 from __future__ import annotations

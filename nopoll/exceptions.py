@@ -1,21 +1,18 @@
-"""Errors raised by nopoll.
-
-Every error nopoll raises on purpose derives from one root, so callers can catch
-exactly ours::
+"""Errors raised by nopoll: one root, so callers can catch exactly ours::
 
     NopollError
-    ├── ConfigError (also ValueError)  -- the config file is missing, unreadable or invalid
-    ├── VerificationError               -- a callback's signature headers do not check out
-    ├── ProviderError                   -- a provider request failed (provider, path, status)
-    │   ├── QuotaExceeded               -- ... the account's quota is spent: no retry helps
-    │   └── TransientProviderError      -- ... and trying again later may succeed
-    │       └── ResultNotReady          -- the object is not terminal yet (in_progress, ...)
-    └── SinkError                       -- a sink could not open or write (carries the sink name)
-        ├── SinkRejected                -- the destination refuses the payload: no retry helps
-        │   └── SinkRowsRejected        -- ... only some rows of a write; the others were written
-        └── SinkUnavailable             -- the sink's plugin cannot be imported (install hint)
+    ├── ConfigError (also ValueError)   the config is invalid
+    ├── VerificationError               a callback's signature fails
+    ├── ProviderError                   a provider request failed
+    │   ├── QuotaExceeded               no retry helps
+    │   └── TransientProviderError      a later try may succeed
+    │       └── ResultNotReady          not terminal yet
+    └── SinkError                       a sink could not open or write
+        ├── SinkRejected                the destination refuses the payload
+        │   └── SinkRowsRejected        only some rows; the rest were written
+        └── SinkUnavailable             its plugin cannot be imported
 
-Each carries its context (provider, sink, key) and never a secret.
+Each carries its context (provider, path, status; sink, key) and never a secret.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Provider statuses in nopoll's words: the one table every dialect, the envelope and the
 pollers read.
 
-A result's ``status`` is one of :data:`STATUSES`. Providers spell them their own ways
-(``COMPLETED`` in Valar's and Sail's ``request_status``, ``canceled`` in Anthropic's and
-OpenAI's SDKs, ``succeeded``/``errored`` for Anthropic's result types), and :data:`FINAL`
-maps every spelling their documentation uses, case-insensitively. Everything else is not
-final: an object whose status is in :data:`UNFINISHED`, or any status nopoll does not
-know, is not stored as a result but fetched again later (a dead letter can be replayed, a
-wrong final row cannot be taken back). A batch row with a status nopoll does not know is
-``failed`` with an ``unknown_status`` error, since the batch itself is over.
+A result's ``status`` is one of :data:`STATUSES`; :data:`FINAL` maps every spelling the
+providers document (``COMPLETED``, ``canceled``, ``succeeded``, ...), case-insensitively.
+Anything else, in :data:`UNFINISHED` or unknown, is not final: fetched again later, never
+stored. A batch row with an unknown status is ``failed`` (``unknown_status``), since its
+batch is over.
+
+See docs/envelope.md (statuses).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """What every process did, per minute, and which processes are alive: shared through Redis.
 
-Each process (``nopoll api``, ``nopoll worker``, ``nopoll serve``) runs one
-:class:`ActivityRecorder`. Every few seconds it adds what its own Prometheus counters
-gained since the last flush into the current minute's hash, so the figures are the
-metrics' own (one source of truth), summed over every pod::
+Each process runs one :class:`ActivityRecorder`: every few seconds it adds what its own
+Prometheus counters gained into ``nopoll:activity:<unix minute>``, the tokens by model
+into ``nopoll:activity:tokens:<unix hour>``, and stamps itself in ``nopoll:processes``.
+``/ui`` and ``GET /admin/v1/overview`` read them with :func:`last_hour`,
+:func:`processes` and :func:`tokens_by_hour`. A flush that finds Redis down keeps its
+deltas for the next one.
 
-    nopoll:activity:<unix minute>   hash: callbacks, accepted, results, dead_letters
-                                    (expires after two hours)
-    nopoll:processes                hash: "<host>:<pid>" -> {"roles", "at", "started"}
-    nopoll:activity:tokens:<unix hour>  hash: model -> tokens (input and output) of the
-                                    results landed (``nopoll_tokens``; expires after 26 hours)
-
-The status page (``/ui``) and ``GET /admin/v1/overview`` read them back with
-:func:`last_hour`, :func:`processes` and :func:`tokens_by_hour`. A flush that finds Redis
-down keeps its deltas for the next one: a minute may show late, it never shows less.
+See docs/ui.md (what it shows); the keys are in docs/capacity.md.
 """
 
 from __future__ import annotations

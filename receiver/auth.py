@@ -1,22 +1,14 @@
 """Bearer tokens: who is asking. One check for the admin API (``admin_tokens``), the
 results API (``consumer_tokens``) and ``/ui``'s login form.
 
-The two APIs hold their routes behind :func:`bearer_auth`: Starlette's
-``AuthenticationMiddleware`` with :class:`BearerTokens`, the one
-``AuthenticationBackend``; the route finds its :class:`TokenUser` in ``request.user``.
-With no token of the role configured, the routes answer 404 ``not found``, as if they did
-not exist. The login form checks its one typed token with :meth:`TokenBook.identify`.
+:func:`bearer_auth` puts the APIs behind Starlette's ``AuthenticationMiddleware`` with
+:class:`BearerTokens`; a route finds its :class:`TokenUser` in ``request.user``, and a
+role with no token answers 404. :class:`TokenBook` keeps SHA-256 digests and compares
+with ``hmac.compare_digest`` against every digest of the role. The ``Authorization``
+header is read strictly; a refusal is a 401 with ``WWW-Authenticate: Bearer`` that
+never names the token.
 
-:class:`TokenBook` hashes every configured token once (SHA-256). A presented token is
-hashed too and compared with every digest of the role, each time, with
-``hmac.compare_digest``: equal lengths and no early exit, so timing tells neither a
-token's content nor its length. The config holds each token once
-(:func:`receiver.config.tenants.check_distinct_tokens`), so a token has one identity.
-
-The ``Authorization`` header is read strictly, the same way on every surface: exactly one
-header, ASCII, the scheme ``Bearer`` (any case), one or more spaces, one token of
-printable ASCII. Every refusal is a 401 with ``WWW-Authenticate: Bearer`` (RFC 6750) and
-a reason that starts with ``Authorization:``; it never names the token.
+See docs/http.md (bearer tokens) and docs/security.md.
 """
 
 from __future__ import annotations

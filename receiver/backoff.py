@@ -1,17 +1,13 @@
 """The one backoff rule every retry in nopoll uses: capped exponential, full jitter, and a
 provider's ``Retry-After`` as a floor.
 
-Try ``n`` (1 for the wait after the first failure) waits a random time in
-``[floor, max(floor, ceiling(n))]`` with ``ceiling(n) = min(max_s, first_s * 2**(n-1))``:
-"full jitter" (the draw of tenacity's ``wait_random_exponential``, from the ``random``
-module too), so many workers that failed together do not retry together. Without a
-``Retry-After`` the floor is 0. With one, the floor is the ``Retry-After`` capped at
-``max_retry_after_s`` (by default ``max_s``): the provider's "not before" is always
-honoured, never an unbounded wait.
+Try ``n`` waits a random time in ``[floor, max(floor, min(max_s, first_s * 2**(n-1)))]``
+(tenacity's ``wait_random_exponential`` draw), so workers that failed together do not
+retry together. The floor is 0, or the ``Retry-After`` capped at ``max_retry_after_s``.
+:class:`Backoff` serves the job retries, the provider client's and a batch chunk's
+in-job retries, and the wait for Redis.
 
-Used by the job retries (:meth:`receiver.config.settings.RetryConfig.delay`), the provider client's
-in-job retries, a batch chunk's in-job sink retries and the wait for Redis to come back.
-docs/reliability.md adds up what the layers allow together.
+See docs/reliability.md (retries and their bound).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Structured logs: one JSON object per line, with the ids of the work at hand.
 
-``bind(event_id=..., response_id=...)`` puts ids in a context variable for the duration
-of a job; every record logged meanwhile, by nopoll or by the libraries it calls, carries
-them. Nothing here ever formats a config value, so secrets cannot reach a log line.
+``bind(event_id=..., response_id=...)`` puts ids in a context variable for a job's
+duration; every record logged meanwhile carries them. Nothing here formats a config
+value, and neither format lets provider data forge a line: JSON escapes it, and the text
+format escapes control characters and the backslash and quotes a value holding a space,
+``=`` or ``"``.
 
-Ids and messages hold provider data (a custom_id can be any string), so neither format
-lets them forge a line: JSON escapes them, and the text format writes control characters
-and the backslash as escapes (a newline as ``\\n``, ESC as ``\\u001b``) and quotes a field
-value that holds a space, ``=`` or ``"``.
+See docs/security.md (secrets: logs).
 """
 
 from __future__ import annotations

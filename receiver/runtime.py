@@ -1,17 +1,14 @@
 """Running nopoll: the API, the worker, or both in one process, with clean shutdown.
 
-On SIGTERM or SIGINT the API stops accepting and finishes in-flight requests, the
-worker stops picking jobs and hands back at once what it holds but is not running (the
-watches it polls, jobs claimed but not started) and its running batch jobs (cancelled:
-they resume after their last committed chunk on another worker); it waits up to
-``worker.shutdown_wait_s`` for the other running jobs and cancels the rest (arq runs a
-cancelled job again), then everything is closed and the process leaves the set of live
-workers (:mod:`receiver.worker.liveness`).
+On SIGTERM or SIGINT the API finishes in-flight requests, and the worker hands back what
+it holds but is not running, cancels its batch jobs (they resume elsewhere), waits up to
+``worker.shutdown_wait_s`` for the rest, then leaves the live workers
+(:mod:`receiver.worker.liveness`). Redis going away ends nothing. Once Redis first
+answers, a ``maxmemory-policy`` that may evict jobs exits with status 2 (unless
+``redis_policy_check: warn``); no persistence is a warning.
 
-Redis going away ends nothing: the API answers 503 and the workers wait for it
-(:mod:`receiver.redis_link`). Once Redis first answers, its settings are checked: a
-``maxmemory-policy`` that may evict queued jobs stops the process with exit status 2
-(unless ``redis_policy_check: warn``); no persistence is a warning.
+See docs/reliability.md (what nopoll expects of Redis, worker liveness) and
+docs/deployment.md.
 """
 
 from __future__ import annotations

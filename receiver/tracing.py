@@ -1,19 +1,13 @@
 """OpenTelemetry traces, opt-in: one trace per result, from its callback to its rows.
 
-Off by default, and then nothing of OpenTelemetry is imported or created: :func:`span`
-hands back one shared no-op context and :func:`traceparent` None, so the hot path pays a
-function call. :func:`configure` turns tracing on for the process (an ``otel:`` config
-block, or the standard ``OTEL_*`` environment variables; docs/configuration.md), or a test
-passes its own tracer provider to :func:`use`.
+Off by default, and then nothing of OpenTelemetry is imported: :func:`span` hands back
+one shared no-op context and :func:`traceparent` None. :func:`configure` turns tracing on
+for the process (an ``otel:`` block or the ``OTEL_*`` variables); a test passes its own
+tracer provider to :func:`use`. The W3C ``traceparent`` travels in the job's kwargs
+(:mod:`receiver.queue.jobs`), so the worker's spans continue the callback's trace. The
+tracer is the process's: one module slot, set once at start-up.
 
-The spans: the callback request (``webhook``), the job it queues (the W3C ``traceparent``
-travels in the job's kwargs, :mod:`receiver.queue.jobs`, so the worker's span continues
-the trace), each provider request, each sink write, and a batch with one span per chunk
-and sink. The sinks pass the context on to their subscribers themselves (``traceparent``
-on an HTTP POST, a Kafka record header).
-
-The tracer is the process's, like OpenTelemetry's own providers and context: one module
-slot, set once at start-up.
+See docs/configuration.md (traces) for the spans.
 """
 
 from __future__ import annotations

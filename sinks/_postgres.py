@@ -1,19 +1,13 @@
 """The ``sql`` sink's writes on Postgres: asyncpg directly, one round trip for a few rows,
 ``COPY`` for many.
 
-A write of fewer than :data:`COPY_MIN_ROWS` rows is one ``executemany`` of a prepared
-``INSERT ... ON CONFLICT`` (atomic on its own: every row or none); a larger one is one
-transaction that ``COPY``s the rows into a temporary staging table (made once per
-connection, emptied at each commit) and upserts them from it. A batch chunk whose keys are
-most likely new (:meth:`PostgresWriter.insert_new`) is copied straight into the table,
-half the work; a key that is there already (a resumed or repeated chunk) makes that
-``COPY`` fail whole on the primary key, and the chunk goes the upsert way instead.
-Connections go back to the pool as they are: the writes change no session state, so
-asyncpg's reset query (a round trip per write) is skipped; an open transaction is still
-rolled back.
+:class:`PostgresWriter` upserts fewer than :data:`COPY_MIN_ROWS` rows with one prepared
+``executemany``, more through a per-connection staging table filled by ``COPY``; a batch
+chunk of likely new keys (:meth:`PostgresWriter.insert_new`) is copied straight into the
+table, falling back to the upsert when a key exists. Connections skip asyncpg's reset
+query. Every NUL character is stored as U+FFFD.
 
-Postgres refuses U+0000 in ``text`` and in ``jsonb``: every NUL character is stored as
-U+FFFD, in the text columns and in the keys and values of the JSON columns alike.
+See docs/sinks/sql.md and docs/batches.md (Postgres).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The sink contract: open, write a sequence of envelopes, close.
 
-A sink is any object with this shape; :class:`SinkBase` adds ``async with`` support.
-A write raises :class:`~nopoll.exceptions.SinkError` (or any exception) on failure: the
-worker retries each sink on its own and keeps what keeps failing as a dead letter. So an
-envelope can be written again (a retried job, a replayed dead letter): a sink that can
-overwrite by ``(provider, key)`` does (``sql`` upserts, ``s3`` rewrites the same object);
-one that cannot delivers at least once and says so in its docs (``kafka`` sends the same
-message key, ``http`` the same ``webhook-id``, ``jsonl`` appends a second line).
+A sink is any object with this shape; :class:`SinkBase` adds ``async with`` support. A
+failed write raises (:class:`~nopoll.exceptions.SinkError` or any exception): the worker
+retries each sink on its own, then keeps a dead letter. So an envelope can be written
+again: a sink that can overwrite by ``(provider, key)`` does (``sql``, ``s3``); one that
+cannot delivers at least once and says so in its docs.
+
+See docs/architecture.md and docs/sinks/.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Group commit for sinks: concurrent writes share one round trip and one transaction.
 
-Many response jobs finish at once; writing each envelope in its own transaction costs a
-commit (an fsync on Postgres and SQLite) per result. :class:`WriteCoalescer` queues the
-envelopes of concurrent ``write`` calls and flushes them together: while one flush runs,
-new writes gather for the next. Each caller still gets its own success or error. The
-gathering itself is :class:`GroupCommit`, which the worker also uses to finish the jobs
-that end together in one Redis call (:mod:`receiver.queue._arq`).
+:class:`WriteCoalescer` queues the envelopes of concurrent ``write`` calls and flushes
+them together (one commit, one fsync, instead of one per result); each caller still gets
+its own outcome. The gathering itself is :class:`GroupCommit`, which the worker also uses
+for job finishes (:mod:`receiver.queue._arq`). When a flush is refused for its data
+(:class:`~nopoll.exceptions.SinkRejected`), the group is split by caller, then bisected,
+until each refused row stands alone and fails only its caller
+(:class:`~nopoll.exceptions.SinkRowsRejected`).
 
-One bad row fails alone. ``flush`` is all or nothing and says why it failed:
-:class:`~nopoll.exceptions.SinkRejected` when the destination refuses the data of some
-envelope (the same rows would be refused again), any other exception when the destination
-itself failed (down, timeout). On the latter every caller of the group gets that error and
-retries its whole write. On a rejection the group is split: by caller first, halves in
-their order, so the latest write of a key still wins as if the callers had written one
-after the other; then the rows of a refused caller's write are bisected until each refused
-envelope stands alone. That caller gets :class:`~nopoll.exceptions.SinkRowsRejected`
-naming only its refused keys, after its other rows were committed; the other callers
-succeed. Each refused row costs at most about 2·log2(n) extra flushes of smaller halves.
+See docs/sinks/sql.md (one bad row fails alone).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The ``http`` sink: POST envelopes to a subscriber, signed with Standard Webhooks.
 
-A body is one envelope (a JSON object) or several (a JSON array of at most
-``batch_size``), sent in order, one POST after another. Every POST carries
-``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` made with the sink's own
-secret by the ``standardwebhooks`` package, so a subscriber verifies it with any Standard
-Webhooks library. The ``webhook-id`` is derived from the envelopes' ``(provider, key)``
-pairs: a retry of the same envelopes carries the same id and the subscriber can dedupe.
+:class:`HttpSink` POSTs one envelope (or a JSON array of at most ``batch_size``) at a
+time, in order, signed by the ``standardwebhooks`` package with the sink's own secret;
+the ``webhook-id`` is derived from the envelopes' ``(provider, key)`` pairs, so a retry
+carries the same id. A 2xx is success; 408, 429, 5xx, timeouts and connection errors
+raise :class:`HttpSinkError` (retried); any other 4xx
+:class:`~nopoll.exceptions.SinkRejected`. At most 4 KiB of an answer is read.
 
-A 2xx is success. 408, 429, 5xx, timeouts and connection errors raise
-:class:`HttpSinkError` (the worker retries with backoff, then dead-letters); any other
-4xx raises :class:`~nopoll.exceptions.SinkRejected` (retrying will not help). Of the
-subscriber's answer at most the first 4 KiB is read (the start of it goes into the
-error); a longer answer's connection is closed instead of read to its end. See
-``docs/sinks/http.md``.
+See docs/sinks/http.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """The ``kafka`` sink: one message per envelope, keyed ``{provider}:{key}``.
 
-The value is the envelope as JSON, the headers ``nopoll-kind``, ``nopoll-status`` and
-``nopoll-event-id`` carry UTF-8 text (and ``traceparent``, the W3C trace context, while the
-process traces). Delivery is at-least-once: a write sends every
-envelope and waits for all acknowledgements; if any fails the whole write fails and is
-retried, so consumers dedupe on the message key. A message over ``max_message_bytes``
-goes out with ``body_ref`` (where the body is, from the claim-check hook) instead of
-``body``. Without a hook (or still too large without its body) no retry can send it: that
-envelope alone is refused (:class:`~nopoll.exceptions.SinkRowsRejected`, so it becomes a
-dead letter at once, saying why), and the others of the write are sent.
+:class:`KafkaSink` sends the envelope as JSON with the headers ``nopoll-kind``,
+``nopoll-status``, ``nopoll-event-id`` (and ``traceparent`` while tracing). A write
+waits for every acknowledgement and fails whole, so delivery is at least once. A message
+over ``max_message_bytes`` carries ``body_ref`` from the claim-check hook instead of
+``body``; one that still cannot fit is refused alone
+(:class:`~nopoll.exceptions.SinkRowsRejected`).
+
+See docs/sinks/kafka.md.
 """
 
 from __future__ import annotations

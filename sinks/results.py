@@ -1,25 +1,13 @@
 """The built-in ``_results`` sink: publishes every envelope for the results API (``/v1``).
 
-It is not configured under ``sinks:``; the worker adds it when ``consumer_tokens`` are
-set, and every envelope goes to it whatever the routes say. Each write is one Redis round
-trip (a pipeline of one Lua script call per 500 envelopes) that, per envelope:
+The worker adds it when ``consumer_tokens`` are set, whatever the routes say. Each write
+is one round trip (one Lua call per 500 envelopes) that sets the latest key
+(:func:`latest_key`), appends to :data:`STREAM` and publishes on :data:`CHANNEL`, then
+trims the stream. Each entry names the one before it (``prev``) and :data:`LAST_ID`
+keeps the newest, so a resuming reader knows exactly whether it missed trimmed entries.
+A retried write appends again: stream consumers dedupe on ``(tenant, provider, key)``.
 
-- ``SET`` the envelope JSON at :func:`latest_key` (tenant, provider, key) with a TTL
-  (``results.latest_ttl_s``): what ``GET /v1/results/{provider}/{key}`` reads;
-- ``XADD`` it to the stream :data:`STREAM` with the fields ``tenant``, ``provider``,
-  ``kind``, ``status``, ``prev`` (the id of the entry before it) and ``envelope``: what
-  ``GET /v1/results/stream`` serves;
-- ``PUBLISH`` the latest key on :data:`CHANNEL`: what wakes ``?wait`` requests;
-
-then keeps the newest id at :data:`LAST_ID` and trims the stream to
-``results.stream_max_entries`` (``MAXLEN ~``) and to ``results.stream_retention_s``
-(``MINID ~``, from Redis's own clock). ``prev`` and :data:`LAST_ID` tell exactly whether
-entries a resuming reader has not seen were trimmed: the newest trimmed entry is the
-oldest retained entry's ``prev`` (or :data:`LAST_ID` when trimming emptied the stream).
-
-Rewriting is idempotent for the latest key; a retried write (a failed attempt whose
-script had run, a replayed dead letter) appends the envelope to the stream again, so
-stream consumers see it at least once and dedupe on ``(tenant, provider, key)``.
+See docs/consumers.md (retention and Redis memory, trimmed history).
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """The ``sql`` sink: one row per result in Postgres (asyncpg) or SQLite (aiosqlite).
 
-The table (``nopoll_results`` by default) has a column for every envelope field, derived
-from :data:`nopoll.envelope.COLUMNS`, with primary key ``(provider, key, tenant)``; every
-write is an upsert, so replays never duplicate. The sink creates and migrates its own table
-(additive columns, a recorded schema version), also when several sinks or processes open
-the same database at once: on SQLite the migration holds the write lock from its first
-statement (``BEGIN IMMEDIATE``), on Postgres an advisory lock.
+The table has a column for every envelope field (from :data:`nopoll.envelope.COLUMNS`),
+primary key ``(provider, key, tenant)``; every write is an upsert. The sink creates and
+migrates its own table under a lock (additive columns, a recorded schema version). Empty
+fields are SQL NULL; on Postgres every NUL character is stored as U+FFFD
+(:mod:`sinks._postgres`). A row the database refuses fails alone
+(:class:`~nopoll.exceptions.SinkRowsRejected`); any other failure is a
+:class:`~nopoll.exceptions.SinkError` for the whole write.
 
-An envelope field with no value (``error``, ``body``) is SQL NULL on both databases,
-never the JSON text ``'null'``, so ``WHERE error IS NULL`` means the same everywhere.
-Schema version 2 turns the JSON ``null`` that version 1 stored on SQLite (and any found on
-Postgres) into NULL, once, in place. Schema version 3 makes the primary key of a table from
-before, ``(provider, key)``, ``(provider, key, tenant)`` (tenants' results with the same id
-are rows of their own): in place on Postgres, by copying the table on SQLite.
-
-Postgres refuses U+0000 in ``text`` and in ``jsonb``: there, and only there, every NUL
-character is stored as U+FFFD, in the text columns and in the keys and values of the
-``body``, ``metadata`` and ``error`` JSON alike (:mod:`sinks._postgres` writes there).
-SQLite stores exactly what came.
-
-One bad row fails alone: a row the database refuses for its data (a number beyond the
-column's range, a broken constraint) makes the write raise
-:class:`~nopoll.exceptions.SinkRowsRejected` naming that row's key, after every other
-row was committed (see :mod:`sinks.coalesce`). An unreachable database, a timeout or any
-other failure is a plain :class:`~nopoll.exceptions.SinkError` for the whole write.
+See docs/sinks/sql.md.
 """
 
 from __future__ import annotations

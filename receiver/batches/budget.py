@@ -1,14 +1,12 @@
 """The bytes of batch chunks one worker process holds at once, bounded across its batches.
 
-A batch holds a chunk from the moment its rows are parsed until every sink has written
-(or handed off) its share. Each batch bounds its own chunks in flight (its sinks' queues,
-``batch.sink_queue_chunks``), but a worker running several batches at once would hold
-that many times more. :class:`ChunkBudget` is one count of raw bytes for the whole
-process (``batch.inflight_bytes``): a batch's stream waits for room for a whole chunk
-(``batch.chunk_bytes``) before it reads and parses the next one, in the order the batches
-asked, and holds what the chunk turned out to be until its sinks are done. A chunk larger
-than the whole budget still goes, alone, so no batch waits forever. :class:`ChunkTicket`
-gives a chunk's bytes back once the last of its sinks is done with it.
+:class:`ChunkBudget` is one count of raw bytes for the whole process
+(``batch.inflight_bytes``): a batch's stream waits, in the order the batches asked, for
+room for a whole chunk (``batch.chunk_bytes``) before it parses the next, then holds what
+the chunk turned out to be. A chunk larger than the budget still goes, alone.
+:class:`ChunkTicket` gives a chunk's bytes back once the last of its sinks is done.
+
+See docs/batches.md (streaming, chunks and resumption).
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """One batch's progress in Redis, owned by one class: :class:`BatchState`.
 
-Keys (``P`` = provider, ``B`` = batch id)::
+It holds the batch's hash ``nopoll:batch:<provider>:<batch id>`` (chunk bounds, each
+sink's committed chunk, rows by status per chunk, parked summaries), the index
+``nopoll:batchindex`` and each sink's set of chunks pending elsewhere. Every change that
+touches more than one of them is one Lua call (:meth:`commit`, :meth:`settle`,
+:meth:`park_summary`), so a worker killed between two steps cannot leave a hand-off
+without its job or a summary without its writer.
 
-    nopoll:batch:P:B            hash
-        cs                      how this batch's first run cut chunks (kept on resume):
-                                ``<rows>`` or ``<rows>/<bytes>`` (see :class:`ChunkBounds`)
-        c:<sink>                the last chunk number the sink committed, in order
-        k:<n>                   rows by status in chunk n (the summary counts every run's)
-        s:<sink>                the sink's parked summary: a ready ``deliver`` job payload
-        parked                  how many summaries are parked
-        done                    "1" once every summary is parked or queued; the hash
-                                expires (``dedupe_ttl_s``) once done and none is parked
-        t0, t1                  when the first run began and when it was done (Unix s)
-        rows                    the batch's row count (``request_counts.total``), once known
-    nopoll:batchindex           sorted set: every batch's state key by the time it began
-                                (what ``/ui`` and ``GET /admin/v1/batches`` list; entries
-                                whose hash expired are dropped when read)
-    nopoll:batch:P:B:h:<sink>   set: chunk numbers of the sink still pending elsewhere
-                                (handed to their own ``deliver`` job, or dead-lettered)
-
-Every change that touches more than one of them is one Lua call, so a worker killed
-between two steps cannot leave a hand-off without its job or a summary without its writer:
-
-- :meth:`commit` records a sink's chunk: the committed pointer moves, and the chunk is
-  either settled or marked pending (with its ``deliver`` job queued) in the same step.
-- :meth:`settle` ends a pending chunk when its delivery succeeds. A dead-lettered delivery
-  does not settle: the chunk stays pending and the summary stays parked until a replay
-  succeeds, so a summary is never visible in a sink before all of that sink's rows.
-- :meth:`park_summary` and :meth:`settle` turn the parked summary into a queued ``deliver``
-  job as soon as nothing is pending for that sink (the summary is never deleted before
-  its job exists).
+See docs/batches.md; the hash's fields are in docs/capacity.md.
 """
 
 from __future__ import annotations

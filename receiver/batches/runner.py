@@ -1,28 +1,13 @@
 """The batch pipeline: provider rows → envelopes → chunks → every sink, resumable.
 
-One job per batch (on its own arq queue, so its long timeout does not stretch the lock of
-short response jobs). Rows stream in numbered chunks (``batch.chunk_size`` rows or
-``batch.chunk_bytes`` raw bytes, whichever comes first, both fixed by the batch's first
-run); each sink has its own small queue and writer task, so a slow sink
-holds up only its own queue. Every chunk a sink commits is recorded in the batch's
-:class:`~receiver.batches.progress.BatchState`; a worker killed mid-batch resumes after the last
-chunk every sink committed (from the first row when the dialect's rows come in no stable
-order: ``stable_chunks``), and rewrites are idempotent. A sink that keeps failing on a
-chunk hands that chunk to its own ``deliver`` job (retried alone, then dead-lettered) and
-goes on with the next. The ``batch`` summary reaches a sink after all of that sink's rows.
-The chunks a worker process holds at once, across all its batches, are bounded in bytes
-(``batch.inflight_bytes``, :mod:`receiver.batches.budget`).
+One job per batch, on its own arq queue. Rows stream in numbered chunks, each sink with
+its own small queue and writer task; every committed chunk is recorded in
+:class:`~receiver.batches.progress.BatchState`, so a killed worker's batch resumes after
+the last chunk every sink committed (from the first row without ``stable_chunks``). A
+chunk a sink keeps failing goes to its own ``deliver`` job. A batch not final yet raises
+:class:`~nopoll.exceptions.ResultNotReady`; a run that cannot renew its lease stops.
 
-A batch that is not terminal yet (``finalizing`` with no output file, ``in_progress``) is
-never summarized: the run stops with :class:`~nopoll.exceptions.ResultNotReady` and
-the job is retried later.
-
-The job's in-progress lock is a lease renewed while the job runs; a killed worker's batch
-is picked up again once its heartbeat stops (:mod:`receiver.worker.liveness`), or at the latest
-within ``batch.lease_s``, not after the whole job timeout. A run that cannot renew its
-lease (Redis unreachable for half the liveness bound or most of ``lease_s``, or the lease
-taken over) stops before the lease can pass to another worker: two runs of one batch
-never overlap.
+See docs/batches.md (streaming, chunks and resumption).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Tenants' provider accounts: which account a tenant's work uses, and the name its Redis
 keys and job ids go by.
 
-The tenant's own ``api_key`` (every account has one: the config refuses one without),
-``webhook_secrets`` and ``rate_limit_rps`` (where given) replace the provider's
-(:func:`tenant_provider`); the provider's ``dialect``, ``base_url`` and settings stay. Each
-account's request budget is its own whatever its rate (Redis keys by :func:`scoped`).
+:func:`tenant_provider` gives a tenant's account: its own ``api_key`` (required),
+``webhook_secrets`` and ``rate_limit_rps`` over the provider's ``dialect``, ``base_url``
+and settings. :func:`scoped` names everything keyed by provider in Redis (dedupe, job
+ids, batch progress, watches, submit records, idempotency keys): the provider for the
+default tenant, ``provider@tenant`` (which no provider name can be) for the others.
 
-Everything the default tenant keys by provider in Redis (the webhook-id dedupe, job ids,
-batch progress, watches and callback markers, ``nopoll submit``'s records and
-idempotency keys) is keyed by :func:`scoped` for other tenants: ``provider@tenant``,
-which no provider name can be, so two tenants with the same ids never collide, and the
-default tenant's keys stay as they always were.
+See docs/tenants.md (what the tenant changes).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """The nopoll configuration: one YAML file, ``${VAR}`` interpolation, validated once at start-up.
 
 ``load_settings(path)`` returns a :class:`Settings`; every problem raises
-:class:`~nopoll.exceptions.ConfigError` naming the exact key (``providers.x.base_url``)
-and what is wrong, never the offending value (it may be a secret).
+:class:`~nopoll.exceptions.ConfigError` naming the exact key, never the value (it may be a
+secret). ``load_settings(path, require_env=False)`` is the lenient load of read-only
+commands: an unset ``${VAR}`` stays visible and becomes a note in
+:attr:`Settings.notes`, and a value invalid only because of it is not checked.
 
-``load_settings(path, require_env=False)`` is the lenient load of read-only commands
-(``nopoll dlq list``, ``nopoll config check --redacted``): a ``${VAR}`` that is not set stays
-in the value as a visible placeholder and becomes a note ("NAME is not set (needed to
-run)") in :attr:`Settings.notes`; a value that is invalid only because of such a
-placeholder is not checked. Every other mistake is still an error.
+See docs/configuration.md.
 """
 
 from __future__ import annotations

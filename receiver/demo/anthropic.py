@@ -1,20 +1,13 @@
 """The provider simulator's Anthropic Message Batches routes (the ``anthropic`` dialect).
 
-``POST /v1/messages/batches`` creates a batch (``{"requests": [{"custom_id", "params"}]}``,
-checked as the API does: custom_ids of ``[a-zA-Z0-9_-]{1,64}``, unique, at most 100,000
-requests, ``params`` with ``model``, ``max_tokens`` and ``messages``); ``GET
-/v1/messages/batches/{id}`` answers the MessageBatch object, ``in_progress`` then, after a
-cancel, ``canceling``, then ``ended`` with its ``results_url``; ``POST .../cancel`` starts a
-cancellation; ``GET {results_url}`` streams the JSONL results in an order of their own (never
-the input order, and another one on each download: the API promises no order at all), row
-by row, so a 100,000-row batch costs no memory.
+It creates batches under ``/v1/messages/batches``, checked as the API does; answers the
+MessageBatch object (``in_progress``, ``canceling``, ``ended`` with its ``results_url``);
+cancels; and streams the JSONL results row by row in a new order on each download, as
+the API promises no order. It authenticates as the API does (``anthropic-version``, a
+Bearer key from 2026-10-21, else ``x-api-key``) and errs in its shape. Faults: 429 and
+529 answers, a download that breaks off, archived results, a results URL on another host.
 
-Requests are authenticated as the API does: ``anthropic-version`` required, the key as
-``Authorization: Bearer`` (versions from 2026-10-21) or ``x-api-key``. Errors have the API's
-shape, ``{"type": "error", "error": {"type", "message"}}``. Faults: the batch object or the
-results answering 429 (``rate_limit_error``, with ``retry-after``) or 529
-(``overloaded_error``) a number of times first, a results download that breaks off
-mid-stream (the connection drops), results archived (gone), a results URL on another host.
+See docs/batches.md (Anthropic Message Batches).
 """
 
 from __future__ import annotations

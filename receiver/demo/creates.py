@@ -2,36 +2,13 @@
 ``/v1/files``, ``/v1/batches`` and ``/v1/streams`` with idempotency keys and injected faults,
 and Standard Webhooks callbacks announcing each created response once it completes.
 
-Every create answers, and refuses, in the shape of the simulator's dialect (its
-:class:`~receiver.demo.profiles.SimProfile`), with the providers' documented limits (else a
-400 in the dialect's error shape naming the field):
+Every create answers and refuses in the shape of the simulator's dialect
+(:class:`~receiver.demo.profiles.SimProfile`), within the providers' documented limits
+(bodies, metadata, custom_ids, at most 100,000 rows; a 400 in the dialect's error shape
+names the field). An ``Idempotency-Key`` already answered replays that answer; the same
+key with another body is refused. Only creations are stored.
 
-- responses: ``{"model", "input": str | list, "background": true, "metadata"?}``. OpenAI:
-  at most 16 string values, ``custom_id`` an unknown parameter (it goes in ``metadata``);
-  sference: answered 200 ``in_progress``, ``metadata.completion_window`` only ``24h``,
-  ``metadata.stream_id`` a stream it created; Sail and Valar: answered 202 ``pending``,
-  metadata values strings, their completion windows, Valar's ``store`` only true and
-  ``stream`` only false.
-- ``openai``: ``POST /v1/files`` (multipart ``purpose=batch``, ``file`` of at most 50,000
-  lines ``{"custom_id", "method": "POST", "url", "body"}``), then ``POST /v1/batches``
-  ``{"input_file_id", "endpoint", "completion_window": "24h"}``: urls = endpoint, one model.
-- ``sference``: ``{"window"?: "24h", "requests": [{"custom_id"?, "body"}]}`` (201, a
-  ``pending`` BatchResponse): one ``body.model`` for all rows, each with non-empty
-  ``messages`` or an ``input``; a bad row refuses the whole batch as
-  ``requests[i] (custom_id="x"): why``. ``POST /v1/streams {"name", "window"?}``: 201.
-- ``sail``, ``valar``: ``{"endpoint": "/v1/responses", "label"?, "requests": [{"custom_id",
-  "params"}]}``, ``additionalProperties: false`` on the body and on each item, ``label``
-  ``^[a-zA-Z0-9_-]+$`` (at most 128), ``custom_id`` ``^[a-z0-9][a-z0-9_-]*$`` (1 to 64),
-  string metadata values, ``params.metadata.completion_window`` ``standard`` or ``flex``
-  (``asap`` and ``priority`` are refused in a batch); answered 200 ``{id, request_counts,
-  created_at, label?}``; refusals are ``invalid_request_error`` naming the ``param``.
-
-At most 100,000 rows (sference too), custom_ids unique; the documented body caps (256 MiB,
-OpenAI files 200 MB) are not enforced. An ``Idempotency-Key`` already answered on a path
-replays that answer, creating nothing; the same key with another body is refused (OpenAI
-422, sference 400; Sail and Valar 400 ``idempotency_error``). Only creations are stored, a
-refused body is refused again. (sference's contract has no idempotency keys: its simulator
-honours them anyway, as nopoll sends them to every provider.)
+See docs/providers.md for each provider's published create contract.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Valar's request limits for the provider simulator (its limits page: a leaky bucket per
 account, a spend cap), around every route as ASGI middleware.
 
-With ``per_min`` set, each API key has a bucket of ``per_min`` requests that drains at
-``per_min`` a minute; every answer carries ``X-RateLimit-Limit`` (``per_min``),
-``X-RateLimit-Remaining`` (requests left) and ``X-RateLimit-Reset`` (whole seconds until the
-bucket is empty, i.e. full capacity is back: a duration, not an epoch). A request that finds
-the bucket full is not let in: 429 ``{"error": {"type": "rate_limit_exceeded", ...}}`` with
-``Retry-After`` (whole seconds until one request fits). With :attr:`RateLimits.quota_exceeded`
-on, every request is 429 ``insufficient_quota`` (the spend cap: no ``Retry-After``, waiting
-does not help). With neither, the middleware does nothing, and adds no header.
+:class:`RateLimits` with ``per_min`` gives each API key a bucket of ``per_min`` requests
+draining at ``per_min`` a minute, with ``X-RateLimit-Limit``, ``-Remaining`` and
+``-Reset`` (a duration) on every answer, and a 429 ``rate_limit_exceeded`` with
+``Retry-After`` when full. :attr:`RateLimits.quota_exceeded` makes every request a 429
+``insufficient_quota``. With neither, it does nothing.
+
+See docs/providers.md (Valar) and docs/watches.md (one budget per provider account).
 """
 
 from __future__ import annotations

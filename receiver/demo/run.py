@@ -1,15 +1,13 @@
 """``nopoll demo``: the whole product on one machine, no config, no environment.
 
-Starts the provider simulator, runs ``nopoll serve`` (embedded Redis, SQLite and JSONL
-sinks) as a child process, completes N background responses whose callbacks arrive
-signed (a few of them twice, as providers do on retries), waits for every row to land
-in SQLite, and prints rows landed, duplicates, provider requests per result and the
-callback-to-row latency. Exits non-zero when any result is missing.
+Starts the provider simulator and ``nopoll serve`` (embedded Redis, SQLite and JSONL
+sinks), completes N background responses with signed callbacks (a few sent twice), waits
+for every row in SQLite, prints rows, duplicates, requests per result and latency, and
+exits non-zero when a result is missing. The demo folder is removed unless ``--keep`` or
+``--data-dir``; its ``nopoll.yaml`` (mode 0600) holds the webhook secret, so a kept folder
+works with every command.
 
-The demo folder (a temporary one unless ``--data-dir`` is given) is removed at the end
-unless ``--keep`` or ``--data-dir`` keeps it. Its ``nopoll.yaml`` holds the demo's webhook
-secret itself (the file is mode 0600), so a kept folder works with every command with no
-environment: ``nopoll dlq list --config <folder>/nopoll.yaml``.
+See README.md (the demo).
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """A provider simulator: a real HTTP server on 127.0.0.1 that speaks the provider API.
 
-Used by ``nopoll demo``, the tests and the benchmarks. It serves
-``GET /v1/responses/{id}`` for responses it was told about, can fail a response a set
-number of times first (429 with Retry-After, 500, a slow answer, still in progress), can
-send it gzip-encoded or too large (padded, endless, a gzip bomb: see
-:class:`~receiver.demo.answers.Oversize`), counts every request it gets, and sends
-Standard Webhooks-signed callbacks (signed by the ``standardwebhooks`` package, not by
-nopoll's own code). ``POST /v1/responses``, ``/v1/files``, ``/v1/batches`` and
-``/v1/streams`` create responses, batches and streams as ``nopoll submit`` does (see
-:mod:`receiver.demo.creates`). Anthropic's Message Batches are served under
-``/v1/messages/batches`` (see :mod:`receiver.demo.anthropic`; that dialect's ``base_url``
-is :attr:`ProviderSimulator.host_url`).
+Used by ``nopoll demo``, the tests and the benchmarks. :class:`ProviderSimulator` serves
+the responses it was told about, with injected faults (429, 500, slow, unfinished,
+oversize: :class:`~receiver.demo.answers.Oversize`), counts every request, and sends
+callbacks signed by the ``standardwebhooks`` package. Creates are
+:mod:`receiver.demo.creates`, Anthropic's Message Batches :mod:`receiver.demo.anthropic`
+(at :attr:`ProviderSimulator.host_url`), Valar's rate limits :mod:`receiver.demo.limits`.
+Its objects, errors, lists and ids follow one dialect's published contract
+(:mod:`receiver.demo.profiles`).
 
-It speaks one dialect (``dialect=``, default ``openai``): the shape of the responses it
-serves and creates, of its errors, lists and ids follows that dialect's published contract
-(:mod:`receiver.demo.profiles`); each batch has its own dialect. For sference: UUID ids,
-``ResponseItem`` objects, ``BatchResponse`` objects (``GET /v1/batches`` ``{items}``,
-``POST /v1/batches/{id}/cancel``), streams and ``GET /v1/responses?stream_id=``, Litestar
-errors. For Sail and Valar: ``ResponseObject`` objects, batch objects with a
-``request_status`` map and no ``status``, ``GET /v1/batches`` a bare array
-(``after_id``/``before_id``/``limit``); for Valar, with ``rate_limit_per_min``, its rate-limit
-headers and 429s (:mod:`receiver.demo.limits`).
+See docs/providers.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """The journey of one response or batch: what nopoll did with it, newest events kept.
 
-"Where is my result?" is asked about one id: did its callback come, was it fetched, where
-did it land, why not. Each id gets a short trail of events, written where each step
-happens and read by ``GET /admin/v1/journey/...`` and ``/ui/journey``. Keys, where
-``<scoped>`` is :func:`receiver.config.accounts.scoped` (``provider@tenant`` for the
-tenants other than the default)::
+:class:`JourneyStore` owns the keys ``nopoll:journey:<scoped>:<id>`` (a list of events,
+the newest :data:`MAX_EVENTS`, kept ``journey_ttl_s`` after the last) and
+``nopoll:journey-hook:<scoped>:<webhook-id>`` (the id a callback named), and the Lua the
+enqueue script includes (:data:`PUSH_LUA`) to write a callback's event in its own round
+trip. The steps are ``callback``, ``fetch``, ``sink``, ``dead_letter`` and ``replay``.
+Writes outside the enqueue and the dead letters are best-effort: a lost event never fails
+the work.
 
-    nopoll:journey:<scoped>:<id>            list: events (compact JSON), oldest first, the
-                                            newest :data:`MAX_EVENTS` kept; expires
-                                            ``journey_ttl_s`` after its last event
-    nopoll:journey-hook:<scoped>:<webhook-id>
-                                            string: the id a callback's webhook-id named,
-                                            for as long
-
-An event is ``{"at": unix seconds, "step": ..., ...}``; the steps:
-
-- ``callback``: ``event`` (its type), ``webhook_id``, ``tenant``, ``outcome`` (0 a
-  duplicate answered 200, 1 queued, 2 its fetch was queued already: both 202), shown as
-  ``answer``. Written by the enqueue Lua (:mod:`receiver.queue.enqueue`) in the
-  callback's own round trip, through :data:`PUSH_LUA`.
-- ``fetch``: ``kind``, ``try``, then ``status`` (the provider's) or ``http`` and
-  ``error`` (the provider's own message).
-- ``sink``: a response's ``sinks`` written and ``failed``; a delivery's ``sink``
-  (``retry``); a batch's ``sink`` with its ``rows`` and ``chunks``, one event per sink
-  and run, never one per row.
-- ``dead_letter``: ``letter`` (its id, to replay it), ``sink``, ``error``;
-  ``replay``: ``letter``.
-
-A trail is a diagnostic: the writes outside the enqueue and the dead letters are
-best-effort (:meth:`JourneyStore.record` logs and drops an event Redis cannot take), so a
-lost event never fails or re-runs the work it describes. ``journey_ttl_s: 0`` keeps none.
+See docs/ui.md (where is my result?) and docs/http.md (the journey API).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """GETs straight on aiohttp: the provider client's hot path (one GET per result).
 
-``httpx-aiohttp``'s transport serves every request of an ``httpx.Request``: each one's
-URL is parsed by httpx (character by character, in Python), its headers are copied and
-re-encoded, and its URL is printed and parsed again by aiohttp. For nopoll's GETs, with
-fixed headers and a URL built from ``base_url``, that was more than half the client's
-CPU per request (measured: 240 us against 100 us of aiohttp alone). :class:`AiohttpGets`
-sends the GET on the transport's own aiohttp session (the same pool, limits, TLS context
-and timeouts) and answers an :class:`AiohttpAnswer`: the parts of a response the
-provider client reads (status, headers, the raw byte stream, ``aclose``), without building
-an ``httpx.Response`` (its headers copied and normalized in Python) around aiohttp's own;
-everything above it (status handling, bounded reads, decoding) is unchanged. Anything else
-(a POST, a test's transport) still goes through httpx.
+:class:`AiohttpGets` sends a GET on the httpx-aiohttp transport's own aiohttp session
+(the same pool, limits, TLS context and timeouts) and answers an
+:class:`AiohttpAnswer`: the status, headers, raw byte stream and ``aclose`` that the
+provider client reads, without building an ``httpx.Request`` and ``httpx.Response``
+around aiohttp's own. Everything above it is unchanged; anything else (a POST, a test's
+transport) still goes through httpx.
+
+See docs/architecture.md (the provider client's GETs) for why.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """The ``anthropic`` dialect: Anthropic's Message Batches API.
 
-No callbacks: a batch is watched, polling ``GET /v1/messages/batches/{id}`` (``base_url`` is
-the API host, ``https://api.anthropic.com``, as in Anthropic's SDK) until its
-``processing_status`` is ``ended``, the only terminal one. Its rows are then the JSONL at the
-object's ``results_url``, fetched only when that URL has ``base_url``'s scheme, host and
-port (anything else is refused: a permanent error, so a dead letter naming the cause). The
-API promises the results in no particular order, so a resumed batch skips nothing: it is
-rewritten from the first row (:attr:`AnthropicDialect.stable_chunks`).
-Each line is ``{"custom_id", "result": {"type", ...}}``; ``type`` is ``succeeded`` (with a
-Messages object), ``errored`` (with the API's error envelope), ``canceled`` or ``expired``.
+No callbacks: a batch is watched until its ``processing_status`` is ``ended``; its rows
+are the JSONL at ``results_url``, fetched only from ``base_url``'s own scheme, host and
+port. The results come in no stable order, so a resumed batch is rewritten from its first
+row (:attr:`AnthropicDialect.stable_chunks`). The create side of ``nopoll submit --batch``
+is :func:`batch_request` (one file line as one request) and :func:`split` (into batches
+under the API's limits, each recorded as ``batch:<part>``).
 
-Authentication is the official SDK's: ``Authorization: Bearer`` with ``anthropic-version:
-2026-10-21``; a configured ``api_version`` before that date sends ``x-api-key`` instead (the
-reference's older form, e.g. ``2023-06-01``).
-
-The create side (``nopoll submit --batch``) is :func:`batch_request` (one line of the file
-as one ``{"custom_id", "params"}`` request, from OpenAI batch-input or native lines; any bad
-line refuses the file, custom_ids unique across it) and :func:`split` (requests, in file
-order, into batches under the API's limits: 100,000 requests, 256 MB per create body), each
-created with ``POST /v1/messages/batches`` under a record (and Idempotency-Key) of its own,
-``batch:<part>``: a rerun creates only the parts not recorded yet. The file is read twice
-(check, then build) and one part is held at a time.
+See docs/batches.md (Anthropic Message Batches) and docs/submit.md (Anthropic Message
+Batches).
 """
 
 from __future__ import annotations

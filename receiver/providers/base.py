@@ -2,12 +2,11 @@
 async stream.
 
 A dialect turns one provider family's API into :class:`~nopoll.envelope.BatchRow`
-chunks. Chunks are numbered and their contents are deterministic for a given batch
-(file order, or sorted custom_ids), so a batch job that dies can skip the chunks every
-sink already committed: file dialects read past them without parsing, per-row dialects
-do not fetch them at all. A dialect whose provider gives the rows in no stable order
-(Anthropic's results) says so (``stable_chunks = False``): its resumed batches start
-again from the first row.
+chunks, numbered and deterministic for a given batch, so a batch job that dies skips the
+chunks every sink committed. A dialect whose rows come in no stable order says so
+(``stable_chunks = False``), and its resumed batches start from the first row.
+
+See docs/batches.md (streaming, chunks and resumption) and docs/providers.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """The create side of ``nopoll submit --batch``, as the dialects build it.
 
 A dialect checks a file's lines into a :class:`BatchInput` (every bad line listed before
-anything is sent) and turns it into :class:`CreateCall`\\ s: the POSTs that create its
-batches, in order. ``nopoll submit`` (:mod:`receiver.submit.batch`) sends them, records
-each created id under the call's ``record`` and watches the batches; the dialect only says
-what to send.
+anything is sent) and turns it into :class:`CreateCall` objects, the POSTs that create its
+batches; ``nopoll submit`` (:mod:`receiver.submit.batch`) sends them, records each id
+under the call's ``record`` and watches the batches. :func:`check_lines` checks the OpenAI
+batch-input lines that every dialect but ``anthropic`` takes, before each dialect's own
+rules.
 
-:func:`check_lines` is the check of OpenAI batch-input lines ``{"custom_id", "method":
-"POST", "url", "body"}`` that every dialect but ``anthropic`` takes: a unique non-empty
-``custom_id``, ``POST``, one ``url`` for the whole file, a ``body`` object with a
-``model``, one model per batch, and the dialect's row limit; then each dialect's own
-rules (its provider's patterns and refusals), so that every line the provider would refuse
-is listed before anything is sent.
+See docs/submit.md (file format: a batch).
 """
 
 from __future__ import annotations

@@ -2,33 +2,14 @@
 paced by the provider's rate-limit headers and paused by its 429s, shared by every process
 through Redis.
 
-An account is a provider's own (``providers.<name>``) or a tenant's there, each with its
-own key and so its own budget at the provider. Its ``rate_limit_rps`` covers every request
-nopoll makes to it: watch polls, single-response fetches, batch objects, per-row result
-GETs, result streams and ``nopoll submit``'s creates, summed over every worker, API and CLI
-process (a :class:`~receiver.providers.ratelimit.RateLimiter` under
-``nopoll:rate:<account>:account``). :class:`~receiver.providers.client.ProviderClient` takes a
-slot before each request (:meth:`AccountBudget.take`) and tells the budget what each answer
-said (:meth:`AccountBudget.pause_after`):
+:class:`AccountBudget` holds a :class:`~receiver.providers.ratelimit.RateLimiter` under
+``nopoll:rate:<account>:account``; :class:`~receiver.providers.client.ProviderClient`
+takes a slot before each request (:meth:`AccountBudget.take`) and reports each answer
+(:meth:`AccountBudget.pause_after`). An account without a rate takes no slots, yet its
+pauses still hold. A request that gets no slot within ``wait_s`` is not sent:
+:class:`NoRequestSlot` says when one would be free.
 
-- ``X-RateLimit-Remaining: 0`` (Valar sends the three headers on every answer): the
-  account pauses for the time one request's worth of the bucket refills,
-  ``X-RateLimit-Reset / X-RateLimit-Limit`` (``Reset`` alone when there is no ``Limit``),
-  at most :data:`MAX_HEADER_PAUSE_S`;
-- a ``429``: the account pauses for its ``Retry-After`` (1 s without one), at most
-  :data:`MAX_PAUSE_S`; not when it refuses for ``insufficient_quota``, which no wait helps
-  (:class:`~nopoll.exceptions.QuotaExceeded`).
-
-A pause holds every request of the account in every process, also of an account without a
-rate (a pause needs none). Such an account (a dialect that documents no fixed request
-rate) has no slots to take: its requests never wait for Redis, the hot path of a
-callback's fetch costs nothing more. A pause it causes holds this process at once and the
-other processes within :data:`PAUSE_LOOK_S`: each looks at the shared pause at most that
-often, beside its requests, never in front of one.
-
-A request waits at most ``wait_s`` for its slot (:data:`WAIT_S` unless the caller says:
-a watch poll waits a third of its lease, a response's fetch a quarter of its job's time);
-with no slot in time it is not sent, and :class:`NoRequestSlot` says when one would be free.
+See docs/watches.md (one budget per provider account).
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The pooled HTTP client every provider dialect uses.
 
-:class:`ProviderClient` only ever calls the configured ``base_url``: paths are built from
-ids that passed :func:`safe_id`, redirects are never followed, and nothing taken from a
-callback is used as a URL. Every request first takes a slot of its account's request
-budget, and every answer's rate-limit headers and 429s pace it
-(:mod:`receiver.providers.budget`); an answer that refuses for ``insufficient_quota`` raises
-:class:`~nopoll.exceptions.QuotaExceeded`, which no retry helps. Transient failures (429,
-5xx, timeouts, connection errors)
-are retried a few times in place (``http.attempts``; a single response's fetch once: its
-job is retried instead), waiting with :class:`~receiver.backoff.Backoff` and honouring a
-``Retry-After`` up to ``http.max_retry_after_s``; what still fails, or asks for a longer
-wait, raises :class:`~nopoll.exceptions.TransientProviderError` so the job is retried later.
+:class:`ProviderClient` only ever calls the configured ``base_url`` (ids pass
+:func:`safe_id`, no redirects, no URL from a callback). Every request takes a slot of its
+account's budget (:mod:`receiver.providers.budget`); ``insufficient_quota`` raises
+:class:`~nopoll.exceptions.QuotaExceeded`; transient failures are retried in place
+(``http.attempts``) with :class:`~receiver.backoff.Backoff`, then raise
+:class:`~nopoll.exceptions.TransientProviderError`. Answers are capped
+(``http.max_response_bytes``, ``http.max_line_bytes``) and gzip and deflate are decoded
+here in small steps, so a gzip bomb costs the cap.
 
-What a provider sends is capped: a JSON answer read whole at ``http.max_response_bytes``
-(its Content-Length, the bytes on the wire, and the bytes after decoding), a line of a
-streamed JSONL answer at ``http.max_line_bytes``. Reading stops as soon as a cap is
-passed, with a permanent :class:`~nopoll.exceptions.ProviderError` naming it. gzip and
-deflate are decoded here, in steps of at most 64 KiB, instead of by httpx (whose decoders
-inflate a whole network chunk in one call): a gzip bomb costs the cap, not its ratio.
+See docs/security.md and docs/reliability.md (retries and their bound).
 """
 
 from __future__ import annotations

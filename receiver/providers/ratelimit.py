@@ -2,26 +2,13 @@
 provider (``watch.rate_limit_rps``), and each provider account's request budget
 (:mod:`receiver.providers.budget`).
 
-GCRA (the generic cell rate algorithm) with no burst, as reservations: one Lua call per
-request takes the next free slot, at least ``1 / rate`` after the previous one, and says
-how long until it; the caller sleeps until then and goes. No one-second window ever holds
-more than ``rate`` requests, summed over every process (slots carry a jitter allowance,
-:data:`JITTER_ALLOWANCE_S`), callers go in the order they asked,
-and nothing polls in a loop. Times come from Redis's own clock (``TIME``), so workers on
-hosts whose clocks differ still agree.
+:class:`RateLimiter` is GCRA with no burst, as reservations: one Lua call takes the next
+free slot (at least ``1 / rate`` after the previous, plus :data:`JITTER_ALLOWANCE_S`) on
+Redis's own clock and says how long until it. A ``429`` pauses the whole limit in every
+process (:meth:`RateLimiter.pause`, a :class:`SharedPause`); a caller whose slot comes
+during a pause waits it out and books again.
 
-A ``429`` from the provider pauses the whole limit (every process) for its ``Retry-After``
-(or a short backoff when it gives none): :meth:`RateLimiter.pause`, a :class:`SharedPause`
-(which a budget without a rate uses on its own).
-
-Why not the ``limits`` package: its moving-window limiter is correct under concurrency
-too, but it allows the whole second's budget at once (``rate`` requests in the first
-millisecond, then nothing), keeps ``rate`` timestamps per key, and answers only yes/no, so
-a refused caller must poll. GCRA spreads requests evenly, keeps one number, and says how
-long to wait (``bench/ratelimit.py`` measures both, side by side).
-
-A pause also holds callers that already hold a slot: after sleeping until its slot, a
-caller asks whether a pause began meanwhile, and if so waits it out and books again.
+See docs/watches.md (the rate limit), which also says why not the ``limits`` package.
 """
 
 from __future__ import annotations

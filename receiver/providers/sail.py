@@ -1,17 +1,12 @@
 """The ``sail`` dialect.
 
-Sail's published API reference has a batch object without ``status`` or inline results:
-``request_counts`` (an integer), ``request_status`` and a per-row
-``GET /batches/{id}/{custom_id}`` for every completed row; the batch is finished once every
-request settled (:class:`~receiver.providers.base.RequestStatusDialect`). Its
-requests-at-scale guide shows an older shape, read too: a ``status``, and the terminal
-object's inline ``results`` array (``custom_id``, ``response.body`` = a Responses object,
-``error``), parsed incrementally (ijson) because it can be about 1 GiB; when ``results`` is
-null (too large to inline), the rows come from ``request_status`` as above.
+Sail's API reference has a batch object without ``status`` or inline results: its rows
+are per-row ``GET /batches/{id}/{custom_id}`` for every completed row, and it is finished
+once every request settled (:class:`~receiver.providers.base.RequestStatusDialect`). The
+older shape of its requests-at-scale guide is read too: a ``status`` and inline
+``results``, parsed incrementally (ijson); a watch's poll stops reading where they begin.
 
-A watch's poll reads the object as a stream too, and stops where inline results begin
-(they are there only once the batch is over): it never downloads them, the batch job does,
-once.
+See docs/providers.md (Sail) and docs/batches.md.
 """
 
 from __future__ import annotations

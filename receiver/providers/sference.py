@@ -1,17 +1,13 @@
 """The ``sference`` dialect.
 
-Batch results: ``GET /batches/{id}`` (a ``BatchResponse``: ``status`` ``pending`` |
-``running`` | ``completed`` | ``failed`` | ``cancelled``, ``request_count``, token totals,
-``total_cost_micros``), then ``GET /batches/{id}/results.jsonl``, one row per line:
-``custom_id`` (optional: the key is then ``{batch_id}/~{line index}``), ``status``,
-``result_json`` (a chat completion, as an object or a JSON string) and ``error_json``.
-A row of a cancelled batch that never ran (its status still ``pending`` or ``running``) is
-``cancelled``.
+Batch results are ``GET /batches/{id}`` (a ``BatchResponse``), then
+``GET /batches/{id}/results.jsonl``, one row per line (a row without ``custom_id`` is
+keyed ``{batch_id}/~{line index}``; one a cancelled batch never ran is ``cancelled``).
+sference documents no idempotency (:attr:`idempotent_creates` is False): single creates
+each get a stream of their own (``metadata.stream_id``) so that their ids can be listed
+when an answer was lost, and a lost batch create is looked for in ``GET /batches``.
 
-sference documents no idempotency for creates (:attr:`idempotent_creates` is False): a
-``nopoll submit`` of single responses tags every create with a stream of its own
-(``metadata.stream_id``), so that the ids created in it can be listed when an answer was
-lost; a batch create whose answer was lost is looked for in ``GET /batches``.
+See docs/providers.md (sference) and docs/submit.md.
 """
 
 from __future__ import annotations

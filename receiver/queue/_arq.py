@@ -1,40 +1,14 @@
 """The one place nopoll touches arq's internals; everything else goes through here.
 
-arq is a small library whose private parts nopoll depends on: its job format and key
-names (``arq:job:``, ``arq:in-progress:``, ``arq:retry:``), :func:`arq.jobs.serialize_job`
-and ``deserialize_job_raw``, and the :class:`arq.worker.Worker` methods
-:class:`SeamWorker` overrides. The installed arq and redis-py are checked against the
-versions nopoll supports (:data:`SUPPORTED`) before any of those is imported, so an
-unfitting arq is refused with a message that says so, not a missing name; a contract test
-runs a job written by nopoll on a stock arq Worker and the reverse.
+nopoll depends on arq's job format and key names, ``serialize_job`` and
+``deserialize_job_raw``, and the :class:`arq.worker.Worker` methods that
+:class:`SeamWorker` overrides; the installed arq and redis-py are checked against
+:data:`SUPPORTED` before any of those is imported. :class:`SeamWorker` claims due jobs in
+one Lua call with a token naming the claim (:class:`Lease` renews it), runs them by arq's
+rules (:class:`JobRunner`), batches the finishes, waits out Redis outages, and hands
+whatever arq would fail for good to :meth:`SeamWorker.give_up` first.
 
-What :class:`SeamWorker` changes:
-
-- Claims: arq reads the due job ids, then claims each with its own optimistic transaction
-  (WATCH, EXISTS, ZSCORE, MULTI/PSETEX/EXEC), then reads each job and counts its try in
-  another transaction. Here one Lua call does all of that for every job it claims, with
-  the same rules (due, not in progress), arq's try counter, and an in-progress key whose
-  value is a token naming the claim, so a batch job's :class:`Lease` can renew the lock
-  only while it is still its own.
-- Running: each claimed job runs as arq's ``run_job`` would (the same checks, hooks,
-  timeout, retry and failure rules), minus those per-job round trips. :class:`JobRunner`
-  takes a job the claim already read (payload and try count) and applies arq's rules step
-  for step: an expired or unreadable job, an unknown function and too many tries go to
-  ``finish_failed_job``; the function runs under arq's timeout; a ``Retry`` is deferred, a
-  cancellation runs the job again, any other exception fails it.
-- Finishes: what arq writes at the end is written too, except that the keys of the jobs
-  that finish while one finish is in flight go in the next Lua call together (arq: one
-  MULTI/EXEC per job).
-- Liveness: a claim's token starts with the process's worker id, and the claim adds its
-  lock to the process's held set, so a worker that stops beating has its locks released
-  by the others (:mod:`receiver.worker.liveness`) instead of after the lock's expiry; on stop,
-  claimed jobs not started yet are handed back at once (:meth:`SeamWorker.hand_back`).
-- Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
-  for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
-  finish was cut off by the outage has its lock released once Redis is back, so it runs
-  again at once instead of after its lock expires.
-- Nothing dropped: whatever arq would fail for good (an expired job, too many tries, an
-  unknown function) goes to :meth:`SeamWorker.give_up` first.
+See docs/architecture.md (the seam over arq).
 """
 
 from __future__ import annotations

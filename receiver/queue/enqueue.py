@@ -1,19 +1,13 @@
 """The queue between the web app and the worker: arq's job format on Redis.
 
-Callbacks are enqueued by one Lua script that, atomically, remembers the ``webhook-id``
-(duplicate deliveries answer 200 and enqueue nothing, also when two copies race), skips
-a response that is already queued or running, and writes the job exactly as arq's own
-``enqueue_job`` does (``arq:job:<id>`` + a score in the queue's sorted set), so a stock
-arq worker runs it. Jobs are JSON, never pickle: nothing read from Redis can run code.
+One Lua script enqueues a callback atomically: it remembers the ``webhook-id`` (a
+duplicate answers 200 and enqueues nothing), skips a response already queued or running,
+and writes the job as arq's ``enqueue_job`` does, in JSON, never pickle.
+:class:`Enqueuer` coalesces concurrent enqueues into pipelined round trips (one
+``EVALSHA`` per request); beyond a bound of waiting requests it raises
+:class:`QueueBusy` (503, the provider retries).
 
-Webhook-ids are remembered as 128-bit digests in small time-bucketed hashes instead of
-a key per id; docs/capacity.md has the layout, the collision odds and the memory figures.
-
-:class:`Enqueuer` coalesces the enqueues of concurrent requests into pipelined round
-trips (group commit), several in flight at once on their own connections: one request
-costs one ``EVALSHA`` in a shared pipeline instead of arq's three round trips (WATCH,
-EXISTS, MULTI/EXEC). Requests waiting for a pipeline are bounded: beyond the bound
-:class:`QueueBusy` is raised (the app answers 503, the provider retries).
+See docs/capacity.md (how webhook-ids are remembered) and docs/architecture.md.
 """
 
 from __future__ import annotations

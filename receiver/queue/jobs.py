@@ -1,26 +1,13 @@
 """The jobs' payloads: the one place their arq kwargs are built and read.
 
-Queued jobs and dead letters outlive a deploy, so the function names, the keys and the job
-ids never change:
+:class:`DeliverJob` (``deliver``), :class:`FetchResponse` (``fetch_response``) and
+:class:`FetchBatch` (``fetch_batch``) each build and read their kwargs and job id.
+Queued jobs and dead letters outlive a deploy, so function names, keys and ids never
+change, and the readers fill in what older or shorter payloads leave out
+(:meth:`FetchJob.callback`, :meth:`FetchJob.polled`). ``traceparent`` is carried only
+while tracing is on.
 
-- ``deliver`` (:class:`DeliverJob`): ``sink``, ``envelopes``, ``batch_state``, ``part``,
-  ``settle``; ids ``deliver:<sink>:<uuid>``, a batch chunk's ``deliver:<sink>:<batch state
-  key>:<part>``, a summary's ``deliver:<sink>:<batch state key>:summary``.
-  :meth:`DeliverJob.from_kwargs` also reads the jobs queued before ``settle`` existed.
-- ``fetch_response`` (:class:`FetchResponse`): ``provider``, ``event_id``, ``received_at``,
-  ``tenant``, ``response_id``; id ``resp:<provider>:<response id>``.
-- ``fetch_batch`` (:class:`FetchBatch`): the same with ``batch_id``, ``event_type`` and
-  ``from_watch`` in place of ``response_id``; id ``batch:<provider>:<batch id>``.
-
-A fetch job's id names the provider as :func:`~receiver.config.accounts.scoped` does
-(``provider@tenant`` for another tenant). Its kwargs carry every key when a worker queues
-it again (a retry, a dead letter); a callback's and a poll's leave out the keys they never
-carried (see :meth:`FetchJob.callback` and :meth:`FetchJob.polled`), the reader's defaults
-fill them in.
-
-Every fetch job may also carry ``traceparent`` (the W3C trace context of the callback that
-queued it, :mod:`receiver.tracing`): only while tracing is on, so a worker older than this
-key never sees it unless tracing is turned on before it is upgraded.
+See docs/architecture.md (jobs) for each job's kwargs and id.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The results API, ``/v1``: results for consumers without Kafka.
 
-- ``GET /v1/results/{provider}/{key}``: the latest envelope of a result (``key`` is the
-  rest of the path, so a batch row's ``{batch_id}/{custom_id}`` works), or 404
-  ``not landed``; ``?wait=N`` holds the request up to N seconds until it lands
-  (:mod:`receiver.results.wait`).
-- ``GET /v1/results/stream``: Server-Sent Events of every envelope that lands, filtered
-  by tenant, provider, kind and status, resumable with ``Last-Event-ID``
-  (:mod:`receiver.results.stream`).
-- ``GET /openapi.json``: one public OpenAPI document for ``/v1`` and ``/admin/v1``.
+``GET /v1/results/{provider}/{key}`` answers the latest envelope of a result (``?wait``:
+:mod:`receiver.results.wait`); ``GET /v1/results/stream`` streams every envelope that
+lands (:mod:`receiver.results.stream`); ``GET /openapi.json`` documents ``/v1`` and
+``/admin/v1``. Tokens are ``consumer_tokens`` (:func:`receiver.auth.bearer_auth`; none:
+404). Held requests are capped per token and per process, below the connections that
+callbacks need (429 beyond). A tenant's token sees that tenant's results only. What is
+published is :mod:`sinks.results`.
 
-Bearer tokens from ``consumer_tokens``, checked by :func:`receiver.auth.bearer_auth`; with
-none configured every ``/v1`` route answers 404. Held requests (waits and streams) are
-capped per token (``results.max_held_per_token``) and per process (``results.max_held``,
-below ``api.limit_concurrency`` by ``api.reserved_for_webhooks``): beyond, 429 with
-``Retry-After``, so that consumers never take the connections callbacks need. A token
-limited to a tenant sees that tenant's results only: another tenant's result answers
-exactly as one that has not landed (after the same wait). What is published, and where,
-is :mod:`sinks.results`.
+See docs/consumers.md and docs/http.md (results API).
 """
 
 from __future__ import annotations

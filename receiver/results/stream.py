@@ -1,24 +1,14 @@
 """``GET /v1/results/stream``: Server-Sent Events of every landed envelope, resumable.
 
-One reader per API process (:class:`StreamHub`) reads the stream
-(:data:`sinks.results.STREAM`) with ``XREAD BLOCK`` and hands each entry, encoded once as
-an SSE event, to the subscribers whose filter it matches; it runs while anyone is
-subscribed. Each subscriber has a bounded mailbox. A subscriber that falls more than
-:data:`MAILBOX_LIMIT` events or :data:`MAILBOX_BYTES` behind (a slow client) is not
-dropped: its mailbox is emptied and it catches up from Redis with ``XRANGE`` from the last
-entry it sent, then takes live events again. One that stops reading altogether is
-disconnected when a send has waited ``send_timeout`` (30 s); it resumes with
-``Last-Event-ID``.
+One reader per API process (:class:`StreamHub`) reads :data:`sinks.results.STREAM` with
+``XREAD BLOCK`` while anyone is subscribed and hands each entry, encoded once, to the
+subscribers whose filter matches. A subscriber more than :data:`MAILBOX_LIMIT` events or
+:data:`MAILBOX_BYTES` behind catches up from Redis; one that stops reading is
+disconnected after ``send_timeout``. Resuming after ``Last-Event-ID`` has no gap and no
+duplicate, and starts with ``event: reset`` when entries after it were trimmed
+(:func:`resume_point`).
 
-What a client that stops reading makes the server hold is bounded: catch-up pages and
-writes carry about :data:`WRITE_BYTES` each, and at most two writes wait for one client
-(the one in its socket's buffer and the next), besides its mailbox.
-
-Resuming after ``Last-Event-ID`` starts with ``XRANGE`` strictly after that id, then the
-live events, each one sent only if it is newer than the last one sent: no gap, no
-duplicate. When entries after that id were trimmed (``results.stream_max_entries``,
-``results.stream_retention_s``), an ``event: reset`` comes first (see
-:func:`resume_point`) and the stream goes on from the oldest retained entry.
+See docs/consumers.md (every result as it lands).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """``?wait``: hold a request until its result lands, with no polling.
 
-One pub/sub subscription per API process (:class:`Landings`), shared by every waiting
-request: the ``_results`` sink publishes each landed envelope's latest key on
-:data:`sinks.results.CHANNEL`. For the keys someone waits for, the process reads the
-envelopes (one ``MGET`` for all the keys that landed together, however many requests
-wait for each) and hands them to the waiting requests.
+:class:`Landings` is one pub/sub subscription per API process on
+:data:`sinks.results.CHANNEL`, shared by every waiting request: for the keys someone
+waits for, it reads the landed envelopes (one ``MGET`` for the keys that landed together)
+and hands them over. A request reads its key once after registering, and every awaited
+key is read again after each (re)subscription, so no landing is missed. The subscription
+lives from the first waiter to the last, and is made again with backoff when it breaks.
 
-A request that finds the subscription up reads its key once after registering, so a
-result that lands just before is found too; one that comes while the subscription is
-being made is covered by the read of every awaited key that follows each (re)subscription.
-The subscription starts with the first waiting request and ends with the last; when it
-breaks (Redis restarted, a network cut) it is made again with backoff.
+See docs/consumers.md (one result).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """``nopoll submit --batch``: a file of batch-input lines becomes the provider's batches.
 
-The provider's dialect checks every line before anything is sent (any problem rejects the
-file, every bad line listed) and builds its create calls (:mod:`receiver.providers`: one
-batch from OpenAI batch-input lines for ``openai``, ``sference``, ``sail`` and ``valar``,
-as many Message Batches as the limits need for ``anthropic``). Each call is sent with an
-``Idempotency-Key`` from the provider, the file's hash and the call's record name, and its
-id recorded in Redis (a field of ``nopoll:submit:<provider>:<hash>``: ``file``, ``batch``,
-``batch:<part>``): a rerun of the same file creates only what is not recorded yet, and
-every created batch is watched.
+The provider's dialect checks every line before anything is sent and builds its create
+calls (one batch, or as many Message Batches as ``anthropic``'s limits need). Each call
+carries an ``Idempotency-Key`` from the provider, the file's hash and the call's record
+name; its id is recorded under ``nopoll:submit:<scoped>:<hash>``, so a rerun creates only
+what is missing, and watched. Without idempotency (sference) a lost answer is settled
+with :meth:`Dialect.batches_like` first.
 
-At a provider without idempotency (sference) a batch create whose answer was lost is not
-sent again at once: the call is marked as being sent before it leaves, and the account's
-batches of that many requests made since then are looked for (:meth:`Dialect.batches_like`):
-one → it is the file's batch; none → the call is sent again; several → the file is
-reported in doubt, nothing more is sent. A rerun after a kill finds the mark and looks the
-same way first.
+See docs/submit.md (batch mode, providers without idempotency).
 """
 
 from __future__ import annotations

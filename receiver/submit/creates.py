@@ -1,47 +1,13 @@
 """``nopoll submit``: create background responses from a JSONL file, then watch them.
 
-Each line is a Responses create body (``{"model", "input", ...}``; an optional top-level
-``custom_id`` moves to ``metadata.custom_id``). nopoll POSTs ``{base_url}/responses`` with
-``background: true`` and an ``Idempotency-Key`` derived from the provider, the file's
-content hash and the line number (or the ``custom_id``), at bounded concurrency:
+Each line is a Responses create body, POSTed with ``background: true`` and an
+``Idempotency-Key`` from the provider, the file's hash and the line (or its
+``custom_id``), at bounded concurrency within the account's request budget. Created ids
+are watched and recorded under ``nopoll:submit:<scoped>:<file hash>``, so a rerun skips
+them; at a provider without idempotent creates, lines whose answer was lost are settled
+by counting the ids in the run's group. The file is streamed.
 
-- 429, 408, 409, 425, 5xx, timeouts and broken connections are retried with the *same*
-  key (so a create the provider did but whose answer was lost is replayed, not repeated),
-  waiting with :class:`~receiver.backoff.Backoff` and never less than a ``Retry-After``
-  (itself capped at 300 s);
-- any other 4xx rejects the line, with the provider's own reason; so does anything
-  unexpected (the line is reported, the other lines go on);
-- a refusal for ``insufficient_quota`` (:class:`~nopoll.exceptions.QuotaExceeded`) rejects
-  the line and stops the run: no create is sent after it, every line not sent yet is
-  reported as not submitted, with the reason, and a rerun once the quota allows sends them;
-- a ``custom_id`` seen on an earlier line of the run rejects the line (both would share
-  one key);
-- every created id gets a watch (``expect_callback`` when the provider has webhook
-  secrets: callbacks do the work, polling is the safety net), then is recorded in Redis
-  (``nopoll:submit:<provider>:<file hash>``, field the line number; ``<provider>@<tenant>``
-  for a tenant, whose idempotency keys are its own too). A second run of the same
-  file skips every recorded line without a request; a line whose create was answered but
-  not yet recorded (the process was killed) is sent again with its key, and the provider
-  replays the same id.
-
-At a provider that documents no idempotency (sference: its dialect's
-``idempotent_creates`` is False) a retried create could be done twice, so a create whose
-answer was lost (a timeout, a broken connection, a 5xx) is not sent again at once. Every
-create of the run is made in a group of its own at the provider (a sference stream,
-recorded under the field ``group``), and each line is marked as being sent (the hash
-``...:sending``) before its POST leaves. Once the other lines are done, the lines in
-doubt are settled: the ids created in the group that no line recorded are counted; none
-→ the lines are sent again; as many as the lines → each line gets one of them; some but
-not all → those ids are watched, and the lines are reported *in doubt* and never sent
-again by nopoll (a rerun reports them again). A rerun after a kill treats the lines
-marked as sending but not recorded the same way.
-
-Every create takes a slot of the account's request budget, which the workers' polls and
-fetches share (:mod:`receiver.providers.budget`); for a budgeted account at most what it
-lets through in a few seconds is in flight, whatever ``concurrency`` asks.
-
-The file is streamed twice (hash, then lines), a block at a time through a bounded queue:
-memory does not grow with the file, only the ids (for ``--wait``) and custom_ids do.
+See docs/submit.md (idempotency and reruns, retries, the report).
 """
 
 from __future__ import annotations

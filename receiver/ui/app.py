@@ -1,20 +1,13 @@
 """``/ui``: the status page, served by the API process.
 
-Login with an admin token (one of ``admin_tokens``; none configured: ``/ui`` is 404, like
-``/admin/v1``), or with a consumer token limited to a tenant (``consumer_tokens[].tenant``):
-that session sees its tenant's batches, watches and dead letters only, and replays its
-tenant's letters only. The session lives in a signed cookie (:mod:`receiver.ui.session`: a key of
-its own, eight hours from login, ended for every copy at log-out): ``HttpOnly``,
-``SameSite=Strict``, ``Secure`` when ``public_url`` is https, scoped to ``/ui``. It holds
-a fingerprint of the token (an HMAC under the session key), never the token, so removing
-a token from the config ends its sessions. Every state-changing request is a POST carrying
-the session's CSRF token.
+Login takes an admin token, or a consumer token limited to a tenant (that session sees
+and replays its tenant's work only); with no ``admin_tokens`` ``/ui`` is 404. The session
+is a signed cookie (:mod:`receiver.ui.session`) holding a fingerprint of the token, never
+the token; every state change is a POST with the session's CSRF token. Pages read
+through :class:`receiver.console.Console`, take ``?tenant=``, and serve their content
+alone at ``?part=1`` for htmx's live refresh.
 
-Pages read through :class:`receiver.console.Console`, the same calls as the admin API.
-Batches, watches and dead letters take ``?tenant=`` (a configured tenant; empty or ``*``
-for every tenant's).
-Each page's content is also served alone (``?part=1``), which htmx fetches every few
-seconds to keep the page live.
+See docs/ui.md and docs/security.md (the ``/ui`` status page).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The ``/ui`` session: a small dict in a signed cookie, and what the server keeps of it.
 
-The cookie is signed (itsdangerous, HMAC-SHA256) with a key of its own: ``ui.session_secret``
-when configured, else a random key made once and kept in Redis, so every API process signs
-alike and two deployments never accept each other's cookies. Nothing in the key comes from
-an admin token, so a cookie is no offline test of a guessed token.
+The cookie is signed (itsdangerous, HMAC-SHA256) with a key of its own:
+``ui.session_secret``, else a random key kept in Redis (``nopoll:ui:session-key``), never
+derived from a token. A session records its login time (``since``), its id (``sid``) and,
+for a tenant's consumer token, its ``tenant``. It ends eight hours after login, and at
+log-out, which marks ``nopoll:ui:ended:<sid>`` until those eight hours are up, so earlier
+copies of the cookie are refused too.
 
-A signed-in session records when it logged in (``since``) and its own id (``sid``); one
-opened with a consumer token limited to a tenant also records that ``tenant``, and sees
-that tenant's rows only. It
-ends eight hours after login, however often the cookie is re-issued, and at log-out,
-which marks its id as ended in Redis until those eight hours are up, so a copy of the
-cookie taken earlier is refused too.
-
-Redis keys::
-
-    nopoll:ui:session-key        the generated signing key (no expiry)
-    nopoll:ui:ended:<sid>        a logged-out session, until its eight hours are up
+See docs/security.md (the ``/ui`` status page) and docs/ui.md.
 """
 
 from __future__ import annotations

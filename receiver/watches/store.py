@@ -1,43 +1,14 @@
 """Watches: results nopoll polls for, because no callback comes (or as a safety net).
 
-A watch is ``(tenant, provider, kind, id)`` with ``kind`` ``response`` or ``batch``: each
-tenant's watch of an id is its own, polled with its own account and landed with its own
-``tenant``. Keys, where ``<scoped>`` is :func:`receiver.config.accounts.scoped` (the provider's own
-name for the default tenant, so its keys are what they always were; ``provider@tenant``
-for the others)::
+:class:`WatchStore` owns the watch keys and their Lua transitions. A watch is ``(tenant,
+provider, kind, id)``: one hash per tenant's watch, a callback marker, and one due set per
+provider (its member naming the tenant) so the pollers take a provider's due watches in
+one call under one rate limit. Every transition (register, take, reschedule, claim the
+landing, a callback's claim, end) is one Lua call, so a poll and a callback never both
+deliver.
 
-    nopoll:watch:<scoped>:<kind>:<id>       hash: state, polls, next_at, registered_at,
-                                            expect_callback, tenant, status (last seen),
-                                            owner (the worker polling it), landed_at;
-                                            expires a dedupe window after it ends
-    nopoll:watches:called:<scoped>:<kind>:<id>
-                                            a callback for an id its tenant does not watch
-                                            (yet): ``landing``, then ``landed``
-    nopoll:watches:due:<provider>           zset: every watch of the provider that has not
-                                            ended, by next poll time (ms); the member is
-                                            "<kind>:<id>" for the default tenant and
-                                            "<kind>:<id>@<tenant>" for the others
-    nopoll:watches:ended:<provider>         hash: landed, expired (how many ever ended so)
-
-The due set stays one per provider, its member naming the tenant (ids never hold ``@``):
-the pollers take a provider's due watches in one call whatever their tenants, under the
-provider's one rate limit and concurrency; the pending count of a provider stays one
-``ZCARD``. A callback reaches the watch and marker of its own tenant only, so no tenant's
-callback can pause, end or land another tenant's watch of the same id.
-
-States: ``pending`` (polled when due), ``polling`` (taken by a worker, named in its
-``owner`` field: its due time is pushed ``lease_ms`` ahead, and a worker that dies
-mid-poll has its watches made due again once its heartbeat stops,
-:mod:`receiver.worker.liveness`; the lease is the backstop), ``landing`` (a poll found it
-terminal and is delivering it), ``callback`` (a callback came: its job delivers, polling
-stops; if it has not landed the result by ``recheck_s`` later, the watch is polled
-again), ``landed``, ``expired``. Outside, only ``pending`` (every state before the end),
-``landed`` and ``expired`` are shown; the stored one is ``phase``.
-
-Exactly one delivery: the poll that finds a watch terminal claims it (``landing``) only if
-no callback claimed it first, and a callback's job skips fetching if a poll already
-landed it. Every transition is one Lua call. A watch that is not due costs nothing: the
-pollers look at the earliest due time only.
+See docs/watches.md (states, one delivery); the keys are in
+docs/capacity.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """The webhook endpoint: ``POST /webhooks/{provider}`` (and a tenant's ``/webhooks/t/{token}``).
 
 A callback gets a 2xx only once its job is durably in Redis; anything else tells the
-provider to retry. Status codes are docs/http.md's table; every 4xx body says why, and
-nothing a client sends can produce a 500. How the request itself is read (repeated
-headers, early answers, the body deadline) is :mod:`receiver.webhooks.wire`. While Redis is down
-callbacks answer 503; that is logged once when it starts and once when it ends.
+provider to retry, every 4xx body says why, and nothing a client sends makes a 500.
+Reading the request is :mod:`receiver.webhooks.wire`. :class:`WebhookEndpoint` is a plain
+ASGI endpoint in front of the Starlette app (no Request object, routing or middleware:
+about a third of the server's CPU per callback).
 
-The webhook route is the hot path, so it is a plain ASGI endpoint (:class:`WebhookEndpoint`)
-in front of the Starlette app: no per-request Request object, routing table or middleware
-stack, about a third of the server's CPU per callback. Everything else is Starlette.
+See docs/http.md (the status codes) and docs/security.md.
 """
 
 from __future__ import annotations

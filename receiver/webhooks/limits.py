@@ -1,17 +1,13 @@
 """Rate limits on the webhook route, per client address and per provider (off by default).
 
-A flood from one address (invalid signatures, say) must not crowd out the provider's
-genuine callbacks: with ``api.client_rps`` set, an address sending more than that many
-requests in a sliding one-second window gets ``429`` with ``Retry-After`` before its body
-is read or its signature checked, and its connection is closed. ``api.provider_rps`` caps
-one provider's route the same way. The counters are the ``limits`` package's sliding
-window in this process's memory (about 9 us a request): each API process limits on its
-own, so N pods allow N times the figure.
+With ``api.client_rps`` (or ``api.provider_rps``) set, an address (a provider's route)
+sending more than that in a sliding one-second window gets ``429`` with ``Retry-After``
+before its body is read, and its connection is closed. The counters are the ``limits``
+package's, in this process's memory: each API process limits on its own. The address is
+the peer, or ``X-Forwarded-For`` from ``api.trusted_proxies``; one that is not an IP
+address counts as ``unknown``.
 
-The address is the connection's peer. Behind a proxy, list the proxy in
-``api.trusted_proxies``: uvicorn then takes the client from its ``X-Forwarded-For``
-(from that proxy only). Whatever ends up as the address is used only if it is an IP
-address; anything else (junk a proxy passed on) counts under one shared ``unknown``.
+See docs/security.md (rate limits on the webhook route).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Tenants: teams with their own provider accounts, each behind signed endpoints.
 
-A tenant's callbacks come to ``POST /webhooks/t/{token}``. The token is an itsdangerous
-``URLSafeSerializer`` payload ``{"t": tenant, "p": provider}`` signed with its own salt
-(:data:`TOKEN_SALT`) by the first of ``tenant_keys``; every key verifies, so a new key
-is put first and the old ones stay until the endpoints signed by them are replaced. A
-token that does not verify, or names a tenant or provider that is not configured, is
-unknown: the endpoint answers 404 before anything touches Redis.
+A tenant's callbacks come to ``POST /webhooks/t/{token}``: an itsdangerous
+``URLSafeSerializer`` payload ``{"t": tenant, "p": provider}`` with its own salt
+(:data:`TOKEN_SALT`), signed by the first of ``tenant_keys`` and verified by any. A token
+that does not verify, or names no configured tenant and provider, answers 404 before
+anything touches Redis. Accounts and key scoping are :mod:`receiver.config.accounts`.
 
-Which account a tenant's work uses, and how its Redis keys are scoped, is
-:mod:`receiver.config.accounts`. docs/tenants.md has the operator's side.
+See docs/tenants.md (the endpoint token, rotating its keys).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Standard Webhooks signature verification for provider callbacks.
 
-The wire format is the Standard Webhooks spec (what the ``standardwebhooks`` and ``svix``
-packages sign): headers ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature``
-(``v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, several space-separated).
+The wire format is the Standard Webhooks spec: ``webhook-id``, ``webhook-timestamp`` and
+``webhook-signature`` (``v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, several
+space-separated). :class:`Verifier` checks the raw bytes against a list of keys (rotation;
+raw secrets decoded by :func:`nopoll.wire.decode_webhook_secret`), with a configurable
+tolerance, at most :data:`MAX_SIGNATURES`, and raises only :class:`VerificationError`
+with a reason safe to send back.
 
-Why not call ``standardwebhooks.Webhook.verify`` (1.1) directly: it decodes the body as
-UTF-8 before checking it, so a body correctly signed over bytes that are not UTF-8 raises
-``UnicodeDecodeError`` instead of verifying (nopoll answers such a body 400, not 401); its
-tolerance is a fixed 5 minutes; it takes one secret (a ``str`` is base64-decoded, only a
-``bytes`` one is used raw); a malformed signature entry raises ``ValueError`` or
-``binascii.Error`` rather than its own error; and it reads any number of signatures.
-Here: the raw bytes, a list of keys for rotation (raw secrets decoded by
-:func:`nopoll.wire.decode_webhook_secret`), a configurable tolerance, at most
-:data:`MAX_SIGNATURES`, and only :class:`VerificationError` with a reason that is safe to
-send back.
+See docs/security.md (forged and replayed callbacks), which says why this is not
+``standardwebhooks.Webhook.verify``.
 """
 
 from __future__ import annotations

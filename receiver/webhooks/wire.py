@@ -1,13 +1,12 @@
 """The hot path's incoming wire: the webhook request (the Redis round trip going out is
 :mod:`receiver.queue.trips`).
 
-What a client sends is read here, within bounds: the Standard Webhooks headers (repeated
-ones included), a body that must arrive whole within a deadline, and an answer given while
-the client is still sending (413, 404, ...) that stays readable: the rest of the body is
-read and dropped, within a bound, before the connection closes, instead of resetting it
-under the client. One reader, :func:`read_body`, reads every body: a callback's, and every
-other route's (the ``/ui`` forms, the admin API's POSTs) through :class:`BoundedBodies`,
-held to the same cap-as-read and deadline.
+Read here, within bounds: the Standard Webhooks headers (repeated ones included), a body
+that must arrive whole within a deadline, and an early answer (413, 404, ...) that stays
+readable, the rest of the body drained before the connection closes. :func:`read_body`
+reads every body: a callback's, and every other route's through :class:`BoundedBodies`.
+
+See docs/security.md (hostile bodies and slow senders) and docs/http.md.
 """
 
 from __future__ import annotations

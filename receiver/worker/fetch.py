@@ -1,21 +1,13 @@
 """The arq worker's jobs: fetch finished results, normalize them, fan them out.
 
-``fetch_response(provider, response_id, event_id, received_at, tenant)`` (short-jobs queue)
-    GET the response; a response that is not terminal yet is retried, never stored. Build
-    its envelope and write it to every routed sink side by side; a sink that fails gets its
-    own ``deliver`` job (:mod:`receiver.worker.deliver`), so it is retried alone.
-``fetch_batch(provider, batch_id, event_id, received_at, event_type, tenant, from_watch)``
-    (batches queue) Stream every row of a finished batch into the sinks
-    (:mod:`receiver.batches.runner`).
+``fetch_response`` (short-jobs queue) GETs a response (one not final yet is retried,
+never stored), builds its envelope and writes it to every routed sink side by side; a
+sink that fails gets its own ``deliver`` job (:mod:`receiver.worker.deliver`).
+``fetch_batch`` (batches queue) streams a finished batch into the sinks
+(:mod:`receiver.batches.runner`). :func:`land_response` lands a response the poller
+already fetched. Every job runs under :func:`receiver.worker.retry.guarded`.
 
-:func:`land_response` lands a response the watch poller already fetched, the same way.
-
-Every job runs under :func:`receiver.worker.retry.guarded`: its own deadline below arq's, Redis
-errors retried, transient provider failures retried with backoff, and everything else
-kept as a dead letter. A job killed mid-run is run again once its in-progress lock
-expires, and writes its results again: the ``sql`` and ``s3`` sinks overwrite (one row,
-one object); ``kafka``, ``http`` and ``jsonl`` deliver at least once (a message with the
-same key, a POST with the same ``webhook-id``, a second line).
+See docs/reliability.md (jobs, how it works) and docs/architecture.md (jobs).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The cyclic garbage collector's settings for a worker process, in one place.
 
-Used around the worker's open state (:mod:`receiver.worker.process`) and by ``nopoll
-fetch-batch``, which runs the same batch pipeline in a process of its own.
+:class:`GcPolicy` freezes what exists once the worker's state is open and raises the
+collector's thresholds (:data:`JOB_GC_THRESHOLD`) while jobs run; it is used around the
+worker's state (:mod:`receiver.worker.process`) and by ``nopoll fetch-batch``.
 
-Everything that exists once the state is open (modules, settings, clients, sinks) lives as
-long as the state, so it is frozen out of the GC's sight: a full collection then walks only
-what jobs allocate. And a job's objects die by reference counting within milliseconds of
-their creation; with Python's default first threshold (700 objects) every job in flight is
-scanned and promoted a few times before it ends (with both, the GC's share of a worker's
-CPU time at 1,000 results/s in ``bench/e2e.py`` fell from about a quarter to about a
-sixteenth). A batch's parsed rows are many small containers too: the same thresholds keep
-the collector from walking a chunk's objects over and over while it is in flight.
+See docs/architecture.md (garbage collection in the worker) for why.
 """
 
 from __future__ import annotations

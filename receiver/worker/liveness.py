@@ -1,52 +1,14 @@
-"""Worker liveness: each worker process's heartbeat, the provider accounts it serves, and
-the hand-back of what a worker that died (or stops) still holds.
+"""Worker liveness: each worker process's heartbeat, the provider accounts and sinks it
+serves, and the hand-back of what a worker that died (or stops) still holds.
 
-Every lease a worker takes names it: a job's in-progress lock holds a token
-``<worker id>:<ms>`` (:mod:`receiver.queue._arq`), a taken watch has ``owner`` set to the worker
-id (:mod:`receiver.watches.store`). Its own long expiry stays as a backstop; what frees a dead
-worker's work early is this module. Keys::
+:class:`Liveness` runs one task per worker process, apart from its jobs. Every
+:data:`BEAT_S` it stamps ``nopoll:workers`` and prunes the sets of job locks and watches
+the process holds; it reaps a worker silent for :data:`DEAD_AFTER_S` with one Lua call
+(:data:`_RELEASE`) and publishes ``nopoll:workers:accounts``. :meth:`Liveness.stop` hands
+everything back on SIGTERM.
 
-    nopoll:workers                  zset: worker id → its last heartbeat (ms, Redis's clock)
-    nopoll:worker:<id>:jobs         set: in-progress lock keys its claims took
-    nopoll:worker:<id>:watches      set: "<provider> <due member>" of the watches it took
-
-A task of its own in each worker process (:meth:`Liveness.run`, independent of job work)
-beats every :data:`BEAT_S`: it stamps the process's entry and drops from its sets what it no
-longer holds. The same task is the reaper: a worker whose last beat is older than
-:data:`DEAD_AFTER_S` is dead, and one Lua call (:data:`_RELEASE`) releases exactly what it
-still holds: each in-progress lock whose token is still the dead worker's is deleted (the
-job is due, so the next claim runs it), each watch whose owner is still the dead worker
-and that is ``polling`` or ``landing`` comes due now; then the worker is forgotten. So
-its work is taken over within ``DEAD_AFTER_S + BEAT_S`` (22 s) of its last heartbeat.
-
-A worker reaps only once its own beats have gone through for ``DEAD_AFTER_S`` in a row:
-after a Redis outage every process's last beat is old, and each live one has that long to
-beat again before anyone may take it for dead. A live worker whose work is slow keeps it:
-its heartbeat does not wait for jobs. One that was taken for dead anyway (cut off from
-Redis for longer than the bound) finds its leases gone and writes nothing over the new
-owner's work: a watch's reschedule and landing check the owner, a batch run stops when
-its lease renewal fails (and on its own before the bound, :mod:`receiver.batches.runner`).
-
-On SIGTERM a worker hands back at once what it has not started (its watches: due now,
-owner cleared; claimed jobs it has not started) and, once its running jobs ended or were
-cancelled, everything else; then it leaves the set (:meth:`Liveness.stop`).
-
-The same beat publishes which provider accounts the process can fetch with and which
-sinks it can write to, so that a worker never dead-letters work merely because its own
-config lacks a provider or a sink another worker has (accounts: ``provider`` for the
-default tenant, ``provider@tenant`` for the others: :func:`receiver.config.accounts.scoped`).
-They are refreshed every ``worker.health_check_interval_s`` (at the first beat after it:
-every :data:`BEAT_S` at the most), valid for three of those (plus 5 s), and withdrawn when
-the worker stops::
-
-    nopoll:workers:accounts     hash: "<host>:<pid>:<worker id>"
-                                      -> {"until": ms, "accounts": [...], "sinks": [...]}
-
-A job for an account (a delivery for a sink) this process lacks is left to a live worker
-that serves it (run again shortly, its try not counted); only when none does is it a dead
-letter. At its first publication a worker says loudly which accounts and sinks it lacks
-that other live workers serve or queued jobs name: a ``nopoll serve`` started without its
-``--config`` on a shared Redis.
+See docs/reliability.md (worker liveness) and docs/configuration.md (a worker without a
+provider); the keys are in docs/capacity.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """The watch poller: each worker process polls the due watches of every provider.
 
-One loop per process looks at each provider's earliest due time only (a watch that is not
-due costs nothing), takes as many due watches as it has room for (``max_concurrency`` per
-provider), and polls each one once the provider's shared poll rate limit
-(``watch.rate_limit_rps``) and then its account's request budget
-(:mod:`receiver.providers.budget`) each give it a slot; a poll that gets none within a third
-of its lease is put back, not counted:
+One loop per process reads each provider's earliest due time, takes as many due watches
+as it has room for (``max_concurrency``), and polls each once the provider's poll rate
+limit and its account's request budget give it a slot. A watch not final yet is polled
+again on a backing-off schedule, and ends as a dead letter past ``expire_after_s``; a
+final one is landed unless a callback claimed it; a ``429`` pauses the provider.
 
-- not terminal yet: polled again after ``first_poll_s * 4**(polls-1)``, capped at
-  ``max_interval_s``, times a random 0.9-1 (so watches registered together spread out):
-  with the defaults at about 1, 2, 6, 22 and 82 s, then every minute. Growth by 4 rather
-  than 2 is what ``bench/watch.py`` measured: for log-normal completion times (median
-  60 s, p99 20 min) and no rate limit it makes 0.047 of the documented 1-s loop's
-  requests where doubling makes 0.062; the delay after completion stays under
-  ``max_interval_s`` either way;
-  older than ``expire_after_s``: the watch ends as a dead letter (``sink`` ``watch``).
-- terminal: a response's polled body is landed as it is (no second GET); a batch goes to
-  the batch pipeline (the ``fetch_batch`` job). Either only if no callback claimed it first.
-- ``429``: the whole provider's polls pause for its ``Retry-After`` (at least 1 s; every
-  process), and every request of the account (the client pauses its budget), the watch
-  is polled again after it. Other failures (5xx, timeouts) are retried at the watch's own
-  interval, or after a longer ``Retry-After``. Each poll is one try: every request a
-  watch makes goes through the rate limit.
-- refused for ``insufficient_quota`` (:class:`~nopoll.exceptions.QuotaExceeded`): no poll
-  can succeed until the quota allows, so the watch ends at once as a dead letter with the
-  provider's words (replayable, like an expired watch's).
+See docs/watches.md (the poll schedule and why, the rate limit, quota refusals).
 """
 
 from __future__ import annotations

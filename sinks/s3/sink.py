@@ -1,20 +1,12 @@
 """The ``s3`` sink: results as objects in S3 or any S3 API (MinIO, moto), via aiobotocore.
 
-Layout under ``{prefix}{provider}/``:
+:class:`S3Sink` writes under ``{prefix}{provider}/`` a response as
+``responses/{id}.json``, a batch as numbered ``part-NNNNN.jsonl`` chunks and a
+``_manifest.json`` written last, and Kafka claim-check bodies under ``bodies/``. Every key
+is derived from the envelope (:mod:`sinks.s3._keys`), so a rerun overwrites. The S3 calls,
+their errors and multipart uploads are :mod:`sinks.s3._client`.
 
-- ``responses/{response_id}.json``: one response envelope as a JSON object;
-- ``batches/{batch_id}/part-00000.jsonl``, ``part-00001.jsonl``, ...: a batch's rows, one
-  envelope per line, one object per numbered chunk (object metadata ``rows``);
-- ``batches/{batch_id}/_manifest.json``: written last, from the summary envelope, listing
-  every part with its row count;
-- ``bodies/{key}.json``: a body parked for the Kafka sink's claim check (a batch row's
-  ``{batch_id}/{custom_id}`` with the custom_id part percent-encoded as one segment).
-
-Every key is derived from the envelope, so a rerun overwrites instead of duplicating
-(:mod:`sinks.s3._keys`: ids are checked, a custom_id is percent-encoded by
-:func:`key_segment`). The S3 calls themselves, their errors and multipart uploads are
-:mod:`sinks.s3._client`. Credentials come from the standard AWS chain unless the config
-gives keys.
+See docs/sinks/s3.md (layout, manifest, credentials).
 """
 
 from __future__ import annotations
