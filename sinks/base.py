@@ -7,21 +7,39 @@ envelope can be written again (a retried job, a replayed dead letter): a sink th
 overwrite by ``(provider, key)`` does (``sql`` upserts, ``s3`` rewrites the same object);
 one that cannot delivers at least once and says so in its docs (``kafka`` sends the same
 message key, ``http`` the same ``webhook-id``, ``jsonl`` appends a second line).
+
+A sink may also have optional capabilities, each a small runtime-checkable Protocol here
+that the fan-out tests with ``isinstance``: :class:`WritesBatchParts` (a batch's rows as
+numbered parts), :class:`HoldsClaims` (keeps bodies too large for another sink) and
+:class:`UsesClaimCheck` (hands such bodies to a :data:`ClaimCheck` hook), configured by a
+:class:`ClaimCheckConfig`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from nopoll.envelope import Envelope
 
-__all__ = ["Sink", "SinkBase", "SinkConfig"]
+__all__ = [
+    "ClaimCheck",
+    "ClaimCheckConfig",
+    "HoldsClaims",
+    "Sink",
+    "SinkBase",
+    "SinkConfig",
+    "UsesClaimCheck",
+    "WritesBatchParts",
+]
+
+ClaimCheck: TypeAlias = Callable[["Envelope"], Awaitable[str]]
+"""Stores an envelope's body elsewhere (S3) and returns where it is (the ``body_ref``)."""
 
 
 class SinkConfig(BaseModel):
@@ -54,6 +72,41 @@ class Sink(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and files."""
+
+
+@runtime_checkable
+class WritesBatchParts(Protocol):
+    """A sink that writes a batch's rows as numbered parts (S3 part files, SQL chunks);
+    the fan-out calls it for each chunk of a batch in place of ``write``."""
+
+    async def write_batch_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
+        """Write (or rewrite) part number ``part`` of a batch's rows."""
+
+
+@runtime_checkable
+class HoldsClaims(Protocol):
+    """A sink that keeps bodies too large for another sink (claim-check: ``s3``)."""
+
+    async def put_claim(self, env: Envelope) -> str:
+        """Store ``env``'s body; returns the reference to carry in its place."""
+
+
+@runtime_checkable
+class UsesClaimCheck(Protocol):
+    """A sink with a size limit (``kafka``) that hands bodies too large for it to a hook."""
+
+    claim_check: ClaimCheck | None
+    """Where such bodies go (set by the fan-out from :class:`ClaimCheckConfig`); None:
+    they cannot be sent."""
+
+
+@runtime_checkable
+class ClaimCheckConfig(Protocol):
+    """A sink config that names the sink holding its oversize bodies."""
+
+    @property
+    def claim_check(self) -> str | None:
+        """The name of a configured sink that :class:`HoldsClaims`; None: no claim-check."""
 
 
 class SinkBase:

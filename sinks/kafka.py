@@ -18,7 +18,7 @@ import contextlib
 import logging
 import re
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -31,14 +31,11 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from sinks._trace import trace_headers
-from sinks.base import SinkBase, SinkConfig
+from sinks.base import ClaimCheck, SinkBase, SinkConfig
 
 __all__ = ["ClaimCheck", "KafkaSink", "KafkaSinkConfig"]
 
 log = logging.getLogger("nopoll.sinks.kafka")
-
-ClaimCheck = Callable[[Envelope], Awaitable[str]]
-"""Stores an envelope's body elsewhere (S3) and returns where it is (the ``body_ref``)."""
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
