@@ -56,6 +56,12 @@ class SinkConfig(BaseModel):
         config file's folder); a sink with file paths overrides it."""
         return self
 
+    def location(self) -> str:
+        """Where the sink writes, for the start-up summary (``sink <name>: <type> ->
+        <location>``): never a secret (of a URL only the scheme, host and port); ``""``
+        says nothing."""
+        return ""
+
 
 @runtime_checkable
 class Sink(Protocol):

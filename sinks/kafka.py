@@ -30,6 +30,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
+from nopoll.wire import url_origin
 from sinks._trace import trace_headers
 from sinks.base import ClaimCheck, SinkBase, SinkConfig
 
@@ -119,6 +120,11 @@ class KafkaSinkConfig(SinkConfig):
         if self.ssl_cafile is not None and self.security_protocol not in _TLS:
             raise ValueError("ssl_cafile needs security_protocol SSL or SASL_SSL")
         return self
+
+    def location(self) -> str:
+        """The bootstrap servers; a list written as a URL shows only its origin."""
+        servers = self.bootstrap_servers
+        return url_origin(servers) if "://" in servers else servers
 
     def rebased(self, base: Path) -> Self:
         if self.ssl_cafile is None or self.ssl_cafile.is_absolute():
