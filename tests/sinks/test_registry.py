@@ -11,9 +11,11 @@ from sinks.registry import BUILTIN_SINKS, SinkType, sink_class, validate_sink_co
 
 
 def test_every_builtin_row_names_a_sink_class() -> None:
-    assert set(BUILTIN_SINKS) == {"sql", "jsonl", "s3", "kafka", "http"}
-    for name in BUILTIN_SINKS:
-        assert issubclass(sink_class(name), SinkBase)
+    assert {"sql", "jsonl", "s3", "kafka", "http"} <= set(BUILTIN_SINKS)
+    for name, row in BUILTIN_SINKS.items():
+        cls = sink_class(name)
+        assert issubclass(cls, SinkBase) and row.target.endswith(f":{cls.__name__}")
+        assert cls.config_model.model_fields["type"].default == name
 
 
 def test_a_missing_driver_is_an_install_hint_naming_the_rows_extra(
