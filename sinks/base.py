@@ -7,12 +7,6 @@ envelope can be written again (a retried job, a replayed dead letter): a sink th
 overwrite by ``(provider, key)`` does (``sql`` upserts, ``s3`` rewrites the same object);
 one that cannot delivers at least once and says so in its docs (``kafka`` sends the same
 message key, ``http`` the same ``webhook-id``, ``jsonl`` appends a second line).
-
-A sink may also have optional capabilities, each a small runtime-checkable Protocol here
-that the fan-out tests with ``isinstance``: :class:`WritesBatchParts` (a batch's rows as
-numbered parts), :class:`HoldsClaims` (keeps bodies too large for another sink) and
-:class:`UsesClaimCheck` (hands such bodies to a :data:`ClaimCheck` hook), configured by a
-:class:`ClaimCheckConfig`.
 """
 
 from __future__ import annotations
@@ -78,6 +72,9 @@ class Sink(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and files."""
+
+
+# Optional capabilities: small runtime-checkable Protocols the fan-out tests with isinstance.
 
 
 @runtime_checkable
