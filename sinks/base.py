@@ -11,17 +11,29 @@ See docs/architecture.md and docs/sinks/.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from nopoll.envelope import Envelope
 
-__all__ = ["Sink", "SinkBase", "SinkConfig"]
+__all__ = [
+    "ClaimCheck",
+    "ClaimCheckConfig",
+    "HoldsClaims",
+    "Sink",
+    "SinkBase",
+    "SinkConfig",
+    "UsesClaimCheck",
+    "WritesBatchParts",
+]
+
+ClaimCheck: TypeAlias = Callable[["Envelope"], Awaitable[str]]
+"""Stores an envelope's body elsewhere (S3) and returns where it is (the ``body_ref``)."""
 
 
 class SinkConfig(BaseModel):
@@ -37,6 +49,12 @@ class SinkConfig(BaseModel):
         """This config with its relative file paths made absolute under ``base`` (the
         config file's folder); a sink with file paths overrides it."""
         return self
+
+    def location(self) -> str:
+        """Where the sink writes, for the start-up summary (``sink <name>: <type> ->
+        <location>``): never a secret (of a URL only the scheme, host and port); ``""``
+        says nothing."""
+        return ""
 
 
 @runtime_checkable
@@ -54,6 +72,44 @@ class Sink(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and files."""
+
+
+# Optional capabilities: small runtime-checkable Protocols the fan-out tests with isinstance.
+
+
+@runtime_checkable
+class WritesBatchParts(Protocol):
+    """A sink that writes a batch's rows as numbered parts (S3 part files, SQL chunks);
+    the fan-out calls it for each chunk of a batch in place of ``write``."""
+
+    async def write_batch_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
+        """Write (or rewrite) part number ``part`` of a batch's rows."""
+
+
+@runtime_checkable
+class HoldsClaims(Protocol):
+    """A sink that keeps bodies too large for another sink (claim-check: ``s3``)."""
+
+    async def put_claim(self, env: Envelope) -> str:
+        """Store ``env``'s body; returns the reference to carry in its place."""
+
+
+@runtime_checkable
+class UsesClaimCheck(Protocol):
+    """A sink with a size limit (``kafka``) that hands bodies too large for it to a hook."""
+
+    claim_check: ClaimCheck | None
+    """Where such bodies go (set by the fan-out from :class:`ClaimCheckConfig`); None:
+    they cannot be sent."""
+
+
+@runtime_checkable
+class ClaimCheckConfig(Protocol):
+    """A sink config that names the sink holding its oversize bodies."""
+
+    @property
+    def claim_check(self) -> str | None:
+        """The name of a configured sink that :class:`HoldsClaims`; None: no claim-check."""
 
 
 class SinkBase:

@@ -27,7 +27,7 @@ from standardwebhooks.webhooks import Webhook
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
-from nopoll.wire import RETRY_LATER, decode_webhook_secret, retry_after_s, url_secrets
+from nopoll.wire import RETRY_LATER, decode_webhook_secret, retry_after_s, url_origin, url_secrets
 from sinks._trace import trace_headers
 from sinks.base import SinkBase, SinkConfig
 
@@ -93,6 +93,10 @@ class HttpSinkConfig(SinkConfig):
     headers: dict[str, SecretStr] = Field(default_factory=dict)
     """Extra static headers (e.g. ``Authorization``); their values never print."""
     max_connections: int = Field(default=20, ge=1, le=1000)
+
+    def location(self) -> str:
+        """The subscriber URL's origin: its path and query may hold a token."""
+        return url_origin(self.url)
 
     @field_validator("url")
     @classmethod

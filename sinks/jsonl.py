@@ -34,6 +34,10 @@ class JsonlSinkConfig(SinkConfig):
     def rebased(self, base: Path) -> JsonlSinkConfig:
         return self if self.dir.is_absolute() else self.model_copy(update={"dir": base / self.dir})
 
+    def location(self) -> str:
+        """The directory, absolute."""
+        return str(self.dir.absolute())
+
 
 class JsonlSink(SinkBase):
     """Appends envelopes as JSON lines."""

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import re
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -29,15 +29,13 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
+from nopoll.wire import url_origin
 from sinks._trace import trace_headers
-from sinks.base import SinkBase, SinkConfig
+from sinks.base import ClaimCheck, SinkBase, SinkConfig
 
 __all__ = ["ClaimCheck", "KafkaSink", "KafkaSinkConfig"]
 
 log = logging.getLogger("nopoll.sinks.kafka")
-
-ClaimCheck = Callable[[Envelope], Awaitable[str]]
-"""Stores an envelope's body elsewhere (S3) and returns where it is (the ``body_ref``)."""
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
@@ -121,6 +119,11 @@ class KafkaSinkConfig(SinkConfig):
         if self.ssl_cafile is not None and self.security_protocol not in _TLS:
             raise ValueError("ssl_cafile needs security_protocol SSL or SASL_SSL")
         return self
+
+    def location(self) -> str:
+        """The bootstrap servers; a list written as a URL shows only its origin."""
+        servers = self.bootstrap_servers
+        return url_origin(servers) if "://" in servers else servers
 
     def rebased(self, base: Path) -> Self:
         if self.ssl_cafile is None or self.ssl_cafile.is_absolute():

@@ -1,11 +1,14 @@
-"""Sink types: the config's ``type:`` maps to ``"module:Class"``, imported lazily.
+"""Sink types: the config's ``type:`` maps to a :class:`SinkType` row (``"module:Class"``
+and its install extra), the class imported lazily.
 
-Built-in sinks and third-party ones (the ``nopoll.sinks`` entry-point group) register the
-same way. A sink whose driver is not installed turns into an install hint, not a traceback.
+Built-in sinks are the rows of :data:`BUILTIN_SINKS`; third-party ones (the ``nopoll.sinks``
+entry-point group) register the same way. A sink whose driver is not installed turns into
+an install hint (the row's extra), not a traceback.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 from importlib.metadata import entry_points
@@ -19,43 +22,55 @@ from sinks.base import Sink, SinkBase, SinkConfig
 __all__ = [
     "BUILTIN_SINKS",
     "ENTRY_POINT_GROUP",
+    "SinkType",
     "create_sink",
     "sink_class",
     "validate_sink_config",
 ]
 
 ENTRY_POINT_GROUP = "nopoll.sinks"
-BUILTIN_SINKS: dict[str, str] = {
-    "sql": "sinks.sql:SqlSink",
-    "jsonl": "sinks.jsonl:JsonlSink",
-    "s3": "sinks.s3:S3Sink",
-    "kafka": "sinks.kafka:KafkaSink",
-    "http": "sinks.http:HttpSink",
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkType:
+    """One sink type: where its class is and which extra installs its driver."""
+
+    target: str
+    """``"module:Class"``, imported on first use."""
+    extra: str = "all"
+    """The ``nopoll[...]`` extra the install hint names when the module cannot be imported."""
+
+
+BUILTIN_SINKS: dict[str, SinkType] = {
+    "sql": SinkType("sinks.sql:SqlSink", extra="postgres"),
+    "jsonl": SinkType("sinks.jsonl:JsonlSink"),
+    "s3": SinkType("sinks.s3:S3Sink", extra="s3"),
+    "kafka": SinkType("sinks.kafka:KafkaSink", extra="kafka"),
+    "http": SinkType("sinks.http:HttpSink"),
 }
-_EXTRAS = {"sql": "postgres", "kafka": "kafka", "s3": "s3"}
 
 
-def _target(sink_type: str) -> str | None:
+def _row(sink_type: str) -> SinkType | None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == sink_type:
-            return str(ep.value)
+            return SinkType(str(ep.value))
     return BUILTIN_SINKS.get(sink_type)
 
 
 def sink_class(sink_type: str) -> type[SinkBase]:
     """The class implementing ``sink_type``; raises ConfigError for an unknown type."""
-    target = _target(sink_type)
-    if target is None:
+    row = _row(sink_type)
+    if row is None:
         known = sorted({*BUILTIN_SINKS, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
         raise ConfigError(
             f"unknown sink type {sink_type!r}{_did_you_mean(sink_type, known)} "
             f"(known: {', '.join(known)})"
         )
-    module_name, _, attr = target.partition(":")
+    module_name, _, attr = row.target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = _EXTRAS.get(sink_type, "all")
+        extra = row.extra
         raise SinkUnavailable(
             f"the {sink_type!r} sink needs {exc.name or 'a missing package'}: "
             f"pip install 'nopoll[{extra}]' (from a clone: pip install '.[{extra}]')",
@@ -63,7 +78,7 @@ def sink_class(sink_type: str) -> type[SinkBase]:
         ) from exc
     cls = getattr(module, attr)
     if not isinstance(cls, type):
-        raise ConfigError(f"sink type {sink_type!r} points at {target}, which is not a class")
+        raise ConfigError(f"sink type {sink_type!r} points at {row.target}, which is not a class")
     return cls
 
 

@@ -33,6 +33,7 @@ from sqlmodel import Field, SQLModel
 
 from nopoll.envelope import COLUMNS, PRIMARY_KEY, Column, Envelope
 from nopoll.exceptions import SinkError, SinkRejected
+from nopoll.wire import url_origin
 from sinks._postgres import COPY_MIN_ROWS, PostgresWriter, parse_time
 from sinks.base import SinkBase, SinkConfig
 from sinks.coalesce import WriteCoalescer
@@ -138,6 +139,12 @@ class SqlSinkConfig(SinkConfig):
             return self
         return self.model_copy(update={"url": SecretStr(f"{prefix}{base / path}")})
 
+    def location(self) -> str:
+        """``SQLite file <absolute path>``, or the database URL's origin (no password)."""
+        url = self.url.get_secret_value()
+        path = _sqlite_file(url)
+        return f"SQLite file {path}" if path is not None else url_origin(url)
+
     @field_validator("url", mode="before")
     @classmethod
     def _url(cls, value: object) -> object:
@@ -162,6 +169,15 @@ class SqlSinkConfig(SinkConfig):
         if not _IDENT.match(value):
             raise ValueError("must be a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return value
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The absolute path of a SQLite URL's file (None: not a SQLite file URL). A relative
+    path (``sqlite:///nopoll-data/results.db``) is relative to the folder nopoll runs in."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or not scheme.startswith("sqlite") or not rest or rest.startswith(":memory:"):
+        return None
+    return str(Path(rest.partition("?")[0]).absolute())
 
 
 def _installed(module: str) -> bool:

@@ -1,5 +1,5 @@
-"""What a configuration sets up, in words, with every credential hidden (of a sink's
-URL only the scheme, host and port are shown).
+"""What a configuration sets up, in words, with every credential hidden (a sink says
+where it writes with its config's ``location()``: of a URL only the scheme, host and port).
 
 Used for the start-up summary of ``nopoll serve|api|worker`` (one log line per item:
 what runs, the config file and data_dir, the HTTP surfaces that are on and off, which
@@ -11,14 +11,9 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from pydantic import SecretStr
-
-from nopoll.wire import url_origin
 from receiver.config.settings import Settings, redact_url
 
 __all__ = ["describe"]
-
-_WHERE = ("url", "bucket", "bootstrap_servers", "dir", "endpoint_url")
 
 
 def _version() -> str:
@@ -26,15 +21,6 @@ def _version() -> str:
         return version("nopoll")
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "source"
-
-
-def _sqlite_file(url: str) -> str | None:
-    """The absolute path of a SQLite URL's file (None: not a SQLite file URL). A relative
-    path (``sqlite:///nopoll-data/results.db``) is relative to the folder nopoll runs in."""
-    scheme, sep, rest = url.partition(":///")
-    if not sep or not scheme.startswith("sqlite") or not rest or rest.startswith(":memory:"):
-        return None
-    return str(Path(rest.partition("?")[0]).absolute())
 
 
 def _surfaces(settings: Settings, base: str) -> str:
@@ -98,14 +84,7 @@ def describe(
             f"provider {name} ({p.dialect}): {callbacks}; fetches from {p.base_url}{budget}"
         )
     for name, sink in settings.sinks.items():
-        value = next((getattr(sink, f) for f in _WHERE if getattr(sink, f, None) is not None), "")
-        where = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-        if (path := _sqlite_file(where)) is not None:
-            where = f"SQLite file {path}"
-        elif "://" in where:
-            where = url_origin(where)
-        elif where and sink.type == "jsonl":
-            where = str(Path(where).absolute())
+        where = sink.location()
         lines.append(f"sink {name}: {sink.type}" + (f" -> {where}" if where else ""))
     if settings.routes:
         for i, route in enumerate(settings.routes):

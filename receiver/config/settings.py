@@ -69,7 +69,7 @@ from receiver.config.tenants import (
     check_tenant_names,
     token_problem,
 )
-from sinks.base import SinkConfig
+from sinks.base import ClaimCheckConfig, HoldsClaims, SinkConfig
 from sinks.registry import sink_class, validate_sink_config
 
 __all__ = [
@@ -281,11 +281,10 @@ class Settings(ConfigModel):
                 raise ValueError(str(exc)) from None
         object.__setattr__(self, "sinks", validated)
         for name, sink in self.sinks.items():
-            target = getattr(sink, "claim_check", None)
-            if target is None:
+            if not isinstance(sink, ClaimCheckConfig) or (target := sink.claim_check) is None:
                 continue
             holder = self.sinks.get(target)
-            if holder is None or not hasattr(sink_class(holder.type), "put_claim"):
+            if holder is None or not issubclass(sink_class(holder.type), HoldsClaims):
                 what = f"a {holder.type} sink" if holder is not None else "not a configured sink"
                 raise ValueError(
                     f"sinks.{name}.claim_check: {target!r} is {what}; name an s3 sink "

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from nopoll.envelope import Envelope
@@ -20,7 +20,15 @@ from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span
-from sinks.base import Sink, SinkConfig
+from sinks.base import (
+    ClaimCheck,
+    ClaimCheckConfig,
+    HoldsClaims,
+    Sink,
+    SinkConfig,
+    UsesClaimCheck,
+    WritesBatchParts,
+)
 from sinks.registry import create_sink
 
 __all__ = ["FanOut", "ManagedSink"]
@@ -50,7 +58,7 @@ class ManagedSink:
         self._landed = metrics.callback_to_row_seconds.labels(name)
         self._sink: Sink | None = None
         self._lock = asyncio.Lock()
-        self.claim_check: Callable[[Envelope], Awaitable[str]] | None = None
+        self.claim_check: ClaimCheck | None = None
         """Where a sink with a size limit (Kafka) puts bodies too large to carry."""
         self.state = "not opened"
         """``ok`` after a write went through, ``failing`` after one failed, ``not opened``."""
@@ -71,7 +79,7 @@ class ManagedSink:
         async with self._lock:
             if self._sink is None:
                 sink = self._factory(self.name, self.config)
-                if self.claim_check is not None and hasattr(sink, "claim_check"):
+                if self.claim_check is not None and isinstance(sink, UsesClaimCheck):
                     sink.claim_check = self.claim_check
                 try:
                     await sink.open()
@@ -90,7 +98,8 @@ class ManagedSink:
 
     async def write_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
         """Write one numbered chunk of a batch's rows: through the sink's
-        ``write_batch_part(part, envelopes)`` when it has one (S3 part files), else ``write``."""
+        ``write_batch_part(part, envelopes)`` when it :class:`WritesBatchParts` (S3 part
+        files), else ``write``."""
         await self._timed(part, envelopes)
 
     async def _timed(self, part: int | None, envelopes: Sequence[Envelope]) -> None:
@@ -106,9 +115,8 @@ class ManagedSink:
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 sink = await self._opened()
-                by_part = getattr(sink, "write_batch_part", None)
-                if part is not None and by_part is not None:
-                    await by_part(part, envelopes)
+                if part is not None and isinstance(sink, WritesBatchParts):
+                    await sink.write_batch_part(part, envelopes)
                 else:
                     await sink.write(envelopes)
         except TimeoutError:
@@ -143,10 +151,9 @@ class ManagedSink:
     async def put_claim(self, env: Envelope) -> str:
         """Store ``env``'s body with this (S3) sink; returns the reference to carry instead."""
         sink = await self._opened()
-        put_claim = getattr(sink, "put_claim", None)
-        if put_claim is None:
+        if not isinstance(sink, HoldsClaims):
             raise SinkError("this sink cannot hold claim-checked bodies", sink=self.name)
-        return str(await put_claim(env))
+        return str(await sink.put_claim(env))
 
     async def aclose(self) -> None:
         if self._sink is not None:
@@ -162,7 +169,9 @@ class FanOut:
         # Claim-check: a sink whose config names another (``claim_check: lake``) puts the
         # bodies too large for it there (validated at start-up).
         for sink in self.sinks.values():
-            target = getattr(sink.config, "claim_check", None)
+            if not isinstance(sink.config, ClaimCheckConfig):
+                continue
+            target = sink.config.claim_check
             if target is not None and target in self.sinks:
                 sink.claim_check = self.sinks[target].put_claim
         self._router = router

@@ -46,6 +46,10 @@ class S3SinkConfig(SinkConfig):
     concurrency: int = Field(default=8, ge=1, le=64)
     """S3 requests one write may run at once (response objects, upload parts, HEADs)."""
 
+    def location(self) -> str:
+        """The bucket's name."""
+        return self.bucket
+
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, value: str) -> str:

@@ -132,7 +132,9 @@ async def test_valar_row_500_is_retried(batch_stack, redis_url, signed_callback,
 async def test_sink_failing_on_chunk_3_is_retried_alone(
     batch_stack, redis_url, signed_callback, pg_url, pg_table, tmp_path, monkeypatch
 ):
-    monkeypatch.setitem(registry.BUILTIN_SINKS, "flaky", "tests.sinks.flaky:FlakySink")
+    monkeypatch.setitem(
+        registry.BUILTIN_SINKS, "flaky", registry.SinkType("tests.sinks.flaky:FlakySink")
+    )
     flaky_dir = tmp_path / "flaky"
     settings, sim = batch_stack(
         "sference",

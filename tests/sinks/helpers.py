@@ -29,6 +29,12 @@ class Backend:
     idempotent = True
     nul = "\x00"  # what a NUL character in a string is stored as
 
+    async def start(self) -> None:
+        """Make the destination ready (start a subscriber, create a topic)."""
+
+    async def stop(self) -> None:
+        """Stop what :meth:`start` started."""
+
     def config(self) -> dict[str, Any]:
         raise NotImplementedError
 
