@@ -13,7 +13,9 @@ wrong final row cannot be taken back). A batch row with a status nopoll does not
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
+
+from nopoll.kinds import DEFAULT_KIND, KINDS, WatchKind
 
 __all__ = [
     "FINAL",
@@ -62,15 +64,13 @@ UNFINISHED = frozenset(
 )
 """Statuses of an object that is not finished yet, as the providers spell them."""
 
-Kind = Literal["response", "batch"]
 
-
-def final_status(value: Any, kind: Kind = "response") -> str | None:
+def final_status(value: Any, kind: WatchKind = DEFAULT_KIND) -> str | None:
     """nopoll's status for a provider's final status (any case); None when ``value`` is
     not a final status nopoll knows."""
     if not isinstance(value, str):
         return None
-    return (BATCH_FINAL if kind == "batch" else FINAL).get(value.lower())
+    return (BATCH_FINAL if KINDS[kind].summary else FINAL).get(value.lower())
 
 
 def object_status(obj: dict[str, Any]) -> Any:
@@ -79,7 +79,7 @@ def object_status(obj: dict[str, Any]) -> Any:
     return obj.get("processing_status") if status is None else status
 
 
-def unfinished_status(obj: dict[str, Any], kind: Kind = "response") -> str | None:
+def unfinished_status(obj: dict[str, Any], kind: WatchKind = DEFAULT_KIND) -> str | None:
     """The object's status when it is not finished (``"<none>"`` when it has none, at most
     64 characters); None when it is final."""
     status = object_status(obj)
