@@ -14,6 +14,9 @@ __all__ = [
     "DEFAULT_KIND",
     "FETCHED_KINDS",
     "KINDS",
+    "ROW_KINDS",
+    "SINGLE_KINDS",
+    "SUMMARY_KINDS",
     "WATCHABLE_KINDS",
     "Kind",
     "KindInfo",
@@ -100,6 +103,9 @@ KINDS: dict[str, KindInfo] = {
 
 WATCHABLE_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.watchable)
 FETCHED_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.job is not None)
+SINGLE_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.single)
+SUMMARY_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.summary)
+ROW_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.row_of is not None)
 
 
 def kind_names() -> tuple[str, ...]:

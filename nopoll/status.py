@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nopoll.kinds import DEFAULT_KIND, KINDS, WatchKind
+from nopoll.kinds import DEFAULT_KIND, SUMMARY_KINDS, WatchKind
 
 __all__ = [
     "FINAL",
@@ -70,7 +70,7 @@ def final_status(value: Any, kind: WatchKind = DEFAULT_KIND) -> str | None:
     not a final status nopoll knows."""
     if not isinstance(value, str):
         return None
-    return (BATCH_FINAL if KINDS[kind].summary else FINAL).get(value.lower())
+    return (BATCH_FINAL if kind in SUMMARY_KINDS else FINAL).get(value.lower())
 
 
 def object_status(obj: dict[str, Any]) -> Any:

@@ -8,6 +8,9 @@ from nopoll.envelope import Envelope
 from nopoll.kinds import (
     DEFAULT_KIND,
     KINDS,
+    ROW_KINDS,
+    SINGLE_KINDS,
+    SUMMARY_KINDS,
     WATCHABLE_KINDS,
     Kind,
     WatchKind,
@@ -48,4 +51,8 @@ def test_a_row_kind_is_a_row_of_a_summary_kind() -> None:
         if info.row_of is not None:
             assert KINDS[info.row_of].summary
             assert not info.summary and not info.watchable and info.job is None
-    assert [k.name for k in KINDS.values() if k.single] == ["response"]
+
+
+def test_the_derived_sets_split_the_kinds_by_their_rows() -> None:
+    assert (SINGLE_KINDS, SUMMARY_KINDS, ROW_KINDS) == (("response",), ("batch",), ("batch_row",))
+    assert set(SINGLE_KINDS) | set(SUMMARY_KINDS) | set(ROW_KINDS) == set(KINDS)
