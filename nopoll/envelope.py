@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
+from nopoll.kinds import Kind
 from nopoll.status import final_status
 
 __all__ = [
@@ -41,7 +42,6 @@ DEFAULT_TENANT = "default"
 providers' own keys and secrets."""
 
 SCHEMA = "nopoll.result/v1"
-Kind = Literal["response", "batch_row", "batch"]
 
 
 def now_rfc3339() -> str:

@@ -11,11 +11,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "DEFAULT_KIND",
     "FETCHED_KINDS",
     "KINDS",
+    "ROW_KINDS",
+    "SINGLE_KINDS",
+    "SUMMARY_KINDS",
     "WATCHABLE_KINDS",
     "Kind",
     "KindInfo",
+    "WatchKind",
     "kind_names",
     "kind_of_event",
     "kind_of_job_id",
@@ -24,12 +29,21 @@ __all__ = [
 Kind = Literal["response", "batch_row", "batch"]
 """A kind's name as envelopes, sinks and the results API spell it."""
 
+WatchKind = Literal["response", "batch"]
+"""The name of a watchable kind (:data:`WATCHABLE_KINDS`), as watches and the admin API
+spell it."""
+
+DEFAULT_KIND: WatchKind = "response"
+"""The kind of an id when nothing says otherwise."""
+
 
 @dataclass(frozen=True, slots=True)
 class KindInfo:
     """What nopoll knows about one kind of result."""
 
     name: Kind
+    plural: str
+    """The name of many of them, in words and paths (``responses/`` of the s3 sink)."""
     watchable: bool
     """An id of this kind can be registered as a watch (polled until it finishes)."""
     callback_events: frozenset[str] = frozenset()
@@ -44,11 +58,23 @@ class KindInfo:
     """The arq queue that job goes on."""
     id_field: str | None = None
     """The job's (and the envelope's) field holding the object's id."""
+    summary: bool = False
+    """Its envelope sums up rows of another kind (a batch's): final statuses are batch
+    statuses, and the s3 sink writes it as the manifest of its rows' parts."""
+    row_of: str | None = None
+    """The kind this is one row of; its envelopes are written in numbered parts, never on
+    their own."""
+
+    @property
+    def single(self) -> bool:
+        """One whole result on its own: neither a summary nor a row."""
+        return not self.summary and self.row_of is None
 
 
 KINDS: dict[str, KindInfo] = {
     "response": KindInfo(
         "response",
+        "responses",
         watchable=True,
         callback_events=frozenset(
             {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
@@ -58,9 +84,10 @@ KINDS: dict[str, KindInfo] = {
         queue="nopoll:jobs",
         id_field="response_id",
     ),
-    "batch_row": KindInfo("batch_row", watchable=False),
+    "batch_row": KindInfo("batch_row", "batch rows", watchable=False, row_of="batch"),
     "batch": KindInfo(
         "batch",
+        "batches",
         watchable=True,
         callback_events=frozenset(
             {"batch.completed", "batch.failed", "batch.cancelled", "batch.expired"}
@@ -69,12 +96,16 @@ KINDS: dict[str, KindInfo] = {
         id_prefix="batch",
         queue="nopoll:batches",
         id_field="batch_id",
+        summary=True,
     ),
 }
 """Every kind, by name, in the order they are listed to users."""
 
 WATCHABLE_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.watchable)
 FETCHED_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.job is not None)
+SINGLE_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.single)
+SUMMARY_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.summary)
+ROW_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.row_of is not None)
 
 
 def kind_names() -> tuple[str, ...]:

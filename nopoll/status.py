@@ -12,7 +12,9 @@ See docs/envelope.md (statuses).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
+
+from nopoll.kinds import DEFAULT_KIND, SUMMARY_KINDS, WatchKind
 
 __all__ = [
     "FINAL",
@@ -61,15 +63,13 @@ UNFINISHED = frozenset(
 )
 """Statuses of an object that is not finished yet, as the providers spell them."""
 
-Kind = Literal["response", "batch"]
 
-
-def final_status(value: Any, kind: Kind = "response") -> str | None:
+def final_status(value: Any, kind: WatchKind = DEFAULT_KIND) -> str | None:
     """nopoll's status for a provider's final status (any case); None when ``value`` is
     not a final status nopoll knows."""
     if not isinstance(value, str):
         return None
-    return (BATCH_FINAL if kind == "batch" else FINAL).get(value.lower())
+    return (BATCH_FINAL if kind in SUMMARY_KINDS else FINAL).get(value.lower())
 
 
 def object_status(obj: dict[str, Any]) -> Any:
@@ -78,7 +78,7 @@ def object_status(obj: dict[str, Any]) -> Any:
     return obj.get("processing_status") if status is None else status
 
 
-def unfinished_status(obj: dict[str, Any], kind: Kind = "response") -> str | None:
+def unfinished_status(obj: dict[str, Any], kind: WatchKind = DEFAULT_KIND) -> str | None:
     """The object's status when it is not finished (``"<none>"`` when it has none, at most
     64 characters); None when it is final."""
     status = object_status(obj)

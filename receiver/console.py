@@ -19,6 +19,7 @@ import orjson
 from redis.asyncio import Redis
 
 from nopoll.envelope import DEFAULT_TENANT
+from nopoll.kinds import DEFAULT_KIND, KINDS, WATCHABLE_KINDS
 from receiver.activity import last_hour, processes, tokens_by_hour
 from receiver.batches.progress import BATCH_INDEX_KEY
 from receiver.config.settings import Settings
@@ -245,9 +246,10 @@ class Console:
         if not events and (found := await self.journeys.by_webhook(provider, q, tenant)):
             object_id, webhook_id = found, q
             events = await self.journeys.events(provider, found, tenant)
-        watch = await self.watches.get(provider, "response", object_id, tenant)
-        if watch is None:
-            watch = await self.watches.get(provider, "batch", object_id, tenant)
+        watch = None
+        for kind in WATCHABLE_KINDS:
+            if watch is None:
+                watch = await self.watches.get(provider, kind, object_id, tenant)
         letters = await self.letters.of_journey(provider, object_id, tenant)
         key = row or object_id
         stored = await self.redis.get(latest_key(tenant, provider, key))
@@ -295,18 +297,28 @@ def _no_counts() -> dict[str, int]:
     return {"batches_running": 0, "batches_finished": 0, "watches_pending": 0, "dead_letters": 0}
 
 
+_ROWS_OF: str = next(info.row_of for info in KINDS.values() if info.row_of is not None)
+"""The kind a row asked about belongs to: a row's key is ``{id}/{custom_id}`` of one."""
+
+
 def _kind(row: str | None, watched: str | None, events: list[dict[str, Any]]) -> str:
-    """``batch`` or ``response``, from whatever says it (``unknown`` when nothing does)."""
+    """A watchable kind, from whatever says it (``unknown`` when nothing does)."""
     if row is not None:
-        return "batch"
+        return _ROWS_OF
     if watched is not None:
         return watched
     for event in events:
-        if event.get("kind") in ("response", "batch"):
+        if event.get("kind") in WATCHABLE_KINDS:
             return str(event["kind"])
         if isinstance(event.get("event"), str):
-            return "batch" if event["event"].startswith("batch.") else "response"
+            return _kind_of_event_name(event["event"])
     return "unknown"
+
+
+def _kind_of_event_name(event_type: str) -> str:
+    """The watchable kind an event type starts with (``batch.``), else the default kind."""
+    named, dot, _ = event_type.partition(".")
+    return named if dot and named in WATCHABLE_KINDS else DEFAULT_KIND
 
 
 def _letter(d: DeadLetter) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from nopoll.kinds import WATCHABLE_KINDS, WatchKind
 from receiver.admin._http import account_problem, page_params, read_model
 from receiver.admin.ops import MAX_BODY as _REPLAY_MAX_BODY
 from receiver.admin.ops import OPS_OPENAPI, ReplayRequest, ops_routes
@@ -39,6 +40,7 @@ _MAX_BODY = 4 * 1024 * 1024
 _STATES = ("pending", "landed", "expired")
 _TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _ALL_TENANTS = "*"
+_KIND_RULE = f"kind: must be {' or '.join(WATCHABLE_KINDS)}"
 BODY_CAPS = {
     "/admin/v1/watches": _MAX_BODY,
     "/admin/v1/deadletters/replay": _REPLAY_MAX_BODY,
@@ -53,7 +55,7 @@ class WatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     provider: str = Field(description="a provider name from the config")
-    kind: Literal["response", "batch"]
+    kind: WatchKind
     ids: list[str] = Field(min_length=1, max_length=_MAX_IDS)
     expect_callback: bool | None = Field(
         default=None,
@@ -89,7 +91,7 @@ class JourneyAnswer(BaseModel):
     tenant: str
     id: str = Field(description="the response or batch id the journey is of")
     asked: str = Field(description="what was asked for: an id, a row key or a webhook-id")
-    kind: Literal["response", "batch", "unknown"]
+    kind: Literal[WatchKind, "unknown"]
     row: str | None = Field(description="the batch row key asked for, if one was")
     webhook_id: str | None = Field(description="the webhook-id asked for, if one was")
     events: list[JourneyEvent] = Field(description="oldest first; the newest 64 are kept")
@@ -158,8 +160,8 @@ class _AdminApi:
 
     async def listing(self, request: Request) -> Response:
         q = request.query_params
-        if (kind := q.get("kind")) not in (None, "response", "batch"):
-            return json_error(400, "kind: must be response or batch")
+        if (kind := q.get("kind")) not in (None, *WATCHABLE_KINDS):
+            return json_error(400, _KIND_RULE)
         if (state := q.get("state")) not in (None, *_STATES):
             return json_error(400, f"state: must be one of {', '.join(_STATES)}")
         provider = q.get("provider")
@@ -192,8 +194,8 @@ class _AdminApi:
 
     async def remove(self, request: Request) -> Response:
         p = request.path_params
-        if p["kind"] not in ("response", "batch"):
-            return json_error(400, "kind: must be response or batch")
+        if p["kind"] not in WATCHABLE_KINDS:
+            return json_error(400, _KIND_RULE)
         tenant = request.query_params.get("tenant", DEFAULT_TENANT)
         if not _TENANT.fullmatch(tenant):
             return json_error(400, f"tenant: {_TENANT_RULE}")

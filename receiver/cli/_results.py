@@ -17,6 +17,7 @@ from typing import Any
 
 from nopoll.envelope import DEFAULT_TENANT
 from nopoll.exceptions import ConfigError
+from nopoll.kinds import KINDS
 
 _DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -157,7 +158,8 @@ def register(sub: Any) -> None:
     )
     _common(p)
     p.add_argument("--provider", help="only this provider's results")
-    p.add_argument("--kind", choices=("response", "batch", "batch_row"), help="only this kind")
+    rows_last = sorted(KINDS, key=lambda kind: KINDS[kind].row_of is not None)
+    p.add_argument("--kind", choices=rows_last, help="only this kind")
     p.add_argument("--status", help="only results with this status (e.g. failed)")
     p.add_argument(
         "--from-start", action="store_true", help="begin with the oldest result still kept"

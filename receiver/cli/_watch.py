@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from nopoll.envelope import DEFAULT_TENANT
+from nopoll.kinds import KINDS, SUMMARY_KINDS, WATCHABLE_KINDS
 from receiver.cli._common import (
     add_config_option,
     add_tenant_option,
@@ -73,7 +74,7 @@ async def _watch(args: argparse.Namespace, settings: Settings, url: str, where: 
         valid = [i for i in dict.fromkeys(ids) if i not in {x for x, _ in done.invalid}]
         limit_s = provider.watch.expire_after_s + provider.watch.max_interval_s + 60
         code = await _wait(store, args.provider, args.kind, valid, limit_s, args.tenant)
-        if args.kind == "batch" and code == 0:
+        if args.kind in SUMMARY_KINDS and code == 0:
             code = await _wait_rows(redis, settings, args.provider, valid, args.tenant, limit_s)
         return code
     finally:
@@ -139,7 +140,7 @@ async def _wait(
         refresh_per_second=2,
     ) as bar:
         task = bar.add_task(
-            f"{provider} {'batches' if kind == 'batch' else 'responses'}",
+            f"{provider} {KINDS[kind].plural}",
             total=len(ids),
             completed=counts["landed"] + counts["expired"],  # a rerun: what already ended
             landed=counts["landed"],
@@ -253,7 +254,7 @@ def register(sub: Any) -> None:
     )
     add_config_option(p)
     p.add_argument("provider", help="provider name from the config")
-    p.add_argument("kind", choices=("response", "batch"))
+    p.add_argument("kind", choices=WATCHABLE_KINDS)
     p.add_argument("ids", nargs="*", help="ids to watch")
     p.add_argument("--from", dest="from_file", help="a file of ids, one per line ('-': stdin)")
     when = p.add_mutually_exclusive_group()

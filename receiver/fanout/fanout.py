@@ -16,6 +16,7 @@ from datetime import datetime
 
 from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected
+from nopoll.kinds import SINGLE_KINDS
 from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
 from receiver.tracing import enabled as tracing_enabled
@@ -144,7 +145,7 @@ class ManagedSink:
         if part is None:
             now = time.time()
             for env in envelopes:
-                if env.kind == "response":
+                if env.kind in SINGLE_KINDS:
                     received = datetime.fromisoformat(env.received_at).timestamp()
                     self._landed.observe(max(0.0, now - received))
 

@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 from nopoll.envelope import COLUMNS, SCHEMA
+from nopoll.kinds import kind_names
 from receiver.admin.routes import OPENAPI as ADMIN_OPENAPI
 from receiver.responses import ERROR_RESPONSE
 
@@ -29,7 +30,7 @@ def _envelope_schema() -> dict[str, Any]:
         if column.nullable:
             schema["type"] = [schema["type"], "null"]
         properties[column.name] = schema
-    properties["kind"]["enum"] = ["response", "batch_row", "batch"]
+    properties["kind"]["enum"] = list(kind_names())
     return {
         "title": "Envelope",
         "description": f"one result ({SCHEMA}); see docs/envelope.md",
@@ -120,7 +121,7 @@ _V1_PATHS: dict[str, Any] = {
                 _query("last_event_id", "as the Last-Event-ID header (the header wins)"),
                 _query("tenant", f"{_FILTER}; a tenant-limited token gets its tenant only"),
                 _query("provider", _FILTER),
-                _query("kind", f"{_FILTER}: response, batch_row, batch"),
+                _query("kind", f"{_FILTER}: {', '.join(kind_names())}"),
                 _query("status", f"{_FILTER}: completed, incomplete, failed, cancelled, expired"),
             ],
             "responses": {

@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
 from nopoll.envelope import DEFAULT_TENANT
+from nopoll.kinds import kind_names
 from nopoll.status import STATUSES
 from receiver.auth import TokenBook, TokenUser, bearer_auth
 from receiver.config.settings import ConsumerToken, Settings
@@ -47,7 +48,7 @@ from sinks.results import latest_key
 __all__ = ["results_routes"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_KINDS = frozenset({"response", "batch_row", "batch"})
+_KINDS = frozenset(kind_names())
 _STATUSES = frozenset(STATUSES)
 _PING_S = 15
 _SEND_TIMEOUT_S = 30

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from redis.asyncio import Redis
 
+from nopoll.kinds import WatchKind as Kind
 from nopoll.wire import safe_id
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.queue.trips import SharedTrips
@@ -40,7 +41,6 @@ __all__ = [
     "watch_key",
 ]
 
-Kind = Literal["response", "batch"]
 RECHECK_S = 900.0
 """A callback's job that has not landed its watched id this long after it started (its
 retries ran out: a dead letter) hands the id back to polling."""

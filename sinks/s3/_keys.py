@@ -14,6 +14,7 @@ import urllib.parse
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError
+from nopoll.kinds import KINDS, ROW_KINDS, SINGLE_KINDS, SUMMARY_KINDS
 from nopoll.wire import safe_id
 
 __all__ = ["S3Keys", "key_segment"]
@@ -42,15 +43,15 @@ class S3Keys:
         self.sink = sink
 
     def object_key(self, env: Envelope) -> str:
-        """The key an envelope's object is written to: the response object for
-        ``response``, the manifest for ``batch``. Batch rows live inside parts."""
-        if env.kind == "response":
-            return self._key(
-                f"{env.provider}/responses/{self._id(env.response_id or env.key)}.json",
-                env.tenant,
-            )
-        if env.kind == "batch":
-            return self.manifest_key(env.provider, env.batch_id or env.key, env.tenant)
+        """The key an envelope's object is written to: ``{plural}/{id}.json`` for a single
+        result (a response), the manifest for a summary (a batch). Rows live inside parts."""
+        if env.kind in SINGLE_KINDS:
+            kind = KINDS[env.kind]
+            folder, object_id = kind.plural, _object_id(env, kind.id_field)
+            return self._key(f"{env.provider}/{folder}/{self._id(object_id)}.json", env.tenant)
+        if env.kind in SUMMARY_KINDS:
+            object_id = _object_id(env, KINDS[env.kind].id_field)
+            return self.manifest_key(env.provider, object_id, env.tenant)
         raise SinkError(
             f"batch row {env.key!r} has no object of its own (it is a line of a part)",
             sink=self.sink,
@@ -73,7 +74,7 @@ class S3Keys:
     def claim_key(self, env: Envelope) -> str:
         """Where a claim-checked body is parked: ``bodies/{key}.json``, a batch row's as
         ``bodies/{batch_id}/{key_segment(rest of its key)}.json``."""
-        batch = f"{env.batch_id}/" if env.kind == "batch_row" and env.batch_id else None
+        batch = f"{env.batch_id}/" if env.kind in ROW_KINDS and env.batch_id else None
         if batch is not None and env.key.startswith(batch):
             rest = key_segment(env.key[len(batch) :])
             return self._key(
@@ -96,3 +97,9 @@ class S3Keys:
                 f"object key over {_MAX_KEY_BYTES} bytes: {key[:80]!r}...", sink=self.sink
             )
         return key
+
+
+def _object_id(env: Envelope, field: str | None) -> str:
+    """The id of an envelope's object: its kind's id field (``response_id``), else its key."""
+    named: str | None = getattr(env, field) if field else None
+    return named or env.key

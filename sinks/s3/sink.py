@@ -19,6 +19,7 @@ import orjson
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope
 from nopoll.exceptions import SinkError
+from nopoll.kinds import ROW_KINDS, SINGLE_KINDS, SUMMARY_KINDS
 from sinks.base import SinkBase
 from sinks.s3._client import S3Calls
 from sinks.s3._keys import S3Keys, key_segment
@@ -78,17 +79,17 @@ class S3Sink(SinkBase):
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
         """Response objects side by side, then the manifest of each batch summary."""
-        rows = [e for e in envelopes if e.kind == "batch_row"]
+        rows = [e for e in envelopes if e.kind in ROW_KINDS]
         if rows:
             raise SinkError(
                 f"batch rows ({rows[0].key!r} and {len(rows) - 1} more) must come through "
                 "write_batch_part(part, envelopes): the s3 sink writes rows as numbered parts",
                 sink=self.name,
             )
-        objects = [(self.object_key(e), e.to_json()) for e in envelopes if e.kind == "response"]
+        objects = [(self.object_key(e), e.to_json()) for e in envelopes if e.kind in SINGLE_KINDS]
         await self._calls.bounded(lambda item: self._put(*item, "application/json"), objects)
         for env in envelopes:
-            if env.kind == "batch":
+            if env.kind in SUMMARY_KINDS:
                 await self._write_manifest(env)
 
     async def write_batch_part(self, part: int, envelopes: Sequence[Envelope]) -> None:
@@ -101,7 +102,7 @@ class S3Sink(SinkBase):
         if first.batch_id is None:
             raise SinkError(f"batch row {first.key!r} has no batch_id", sink=self.name)
         for env in envelopes:
-            if env.kind != "batch_row" or (env.provider, env.batch_id, env.tenant) != (
+            if env.kind not in ROW_KINDS or (env.provider, env.batch_id, env.tenant) != (
                 first.provider,
                 first.batch_id,
                 first.tenant,

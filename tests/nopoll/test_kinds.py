@@ -5,7 +5,18 @@ from __future__ import annotations
 import typing
 
 from nopoll.envelope import Envelope
-from nopoll.kinds import KINDS, Kind, kind_of_event, kind_of_job_id
+from nopoll.kinds import (
+    DEFAULT_KIND,
+    KINDS,
+    ROW_KINDS,
+    SINGLE_KINDS,
+    SUMMARY_KINDS,
+    WATCHABLE_KINDS,
+    Kind,
+    WatchKind,
+    kind_of_event,
+    kind_of_job_id,
+)
 from receiver.queue.enqueue import BATCHES_QUEUE, FETCH_BATCH, FETCH_RESPONSE, JOBS_QUEUE
 from receiver.webhooks.endpoint import BATCH_EVENTS, RESPONSE_EVENTS
 
@@ -28,3 +39,20 @@ def test_events_and_job_ids_parse_to_their_kind() -> None:
     assert kind_of_job_id("resp:openai:resp_1") is KINDS["response"]
     assert kind_of_job_id("batch:sail@team-a:b1") is KINDS["batch"]
     assert kind_of_job_id("deliver:pg:abc") is None
+
+
+def test_watch_kinds_are_the_watchable_rows() -> None:
+    assert set(typing.get_args(WatchKind)) == set(WATCHABLE_KINDS)
+    assert DEFAULT_KIND in WATCHABLE_KINDS
+
+
+def test_a_row_kind_is_a_row_of_a_summary_kind() -> None:
+    for info in KINDS.values():
+        if info.row_of is not None:
+            assert KINDS[info.row_of].summary
+            assert not info.summary and not info.watchable and info.job is None
+
+
+def test_the_derived_sets_split_the_kinds_by_their_rows() -> None:
+    assert (SINGLE_KINDS, SUMMARY_KINDS, ROW_KINDS) == (("response",), ("batch",), ("batch_row",))
+    assert set(SINGLE_KINDS) | set(SUMMARY_KINDS) | set(ROW_KINDS) == set(KINDS)
