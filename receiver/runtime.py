@@ -9,7 +9,7 @@ cancelled job again), then everything is closed and the process leaves the set o
 workers (:mod:`receiver.worker.liveness`).
 
 Redis going away ends nothing: the API answers 503 and the workers wait for it
-(:mod:`receiver.redis_link`). Once Redis first answers, its settings are checked: a
+(:mod:`receiver.redis.link`). Once Redis first answers, its settings are checked: a
 ``maxmemory-policy`` that may evict queued jobs stops the process with exit status 2
 (unless ``redis_policy_check: warn``); no persistence is a warning.
 """
@@ -42,7 +42,7 @@ from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue._arq import stop_workers, wait_stopped
 from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
-from receiver.redis_link import RedisLink, redis_settings_problems
+from receiver.redis.link import RedisLink, redis_settings_problems
 from receiver.responses import json_answer
 from receiver.tracing import configure as configure_tracing
 from receiver.tracing import shutdown as shutdown_tracing

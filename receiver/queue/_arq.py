@@ -30,7 +30,7 @@ What :class:`SeamWorker` changes:
   by the others (:mod:`receiver.worker.liveness`) instead of after the lock's expiry; on stop,
   claimed jobs not started yet are handed back at once (:meth:`SeamWorker.hand_back`).
 - Outages: arq's poll loop ends the process on the first Redis error. Here the loop waits
-  for Redis (:class:`~receiver.redis_link.RedisLink`) and carries on; a job whose start or
+  for Redis (:class:`~receiver.redis.link.RedisLink`) and carries on; a job whose start or
   finish was cut off by the outage has its lock released once Redis is back, so it runs
   again at once instead of after its lock expires.
 - Nothing dropped: whatever arq would fail for good (an expired job, too many tries, an
@@ -53,7 +53,7 @@ import arq
 import orjson
 import redis as redis_py
 
-from receiver.redis_link import RedisLink
+from receiver.redis.link import RedisLink
 from sinks.coalesce import GroupCommit
 
 __all__ = [
