@@ -60,7 +60,7 @@ def _where(args: argparse.Namespace, settings: Settings) -> str:
     """Which Redis the dead letters are in, as it may be shown; refuses (ConfigError)
     when there is none to read."""
     command = f"dlq {args.dlq_command}"
-    unset = settings.unset_env.get("redis_url")
+    unset = settings.unset_env.get("redis.url")
     if unset:
         raise ConfigError(
             f"redis_url: {', '.join(unset)} is not set, and {command} needs it to find the "
