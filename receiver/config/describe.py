@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from nopoll.wire import url_origin
-from receiver.config.settings import Settings, redact_url
+from receiver.config.settings import Settings
+from receiver.redis.connector import RedisConnector
 
 __all__ = ["describe"]
 
@@ -56,7 +57,7 @@ def _surfaces(settings: Settings, base: str) -> str:
 
 def describe(
     settings: Settings,
-    redis_url: str,
+    redis: RedisConnector,
     *,
     api: tuple[str, int] | None,
     worker: bool,
@@ -77,10 +78,10 @@ def describe(
         lines.append(_surfaces(settings, f"http://{api[0]}:{api[1]}"))
     if settings.embedded_redis:
         lines.append(
-            f"redis: embedded valkey at {redis_url} (data in {settings.data_dir.absolute()})"
+            f"redis: embedded valkey at {redis.masked_url} (data in {settings.data_dir.absolute()})"
         )
     else:
-        lines.append(f"redis: {redact_url(redis_url)}")
+        lines.append(f"redis: {redis.masked_url}")
     if not settings.providers:
         lines.append("providers: none configured: every callback answers 404")
     for name, p in settings.providers.items():

@@ -1,0 +1,63 @@
+"""The one Redis connector: each role's timeouts, a URL that never prints, one close."""
+
+from __future__ import annotations
+
+from pydantic import SecretStr
+
+from receiver.redis import ROLES, RedisConfig, RedisConnector, RedisTimeouts
+
+SECRET_URL = "redis://nopoll:hunter2@127.0.0.1:6379/3?password=hunter3"
+
+
+def _kwargs(pool) -> dict:
+    return pool.connection_kwargs
+
+
+def test_each_role_gets_todays_timeouts() -> None:
+    redis = RedisConnector.from_url("redis://127.0.0.1:6379/3")
+    expected = {"queue": (5, 10), "api": (2, 2), "results": (5, 30), "health": (5, 10)}
+    assert set(expected) == set(ROLES)
+    for role, (connect_s, socket_s) in expected.items():
+        kwargs = _kwargs(redis.pool(role))
+        assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (connect_s, socket_s)
+        assert kwargs["db"] == 3
+    assert _kwargs(redis.pool("api"))["health_check_interval"] == 30
+    assert "health_check_interval" not in _kwargs(redis.pool("queue"))
+
+
+def test_a_cap_lowers_both_timeouts_and_config_sets_them() -> None:
+    redis = RedisConnector.from_url("redis://127.0.0.1:6379/0")
+    kwargs = _kwargs(redis.client("results", at_most_s=3).connection_pool)
+    assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (3, 3)
+    config = RedisConfig(
+        url=SecretStr("redis://127.0.0.1:6379/0"),
+        health=RedisTimeouts(connect_s=1, socket_s=4),
+    )
+    kwargs = _kwargs(RedisConnector(config).pool("health"))
+    assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (1, 4)
+
+
+def test_the_url_never_prints() -> None:
+    redis = RedisConnector(RedisConfig(url=SecretStr(SECRET_URL)))
+    shown = redis.masked_url + repr(redis) + str(redis) + repr(redis.config)
+    assert "hunter2" not in shown and "hunter3" not in shown
+    assert redis.masked_url == "redis://nopoll:***@127.0.0.1:6379/3?password=***"
+
+
+def test_arq_settings_name_the_same_redis() -> None:
+    settings = RedisConnector(RedisConfig(url=SecretStr(SECRET_URL))).arq_settings()
+    assert (settings.host, settings.port, settings.database) == ("127.0.0.1", 6379, 3)
+    assert settings.password == "hunter2" and settings.conn_timeout == 5
+
+
+async def test_aclose_closes_every_pool_it_made(redis_url: str) -> None:
+    redis = RedisConnector.from_url(redis_url)
+    client = redis.client("api")
+    assert await client.ping()
+    assert (
+        client.connection_pool._in_use_connections or client.connection_pool._available_connections
+    )
+    await redis.aclose()
+    assert not client.connection_pool._in_use_connections
+    assert all(not c.is_connected for c in client.connection_pool._available_connections)
+    await client.aclose()
