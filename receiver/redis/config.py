@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+
+from receiver.redis.schemes import pool_factory
 
 __all__ = ["ROLES", "RedisConfig", "RedisRole", "RedisTimeouts"]
 
@@ -41,6 +43,15 @@ class RedisConfig(BaseModel):
     results: RedisTimeouts = RedisTimeouts(connect_s=5, socket_s=30)
     """Capped further by the results sink's own timeout (half a fetch job's)."""
     health: RedisTimeouts = RedisTimeouts(connect_s=5, socket_s=10)
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, value: SecretStr, info: ValidationInfo) -> SecretStr:
+        text = value.get_secret_value()
+        lenient = bool(info.context and info.context.get("lenient"))
+        if text and not (lenient and "${" in text):  # empty: embedded; a placeholder: unknown
+            pool_factory(text)
+        return value
 
     def timeouts(self, role: RedisRole) -> RedisTimeouts:
         """The timeouts of ``role``."""

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 from redis.asyncio import ConnectionPool, Redis
 
+from nopoll.exceptions import ConfigError
 from receiver.redis.config import RedisConfig, RedisRole
+from receiver.redis.schemes import PoolFactory, pool_factory
 
 if TYPE_CHECKING:
     from arq.connections import RedisSettings
@@ -27,8 +29,10 @@ _HEALTH_CHECK_S = {"api": 30}
 class RedisConnector:
     """Clients and pools of one Redis, each with its role's timeouts (``redis:`` section).
 
-    ``url`` overrides ``config.url`` (the embedded server's, found at start-up). Every
-    pool it makes is closed by :meth:`aclose`, whoever else closed it already.
+    ``url`` overrides ``config.url`` (the embedded server's, found at start-up). The
+    URL's scheme picks how pools are made (:data:`~receiver.redis.schemes.SCHEMES`); one
+    it has no row for is a ConfigError. Every pool it makes is closed by :meth:`aclose`,
+    whoever else closed it already.
     """
 
     def __init__(self, config: RedisConfig, *, url: str | None = None) -> None:
@@ -36,6 +40,7 @@ class RedisConnector:
         self._url = SecretStr(url) if url is not None else config.url
         if not self._url.get_secret_value():
             raise ValueError("a RedisConnector needs a Redis URL")
+        self._make_pool = _factory(self._url.get_secret_value())
         self._pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
 
     @classmethod
@@ -60,7 +65,7 @@ class RedisConnector:
         kwargs: dict[str, Any] = {"socket_connect_timeout": connect_s, "socket_timeout": socket_s}
         if role in _HEALTH_CHECK_S:
             kwargs["health_check_interval"] = _HEALTH_CHECK_S[role]
-        pool = ConnectionPool.from_url(self._url.get_secret_value(), **kwargs)
+        pool = self._make_pool(self._url.get_secret_value(), kwargs)
         self._pools.add(pool)
         return pool
 
@@ -84,6 +89,13 @@ class RedisConnector:
         """Close every pool this connector made (a closed one closes again harmlessly)."""
         for pool in list(self._pools):
             await pool.disconnect()
+
+
+def _factory(url: str) -> PoolFactory:
+    try:
+        return pool_factory(url)
+    except ValueError as exc:
+        raise ConfigError(f"redis.url: {exc}") from None
 
 
 def _masked(url: str) -> str:

@@ -450,3 +450,11 @@ def test_redis_role_timeouts_are_configurable(tmp_path: Path) -> None:
     assert s.redis.queue.socket_s == 10
     with pytest.raises(ConfigError, match=r"redis\.queue\.connect_s"):
         load_settings(write(tmp_path, "redis:\n  queue: {connect_s: 0, socket_s: 1}\n"), env={})
+
+
+def test_a_redis_url_of_an_unknown_scheme_is_refused_without_printing_it(tmp_path: Path) -> None:
+    for spelling in ("redis_url: ${URL}\n", "redis:\n  url: ${URL}\n"):
+        env = {"URL": "http://:hunter2@127.0.0.1:6379/0"}
+        with pytest.raises(ConfigError, match=r"redis\.url.*http://") as caught:
+            load_settings(write(tmp_path, spelling + REDIS_TAIL), env=env)
+        assert "hunter2" not in str(caught.value)

@@ -61,3 +61,22 @@ async def test_aclose_closes_every_pool_it_made(redis_url: str) -> None:
     assert not client.connection_pool._in_use_connections
     assert all(not c.is_connected for c in client.connection_pool._available_connections)
     await client.aclose()
+
+
+def test_the_scheme_picks_a_row_and_an_unknown_one_is_refused() -> None:
+    from nopoll.exceptions import ConfigError
+    from receiver.redis.schemes import SCHEMES
+
+    assert set(SCHEMES) == {"redis", "rediss", "unix"}
+    assert (
+        RedisConnector.from_url("unix:///tmp/nopoll.sock").pool("queue").connection_kwargs["path"]
+        == "/tmp/nopoll.sock"
+    )
+    assert RedisConnector.from_url("rediss://127.0.0.1:6380/0").pool("api") is not None
+    for url in ("http://:hunter2@127.0.0.1/0", "127.0.0.1:6379"):
+        try:
+            RedisConnector.from_url(url)
+        except ConfigError as exc:
+            assert "redis.url" in str(exc) and "hunter2" not in str(exc)
+        else:
+            raise AssertionError(f"{url} was taken")
