@@ -80,3 +80,19 @@ def test_the_scheme_picks_a_row_and_an_unknown_one_is_refused() -> None:
             assert "redis.url" in str(exc) and "hunter2" not in str(exc)
         else:
             raise AssertionError(f"{url} was taken")
+
+
+def test_only_the_redis_package_makes_clients_and_only_wire_reaches_inside() -> None:
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[3]
+    makes = re.compile(r"Redis\.from_url|ConnectionPool\.from_url|\bRedis\(|ConnectionPool\(")
+    private = re.compile(r"\._parser\b|\.get_connection\(")
+    for path in [*root.joinpath("receiver").rglob("*.py"), *root.joinpath("sinks").rglob("*.py")]:
+        text = path.read_text()
+        where = path.relative_to(root).as_posix()
+        if not where.startswith("receiver/redis/"):
+            assert not makes.search(text), f"{where} makes its own Redis client"
+        if where != "receiver/redis/wire.py":
+            assert not private.search(text), f"{where} reaches into redis-py"
