@@ -20,6 +20,13 @@ _WRITERS = 8
 """Concurrent writes in the publisher (a worker runs many jobs at once)."""
 
 
+def _results_client(timeout_s: float) -> object:
+    """The results sink's Redis client, as the worker makes it."""
+    from receiver.redis import RedisConnector
+
+    return RedisConnector.from_url(common.REDIS_URL).client("results", at_most_s=timeout_s)
+
+
 def envelope_fields(i: int) -> tuple[str, str, str]:
     """(key, tenant, provider) of the i-th published envelope."""
     return f"resp_{i:07d}", f"t{i % TENANTS}", f"p{i % 2}"
@@ -44,13 +51,11 @@ def expected_keys(flt: dict[str, str], total: int) -> set[str]:
 
 async def publish(rate: float, total: int, out: Path) -> None:
     """``--publish``: ``total`` envelopes at ``rate`` a second through the real sink."""
-    from pydantic import SecretStr
 
     from nopoll.envelope import Envelope, now_rfc3339
     from sinks.results import RESULTS_SINK, ResultsSink, ResultsSinkConfig
 
     config = ResultsSinkConfig(
-        redis_url=SecretStr(common.REDIS_URL),
         stream_max_entries=1_000_000,
         stream_retention_s=3600,
         latest_ttl_s=600,
@@ -88,7 +93,7 @@ async def publish(rate: float, total: int, out: Path) -> None:
                 await asyncio.sleep(delay)
             await sink.write([envelopes[i]])
 
-    async with ResultsSink(RESULTS_SINK, config) as sink:
+    async with ResultsSink(RESULTS_SINK, config, connect=_results_client) as sink:
         started = time.monotonic()
         await asyncio.gather(*(writer(sink, w) for w in range(_WRITERS)))
         elapsed = time.monotonic() - started
@@ -98,19 +103,17 @@ async def publish(rate: float, total: int, out: Path) -> None:
 
 async def publish_big(prefix: str, count: int, size: int = 20_000) -> None:
     """``count`` envelopes of about ``size`` bytes each, 50 to a write, through the sink."""
-    from pydantic import SecretStr
 
     from nopoll.envelope import Envelope, now_rfc3339
     from sinks.results import RESULTS_SINK, ResultsSink, ResultsSinkConfig
 
     config = ResultsSinkConfig(
-        redis_url=SecretStr(common.REDIS_URL),
         stream_max_entries=100_000,
         stream_retention_s=3600,
         latest_ttl_s=600,
     )
     text = "x" * size
-    async with ResultsSink(RESULTS_SINK, config) as sink:
+    async with ResultsSink(RESULTS_SINK, config, connect=_results_client) as sink:
         for first in range(0, count, 50):
             now = now_rfc3339()
             await sink.write(
@@ -275,13 +278,11 @@ async def hold_waits(port: int, token: str, count: int, ready: Path, out: Path) 
 
 async def land_waits(count: int) -> None:
     """Publish the results the held requests wait for (one sink write)."""
-    from pydantic import SecretStr
 
     from nopoll.envelope import Envelope, now_rfc3339
     from sinks.results import RESULTS_SINK, ResultsSink, ResultsSinkConfig
 
     config = ResultsSinkConfig(
-        redis_url=SecretStr(common.REDIS_URL),
         stream_max_entries=100_000,
         stream_retention_s=3600,
         latest_ttl_s=600,
@@ -299,7 +300,7 @@ async def land_waits(count: int) -> None:
         )
         for i in range(count)
     ]
-    async with ResultsSink(RESULTS_SINK, config) as sink:
+    async with ResultsSink(RESULTS_SINK, config, connect=_results_client) as sink:
         await sink.write(envelopes)
 
 

@@ -289,12 +289,12 @@ import asyncio, sys, time
 from nopoll.envelope import now_rfc3339
 from receiver.config.settings import load_settings
 from receiver.metrics import Metrics
-from receiver.runtime import redis_url_for
+from receiver.runtime import redis_for
 from receiver.worker.gc_policy import job_gc
 from receiver.worker.state import build_state
 
-async def main(settings, url, pairs):
-    state = build_state(settings, url, Metrics())
+async def main(settings, redis, pairs):
+    state = build_state(settings, redis, Metrics())
     try:
         started = time.monotonic()
         outcomes = await asyncio.gather(*(
@@ -312,8 +312,8 @@ async def main(settings, url, pairs):
 
 settings = load_settings(sys.argv[1])
 pairs = [tuple(a.split("=", 1)) for a in sys.argv[2:]]
-with redis_url_for(settings) as url, job_gc():
-    asyncio.run(main(settings, url, pairs))
+with redis_for(settings) as redis, job_gc():
+    asyncio.run(main(settings, redis, pairs))
 """
 
 

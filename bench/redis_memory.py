@@ -49,6 +49,7 @@ from receiver.batches.progress import BatchState
 from receiver.journey.store import MAX_EVENTS, JourneyStore, callback_head, hook_key, journey_key
 from receiver.queue._arq import SeamWorker, arq_pool, func, job_deserializer, job_serializer
 from receiver.queue.enqueue import JOBS_QUEUE, PUT_JOB_LUA, CallbackJob, Enqueuer, QueuedJob
+from receiver.redis import RedisConnector
 
 WINDOW_S = 7 * 86_400
 DAY_S = 86_400
@@ -227,7 +228,7 @@ async def run_worker(redis: Redis, url: str, n: int) -> int:
 
     worker = Worker(
         [func(fetch_response, name="fetch_response")],
-        redis_pool=arq_pool(url, queue=JOBS_QUEUE),
+        redis_pool=arq_pool(RedisConnector.from_url(url), queue=JOBS_QUEUE),
         queue_name=JOBS_QUEUE,
         burst=True,
         poll_delay=0.02,

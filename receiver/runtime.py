@@ -38,14 +38,14 @@ from receiver.config.settings import Settings
 from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue._arq import stop_workers, wait_stopped
-from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
-from receiver.redis_link import RedisLink, redis_settings_problems
+from receiver.queue.enqueue import HEALTH_CHECK_KEY
+from receiver.redis import RedisConnector, RedisLink, redis_settings_problems
 from receiver.responses import json_answer
 from receiver.tracing import configure as configure_tracing
 from receiver.tracing import shutdown as shutdown_tracing
 from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
-__all__ = ["api_server_config", "redis_url_for", "run"]
+__all__ = ["api_server_config", "redis_for", "run"]
 
 log = logging.getLogger("nopoll")
 
@@ -59,15 +59,16 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def redis_url_for(settings: Settings) -> Iterator[str]:
-    """The Redis URL to use, starting the embedded server for as long as needed."""
+def redis_for(settings: Settings) -> Iterator[RedisConnector]:
+    """The process's one Redis connector, starting the embedded server (no ``redis.url``)
+    for as long as needed; its pools are closed when the block ends."""
     if not settings.embedded_redis:
-        yield settings.redis_url.get_secret_value()
+        yield RedisConnector(settings.redis)
         return
     server = EmbeddedRedis(settings.data_dir)
     url = server.start()
     try:
-        yield url
+        yield RedisConnector(settings.redis, url=url)
     finally:
         server.stop()
 
@@ -131,15 +132,15 @@ def _health_server(
     )
 
 
-async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
+async def _run(settings: Settings, connector: RedisConnector, roles: _Roles) -> None:
     metrics = Metrics()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    redis = redis_client(redis_url)
+    redis = connector.client("api")
     api = (roles.host, roles.port) if roles.api else None
-    for line in describe(settings, redis_url, api=api, worker=roles.worker, config=roles.config):
+    for line in describe(settings, connector, api=api, worker=roles.worker, config=roles.config):
         log.info("%s", line)
     otel = settings.otel
     configure_tracing(  # opt-in: the otel block or OTEL_TRACES_EXPORTER
@@ -153,7 +154,7 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
     workers: list[NopollWorker] = []
     if roles.worker:
         workers = build_workers(
-            settings, redis_url, metrics, handle_signals=False, extra_ctx=roles.extra_ctx
+            settings, connector, metrics, handle_signals=False, extra_ctx=roles.extra_ctx
         )
     tasks = [asyncio.create_task(w.async_run(), name=f"worker {w.queue_name}") for w in workers]
     servers: dict[str, _Server] = {}
@@ -165,7 +166,7 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
 
     refused: list[str] = []
     checker = asyncio.create_task(_check_redis(redis, settings, refused, stopping))
-    recorder_redis = redis_client(redis_url)
+    recorder_redis = connector.client("api")
     recorded = asyncio.Event()
     recorder = ActivityRecorder(
         recorder_redis, metrics, [r for r in ("api", "worker") if getattr(roles, r)]
@@ -185,6 +186,8 @@ async def _run(settings: Settings, redis_url: str, roles: _Roles) -> None:
     shutdown_tracing()  # the spans still buffered go out
     if not roles.api:
         await redis.aclose()
+    with contextlib.suppress(Exception):
+        await connector.aclose()
     if refused:
         raise ConfigError("; ".join(refused))
     for task in failed:
@@ -318,5 +321,5 @@ def run(
         _check_listen(host, port, "--port")
     if health is not None and worker:
         _check_listen(*health, "--health-port")
-    with redis_url_for(settings) as url:
-        runner(_run(settings, url, roles))
+    with redis_for(settings) as connector:
+        runner(_run(settings, connector, roles))

@@ -13,11 +13,10 @@ See docs/consumers.md (retention and Redis memory, trimmed history).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from pydantic import SecretStr
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
@@ -84,33 +83,32 @@ def latest_key(tenant: str, provider: str, key: str) -> str:
 
 
 class ResultsSinkConfig(SinkConfig):
-    """Built by the worker from ``results:`` and the Redis URL; never from ``sinks:``."""
+    """Built by the worker from ``results:``; never from ``sinks:``. Which Redis is not in
+    it: the sink is handed a ``connect`` that makes its client."""
 
     type: Literal["_results"] = "_results"
-    redis_url: SecretStr
     stream_max_entries: int
     stream_retention_s: int
     latest_ttl_s: int
 
 
 class ResultsSink(SinkBase):
-    """Publishes envelopes to Redis for the results API (see the module docs)."""
+    """Publishes envelopes to Redis for the results API (see the module docs).
+
+    ``connect(timeout_s)`` makes the Redis client it publishes with, every timeout at most
+    ``timeout_s`` (the config's); the sink closes it."""
 
     config_model = ResultsSinkConfig
     config: ResultsSinkConfig
 
-    def __init__(self, name: str, config: SinkConfig) -> None:
+    def __init__(self, name: str, config: SinkConfig, *, connect: Callable[[float], Redis]) -> None:
         super().__init__(name, config)
+        self._connect = connect
         self._redis: Redis | None = None
         self._sha = hashlib.sha1(_PUBLISH.encode()).hexdigest()
 
     async def open(self) -> None:
-        timeout = self.config.timeout_s
-        self._redis = Redis.from_url(
-            self.config.redis_url.get_secret_value(),
-            socket_timeout=timeout,
-            socket_connect_timeout=min(timeout, 5.0),
-        )
+        self._redis = self._connect(self.config.timeout_s)
 
     async def write(self, envelopes: Sequence[Envelope]) -> None:
         if not envelopes:

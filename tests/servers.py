@@ -27,7 +27,8 @@ from receiver.app import create_app
 from receiver.config.settings import Settings
 from receiver.metrics import Metrics
 from receiver.queue._arq import stop_workers, wait_stopped
-from receiver.queue.enqueue import HEALTH_CHECK_KEY, redis_client
+from receiver.queue.enqueue import HEALTH_CHECK_KEY
+from receiver.redis import RedisConnector
 from receiver.runtime import api_server_config
 from receiver.worker.process import build_workers
 
@@ -220,7 +221,7 @@ async def running_api(
 ) -> AsyncIterator[tuple[str, Metrics]]:
     """nopoll's app under a real uvicorn server on 127.0.0.1; yields (base URL, metrics)."""
     metrics = Metrics()
-    redis = redis_client(redis_url)
+    redis = RedisConnector.from_url(redis_url).client("api")
     app = create_app(
         settings,
         redis=redis,
@@ -247,7 +248,9 @@ async def running_api(
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> AsyncIterator[Any]:
     """nopoll's arq workers (short jobs and batches) running in this event loop."""
-    workers = build_workers(settings, redis_url, Metrics(), handle_signals=False, extra_ctx=ctx)
+    workers = build_workers(
+        settings, RedisConnector.from_url(redis_url), Metrics(), handle_signals=False, extra_ctx=ctx
+    )
     tasks = [asyncio.create_task(w.async_run()) for w in workers]
     try:
         yield workers

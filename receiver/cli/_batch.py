@@ -16,9 +16,10 @@ from receiver.cli._common import (
     setup_logging,
 )
 from receiver.config.settings import Settings
+from receiver.redis.connector import RedisConnector
 
 
-async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -> int:
+async def _fetch_batch(args: argparse.Namespace, settings: Settings, redis: RedisConnector) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from nopoll.envelope import now_rfc3339
@@ -30,7 +31,7 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
     provider_for(settings, args.provider, args.tenant)
     if not safe_id(args.batch_id):
         raise ConfigError("batch id must match [A-Za-z0-9_.:-]{1,256}")
-    state = build_state(settings, url, Metrics())  # the worker's own resources
+    state = build_state(settings, redis, Metrics())  # the worker's own resources
     try:
         with (
             job_gc(),  # the worker's GC settings: this process runs the same pipeline
@@ -81,12 +82,12 @@ async def _fetch_batch(args: argparse.Namespace, settings: Settings, url: str) -
 
 
 def _cmd_fetch_batch(args: argparse.Namespace) -> int:
-    from receiver.runtime import redis_url_for
+    from receiver.runtime import redis_for
 
     settings = load(args)
     setup_logging(settings, "warning")
-    with redis_url_for(settings) as url:
-        return run_async(_fetch_batch(args, settings, url))
+    with redis_for(settings) as redis:
+        return run_async(_fetch_batch(args, settings, redis))
 
 
 def register(sub: Any) -> None:

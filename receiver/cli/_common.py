@@ -11,6 +11,7 @@ from typing import Any
 
 from nopoll.envelope import DEFAULT_TENANT
 from receiver.config.settings import ProviderConfig, Settings, load_settings
+from receiver.redis.connector import RedisConnector
 
 __all__ = [
     "add_config_option",
@@ -71,19 +72,18 @@ def load(args: argparse.Namespace, *, require_env: bool = True) -> Settings:
     return settings
 
 
-def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
-    """(URL, where as it may be shown) of the Redis of the running nopoll that a command
+def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[RedisConnector, str]:
+    """(connector, where as it may be shown) of the Redis of the running nopoll that a command
     which only talks to a deployment (``submit``, ``watch``) hands its work to.
 
     With the embedded Redis that is the server a running nopoll started under
     ``data_dir``; when none answers there, a NopollError says so and how to start one:
     a fresh server there would be read by no worker."""
     from nopoll.exceptions import NopollError
-    from receiver.config.settings import redact_url
 
     if not settings.embedded_redis:
-        url = settings.redis_url.get_secret_value()
-        return url, redact_url(url)
+        connector = RedisConnector(settings.redis)
+        return connector, connector.masked_url
     from receiver.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(settings.data_dir)
@@ -94,24 +94,24 @@ def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[str,
             f"no nopoll is running on the embedded Redis under data_dir {settings.data_dir}: "
             f"start it first ({start}), or set redis_url to the Redis your nopoll uses"
         )
-    return server.url, f"the embedded Redis at {server.url}"
+    return RedisConnector(settings.redis, url=server.url), f"the embedded Redis at {server.url}"
 
 
 def run_on_deployment(
     args: argparse.Namespace,
     settings: Settings,
-    work: Callable[[str, str], Coroutine[Any, Any, int]],
+    work: Callable[[RedisConnector, str], Coroutine[Any, Any, int]],
 ) -> int:
-    """The exit status of ``work(url, where)`` run on the running nopoll's Redis (see
+    """The exit status of ``work(redis, where)`` run on the running nopoll's Redis (see
     :func:`deployment_redis`); a connection to it lost midway is a NopollError naming it."""
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from nopoll.exceptions import NopollError
 
-    url, where = deployment_redis(args, settings)
+    redis, where = deployment_redis(args, settings)
     try:
-        return run_async(work(url, where))
+        return run_async(work(redis, where))
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 

@@ -14,17 +14,20 @@ from typing import Any
 
 from nopoll.exceptions import ConfigError, NopollError
 from receiver.cli._common import add_config_option, config_path, load
-from receiver.config.settings import Settings, redact_url
+from receiver.config.settings import Settings
+from receiver.redis.connector import RedisConnector
 
 
-async def _dlq(args: argparse.Namespace, url: str, where: str, sinks: list[str]) -> int:
+async def _dlq(
+    args: argparse.Namespace, redis: RedisConnector, where: str, sinks: list[str]
+) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from receiver.queue._arq import arq_pool
     from receiver.queue.deadletter import DeadLetters
 
-    pool = arq_pool(url)
+    pool = arq_pool(redis)
     try:
         letters = DeadLetters(pool)
         found = await letters.find(sink=args.sink, key=getattr(args, "key", None))
@@ -60,14 +63,14 @@ def _where(args: argparse.Namespace, settings: Settings) -> str:
     """Which Redis the dead letters are in, as it may be shown; refuses (ConfigError)
     when there is none to read."""
     command = f"dlq {args.dlq_command}"
-    unset = settings.unset_env.get("redis_url")
+    unset = settings.unset_env.get("redis.url")
     if unset:
         raise ConfigError(
             f"redis_url: {', '.join(unset)} is not set, and {command} needs it to find the "
             "Redis that holds the dead letters"
         )
     if not settings.embedded_redis:
-        return redact_url(settings.redis_url.get_secret_value())
+        return RedisConnector(settings.redis).masked_url
     from receiver.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(settings.data_dir)
@@ -90,12 +93,12 @@ def _where(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def _cmd_dlq(args: argparse.Namespace) -> int:
-    from receiver.runtime import redis_url_for
+    from receiver.runtime import redis_for
 
     settings = load(args, require_env=args.dlq_command != "list")
     where = _where(args, settings)
-    with redis_url_for(settings) as url:
-        return asyncio.run(_dlq(args, url, where, [*settings.sinks, "fetch", "watch"]))
+    with redis_for(settings) as redis:
+        return asyncio.run(_dlq(args, redis, where, [*settings.sinks, "fetch", "watch"]))
 
 
 def register(sub: Any) -> None:

@@ -18,11 +18,14 @@ from receiver.cli._common import (
     run_on_deployment,
 )
 from receiver.config.settings import Settings
+from receiver.redis.connector import RedisConnector
 
 _SHOWN = 10
 
 
-async def _submit(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
+async def _submit(
+    args: argparse.Namespace, settings: Settings, connector: RedisConnector, where: str
+) -> int:
     from receiver.providers.budget import account_budget
     from receiver.providers.client import ProviderClient
     from receiver.queue._arq import arq_pool
@@ -39,7 +42,7 @@ async def _submit(args: argparse.Namespace, settings: Settings, url: str, where:
         return 2
     path = Path(args.file)
     digest = file_digest(path)
-    redis = arq_pool(url)
+    redis = arq_pool(connector)
     # as many connections as creates in flight (the pool would otherwise cap them)
     http = settings.http.model_copy(
         update={"max_connections": max(settings.http.max_connections, args.concurrency)}
@@ -306,7 +309,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_on_deployment(args, settings, lambda url, where: _submit(args, settings, url, where))
+    return run_on_deployment(
+        args, settings, lambda redis, where: _submit(args, settings, redis, where)
+    )
 
 
 def register(sub: Any) -> None:

@@ -20,6 +20,7 @@ from receiver.cli._common import (
     run_on_deployment,
 )
 from receiver.config.settings import Settings
+from receiver.redis.connector import RedisConnector
 
 _SHOWN_INVALID = 20
 
@@ -36,13 +37,15 @@ def _ids(args: argparse.Namespace) -> list[str]:
     return ids
 
 
-async def _watch(args: argparse.Namespace, settings: Settings, url: str, where: str) -> int:
+async def _watch(
+    args: argparse.Namespace, settings: Settings, connector: RedisConnector, where: str
+) -> int:
     from receiver.queue._arq import arq_pool
     from receiver.watches.store import WatchStore, register_many
 
     provider = provider_for(settings, args.provider, args.tenant)
     ids = _ids(args)
-    redis = arq_pool(url)
+    redis = arq_pool(connector)
     store = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s)
     try:
         await reach(redis, where)
@@ -241,7 +244,9 @@ async def _wait_rows(
 
 def _cmd_watch(args: argparse.Namespace) -> int:
     settings = load(args)
-    return run_on_deployment(args, settings, lambda url, where: _watch(args, settings, url, where))
+    return run_on_deployment(
+        args, settings, lambda redis, where: _watch(args, settings, redis, where)
+    )
 
 
 def register(sub: Any) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from receiver.config.settings import Settings, redact_url
+from receiver.config.settings import Settings
+from receiver.redis.connector import RedisConnector
 
 __all__ = ["describe"]
 
@@ -42,7 +43,7 @@ def _surfaces(settings: Settings, base: str) -> str:
 
 def describe(
     settings: Settings,
-    redis_url: str,
+    redis: RedisConnector,
     *,
     api: tuple[str, int] | None,
     worker: bool,
@@ -63,10 +64,10 @@ def describe(
         lines.append(_surfaces(settings, f"http://{api[0]}:{api[1]}"))
     if settings.embedded_redis:
         lines.append(
-            f"redis: embedded valkey at {redis_url} (data in {settings.data_dir.absolute()})"
+            f"redis: embedded valkey at {redis.masked_url} (data in {settings.data_dir.absolute()})"
         )
     else:
-        lines.append(f"redis: {redact_url(redis_url)}")
+        lines.append(f"redis: {redis.masked_url}")
     if not settings.providers:
         lines.append("providers: none configured: every callback answers 404")
     for name, p in settings.providers.items():

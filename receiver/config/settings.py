@@ -69,6 +69,7 @@ from receiver.config.tenants import (
     check_tenant_names,
     token_problem,
 )
+from receiver.redis.config import RedisConfig
 from sinks.base import ClaimCheckConfig, HoldsClaims, SinkConfig
 from sinks.registry import sink_class, validate_sink_config
 
@@ -79,6 +80,7 @@ __all__ = [
     "HttpConfig",
     "OtelConfig",
     "ProviderConfig",
+    "RedisConfig",
     "ResultsConfig",
     "RetryConfig",
     "RouteConfig",
@@ -216,7 +218,9 @@ class RouteConfig(ConfigModel):
 class Settings(ConfigModel):
     """The whole validated configuration, built once at start-up and passed down."""
 
-    redis_url: SecretStr = SecretStr("")
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    """Which Redis and each role's timeouts; the top-level ``redis_url`` key is an alias of
+    ``redis.url`` (see :meth:`_redis_url_alias`)."""
     data_dir: Path = Path(_DATA_DIR)
     """Relative: to the config file's folder (:func:`load_settings`)."""
     max_body_bytes: int = Field(default=262_144, ge=1024, le=64 * 1024 * 1024)
@@ -344,6 +348,26 @@ class Settings(ConfigModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _redis_url_alias(cls, data: Any) -> Any:
+        """``redis_url: …`` (the key nopoll always had) is ``redis: {url: …}``."""
+        if not isinstance(data, dict) or "redis_url" not in data:
+            return data
+        data = dict(data)
+        url = data.pop("redis_url")
+        section = data.get("redis")
+        section = {} if section is None else section
+        if isinstance(section, dict):
+            if "url" in section:
+                raise ValueError("redis_url and redis.url are the same setting: give one")
+            data["redis"] = {**section, "url": url}
+        elif isinstance(section, RedisConfig):
+            if section.url.get_secret_value():
+                raise ValueError("redis_url and redis.url are the same setting: give one")
+            data["redis"] = section.model_copy(update={"url": SecretStr(str(url))})
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _distinct_tokens(cls, data: Any) -> Any:
         check_distinct_tokens(data)
         return data
@@ -434,9 +458,14 @@ class Settings(ConfigModel):
             )
 
     @property
+    def redis_url(self) -> SecretStr:
+        """``redis.url`` (the top-level ``redis_url`` key is its alias)."""
+        return self.redis.url
+
+    @property
     def embedded_redis(self) -> bool:
-        """True when no redis_url is set: nopoll starts its own Redis-compatible server."""
-        return not self.redis_url.get_secret_value()
+        """True when no Redis URL is set: nopoll starts its own Redis-compatible server."""
+        return not self.redis.url.get_secret_value()
 
     @property
     def unset_env(self) -> Mapping[str, tuple[str, ...]]:
@@ -455,6 +484,11 @@ def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
     load left unset (its value is not known, so neither is its length)."""
     texts = [value.get_secret_value() for value in values]
     return [text for text in texts if text and not left_unset(text, info)]
+
+
+def _canonical(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Where a key of the file lives in :class:`Settings` (``redis_url`` is ``redis.url``)."""
+    return ("redis", "url", *loc[1:]) if loc[:1] == ("redis_url",) else loc
 
 
 def _rebased(settings: Settings, base: Path) -> Settings:
@@ -508,7 +542,9 @@ def load_settings(
         except ValidationError as exc:
             raise ConfigError(format_errors(problems(exc, Settings), source)) from None
     settings = _rebased(validate_lenient(raw, set(unset), source, Settings, ProviderConfig), base)
-    settings._unset = {dotted(loc): tuple(n for n, _ in found) for loc, found in unset.items()}
+    settings._unset = {
+        dotted(_canonical(loc)): tuple(n for n, _ in found) for loc, found in unset.items()
+    }
     settings._notes = tuple(
         f"{dotted(loc)}: {name} {problem} (needed to run)"
         for loc, found in unset.items()

@@ -9,14 +9,14 @@ opened lazily, written under a timeout, measured, retried on its own and dead-le
 
 from __future__ import annotations
 
-from pydantic import SecretStr
-
 from nopoll.envelope import Envelope
 from nopoll.exceptions import ConfigError
 from receiver.config.settings import Settings
 from receiver.fanout.fanout import ManagedSink
 from receiver.fanout.routing import Router
 from receiver.metrics import Metrics
+from receiver.redis.connector import RedisConnector
+from sinks.base import SinkConfig
 from sinks.results import RESULTS_SINK, ResultsSink, ResultsSinkConfig
 
 __all__ = ["add_publication"]
@@ -41,7 +41,7 @@ def add_publication(
     sinks: dict[str, ManagedSink],
     router: Router,
     settings: Settings,
-    redis_url: str,
+    redis: RedisConnector,
     metrics: Metrics,
 ) -> Router:
     """With consumer tokens: put the ``_results`` sink in ``sinks`` and return the router
@@ -54,12 +54,15 @@ def add_publication(
         )
     job_s = settings.worker.response_job_timeout_s
     config = ResultsSinkConfig(
-        redis_url=SecretStr(redis_url),
         stream_max_entries=settings.results.stream_max_entries,
         stream_retention_s=settings.results.stream_retention_s,
         latest_ttl_s=settings.results.latest_ttl_s,
         timeout_s=min(30.0, job_s / 2),
     )
+
     # its class is not in the sink registry, so that ``sinks:`` cannot name it
-    sinks[RESULTS_SINK] = ManagedSink(RESULTS_SINK, config, metrics, factory=ResultsSink)
+    def results_sink(name: str, config: SinkConfig) -> ResultsSink:
+        return ResultsSink(name, config, connect=lambda s: redis.client("results", at_most_s=s))
+
+    sinks[RESULTS_SINK] = ManagedSink(RESULTS_SINK, config, metrics, factory=results_sink)
     return _PublishingRouter(router, metrics)

@@ -27,7 +27,8 @@ import arq
 import orjson
 import redis as redis_py
 
-from receiver.redis_link import RedisLink
+from receiver.redis.connector import RedisConnector
+from receiver.redis.link import RedisLink
 from sinks.coalesce import GroupCommit
 
 __all__ = [
@@ -101,7 +102,7 @@ from arq.worker import (  # noqa: E402
     func,
     no_result,
 )
-from redis.asyncio import ConnectionPool, Redis  # noqa: E402
+from redis.asyncio import Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
 
 from receiver.queue.trips import UNBOUNDED, SharedTrips  # noqa: E402
@@ -131,15 +132,18 @@ def job_payload(function: str, kwargs: dict[str, Any], job_try: int | None, at_m
     return serialize_job(function, (), kwargs, job_try, at_ms, serializer=job_serializer)
 
 
-def arq_pool(url: str, *, queue: str | None = None, expires_ms: int | None = None) -> ArqRedis:
-    """An arq Redis pool that speaks JSON jobs (``queue``: where ``enqueue_job`` puts them)."""
+def arq_pool(
+    redis: RedisConnector, *, queue: str | None = None, expires_ms: int | None = None
+) -> ArqRedis:
+    """An arq Redis pool of the ``queue`` role that speaks JSON jobs (``queue``: where
+    ``enqueue_job`` puts them)."""
     kwargs: dict[str, Any] = {}
     if expires_ms is not None:
         kwargs["expires_extra_ms"] = expires_ms
     if queue is not None:
         kwargs["default_queue_name"] = queue
     pool = ArqRedis(
-        connection_pool=ConnectionPool.from_url(url, socket_connect_timeout=5, socket_timeout=10),
+        connection_pool=redis.pool("queue"),
         job_serializer=job_serializer,
         job_deserializer=job_deserializer,
         **kwargs,

@@ -44,7 +44,6 @@ __all__ = [
     "id_digest",
     "put_job",
     "queue_for",
-    "redis_client",
     "response_job_id",
 ]
 
@@ -260,17 +259,6 @@ def response_job_id(provider: str, response_id: str) -> str:
 def batch_job_id(provider: str, batch_id: str) -> str:
     """The arq job id of a batch fetch: one pending fetch per batch."""
     return f"batch:{provider}:{batch_id}"
-
-
-def redis_client(url: str, *, timeout_s: float = 2.0) -> Redis:
-    """A pooled Redis client that fails fast when Redis is down (the app answers 503)."""
-    client: Redis = Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        health_check_interval=30,
-    )
-    return client
 
 
 class Enqueuer:

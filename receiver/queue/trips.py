@@ -11,19 +11,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from redis import __version__ as redis_version
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-try:
-    import hiredis
-
-    _hiredis_pack: Any = getattr(hiredis, "pack_command", None)
-except ImportError:  # pragma: no cover - arq installs redis[hiredis]
-    _hiredis_pack = None
+from receiver.redis.wire import read_replies, send_commands, take_connection
 
 __all__ = ["UNBOUNDED", "RoundTrips", "SharedTrips", "TripsBusy"]
 
@@ -39,7 +33,7 @@ class RoundTrips:
     A held connection that turns out broken (Redis restarted while it was idle) is dropped
     and the trip sent once more on a fresh one: only for commands that may run twice (a
     second run of the enqueue script answers DUPLICATE). Replies are read with redis-py's
-    parser directly (``_parser``), which nopoll's supported redis versions share.
+    parser directly (:mod:`receiver.redis.wire`).
     """
 
     def __init__(self, redis: Redis) -> None:
@@ -54,19 +48,13 @@ class RoundTrips:
                 return await self._trip(conn, commands)
             except RedisConnectionError:
                 pass  # stale: Redis closed it while it sat here
-        conn = await self._pool.get_connection(*_GET_CONNECTION_ARGS)
+        conn = await take_connection(self._pool)
         return await self._trip(conn, commands)
 
     async def _trip(self, conn: AbstractConnection, commands: list[tuple[Any, ...]]) -> list[Any]:
         try:
-            if _hiredis_pack is not None:
-                packed = [_hiredis_pack(c) for c in commands]
-            else:
-                packed = [part for c in commands for part in conn.pack_command(*c)]
-            await conn.send_packed_command(packed, check_health=False)
-            parser: Any = conn._parser
-            async with asyncio.timeout(conn.socket_timeout):
-                replies = [await parser.read_response() for _ in commands]
+            await send_commands(conn, commands)
+            replies = await read_replies(conn, len(commands))
         except BaseException as exc:
             await conn.disconnect()
             await self._pool.release(conn)
@@ -77,12 +65,6 @@ class RoundTrips:
             raise
         self._held.append(conn)
         return replies
-
-
-# redis-py 5.3 deprecated get_connection's command name argument; older ones require it.
-_GET_CONNECTION_ARGS: tuple[str, ...] = (
-    () if tuple(int(p) for p in redis_version.split(".")[:2]) >= (5, 3) else ("EVALSHA",)
-)
 
 
 _MIN_TRIP = 16

@@ -28,7 +28,7 @@ from sse_starlette import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from receiver.backoff import Backoff
-from receiver.redis_link import RedisLink
+from receiver.redis.link import RedisLink
 from sinks.results import LAST_ID, STREAM
 
 __all__ = [

@@ -21,7 +21,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from receiver.backoff import Backoff
-from receiver.redis_link import RedisLink
+from receiver.redis.link import RedisLink
 from receiver.results.stream import whole
 from sinks.results import CHANNEL
 

@@ -29,7 +29,7 @@ from receiver.metrics import Metrics
 from receiver.providers import safe_id
 from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
 from receiver.queue.jobs import FetchBatch, FetchResponse
-from receiver.redis_link import RedisLink
+from receiver.redis.link import RedisLink
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span, traceparent
 from receiver.webhooks.limits import WebhookLimits, client_address

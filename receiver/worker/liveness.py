@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
 from receiver.config.settings import Settings
 from receiver.queue.enqueue import BATCHES_QUEUE, JOBS_QUEUE
+from receiver.redis.connector import RedisConnector
 from receiver.watches.scripts import WATCH_OF
 from receiver.watches.store import held_watches_key
 
@@ -212,7 +213,7 @@ class Liveness:
 
     def __init__(
         self,
-        redis_url: str,
+        redis: RedisConnector,
         *,
         worker_id: str | None = None,
         beat_s: float = BEAT_S,
@@ -221,7 +222,7 @@ class Liveness:
         sinks: frozenset[str] = frozenset(),
         accounts_every_s: float = BEAT_S,
     ) -> None:
-        self.redis_url = redis_url
+        self._connector = redis
         self.worker_id = worker_id or new_worker_id()
         self.beat_s = beat_s
         self.dead_after_s = dead_after_s
@@ -245,9 +246,7 @@ class Liveness:
     @property
     def redis(self) -> Redis:
         if self._redis is None:
-            self._redis = Redis.from_url(
-                self.redis_url, socket_connect_timeout=5, socket_timeout=10
-            )
+            self._redis = self._connector.client("health")
         return self._redis
 
     async def start(self) -> None:

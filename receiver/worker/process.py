@@ -41,6 +41,7 @@ from receiver.queue.enqueue import (
     JOBS_QUEUE,
 )
 from receiver.queue.jobs import fetch_from_job_id
+from receiver.redis.connector import RedisConnector
 from receiver.worker.fetch import deliver, fetch_batch, fetch_response
 from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
@@ -96,7 +97,7 @@ def _from_job_id(job_id: str) -> tuple[str, dict[str, Any]]:
 
 def build_workers(
     settings: Settings,
-    redis_url: str,
+    redis: RedisConnector,
     metrics: Metrics,
     *,
     handle_signals: bool = True,
@@ -116,15 +117,15 @@ def build_workers(
     # liveness: their claims and the watch poller's takes all name this process.
     extra = dict(extra_ctx or {})
     liveness = Liveness(
-        redis_url,
+        redis,
         accounts=accounts_of(settings),
         sinks=frozenset(settings.sinks),
         accounts_every_s=w.health_check_interval_s,
     )
-    shared = Shared(redis_url, transport=extra.pop("provider_transport", None), liveness=liveness)
+    shared = Shared(redis, transport=extra.pop("provider_transport", None), liveness=liveness)
     extra_ctx = {"shared": shared, **extra}
     common: dict[str, Any] = {
-        "redis_url": redis_url,
+        "redis": redis,
         "metrics": metrics,
         "handle_signals": handle_signals,
         "extra_ctx": extra_ctx,
@@ -172,7 +173,7 @@ def _worker(
     stop_at_once: bool = False,
     worker_id: str,
     held_key: str,
-    redis_url: str,
+    redis: RedisConnector,
     metrics: Metrics,
     handle_signals: bool,
     extra_ctx: dict[str, Any] | None,
@@ -188,7 +189,7 @@ def _worker(
         held_key=held_key,
         stop_at_once=stop_at_once,
         queue_name=queue,
-        redis_pool=arq_pool(redis_url, queue=queue, expires_ms=settings.job_expiry_s * 1000),
+        redis_pool=arq_pool(redis, queue=queue, expires_ms=settings.job_expiry_s * 1000),
         on_startup=startup,
         on_shutdown=shutdown,
         ctx={"settings": settings, "metrics": metrics, **(extra_ctx or {})},
@@ -212,7 +213,7 @@ def _worker(
 class Shared:
     """The process's one :class:`WorkerState`, shared by its arq workers (``ctx["shared"]``)."""
 
-    redis_url: str
+    redis: RedisConnector
     transport: httpx.AsyncBaseTransport | None = None
     state: WorkerState | None = None
     users: int = 0
@@ -233,7 +234,7 @@ async def startup(ctx: dict[str, Any]) -> None:
     first = shared.state is None
     if shared.state is None:  # no await before it is set: a second worker sees it
         shared.state = build_state(
-            ctx["settings"], shared.redis_url, ctx["metrics"], transport=shared.transport
+            ctx["settings"], shared.redis, ctx["metrics"], transport=shared.transport
         )
     shared.users += 1
     ctx["state"] = shared.state

@@ -32,6 +32,7 @@ from receiver.providers.budget import account_budget
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
 from receiver.queue.trips import UNBOUNDED, SharedTrips
+from receiver.redis.connector import RedisConnector
 from receiver.watches.store import WatchStore
 from receiver.worker.liveness import DEAD_AFTER_S
 
@@ -119,7 +120,7 @@ class WorkerState:
 
 def build_state(
     settings: Settings,
-    redis_url: str,
+    redis_connector: RedisConnector,
     metrics: Metrics,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
@@ -127,7 +128,7 @@ def build_state(
     """A worker's resources; nothing is connected yet (sinks open on first use). Each
     provider account (a provider's own, each tenant's there) gets its client with its own
     request budget (:mod:`receiver.providers.budget`), on the state's Redis."""
-    redis = arq_pool(redis_url, expires_ms=settings.job_expiry_s * 1000)
+    redis = arq_pool(redis_connector, expires_ms=settings.job_expiry_s * 1000)
 
     def dialect(name: str, tenant: str, cfg: ProviderConfig) -> Dialect:
         client = ProviderClient(
@@ -149,7 +150,7 @@ def build_state(
     sinks = {name: ManagedSink(name, cfg, metrics) for name, cfg in settings.sinks.items()}
     router = Router(settings.routes, list(sinks))
     # the results API's own sink (with consumer_tokens): every envelope, whatever the routes
-    router = add_publication(sinks, router, settings, redis_url, metrics)
+    router = add_publication(sinks, router, settings, redis_connector, metrics)
     fanout = FanOut(sinks, router, metrics)
     journey = JourneyStore(redis, ttl_s=settings.journey_ttl_s)
     # one trip out at a time: whatever the jobs ask meanwhile leaves together in the next;

@@ -10,6 +10,7 @@ from receiver.batches.progress import batch_state_key
 from receiver.metrics import Metrics
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
+from receiver.redis import RedisConnector
 from receiver.worker.state import build_state
 from tests.e2e.helpers import pg_rows, post, wait_for
 from tests.servers import running_api, running_worker
@@ -27,7 +28,7 @@ async def serving(settings, redis_url: str, callback: tuple[bytes, dict]):
 
 
 async def letters(redis_url: str, **selector) -> list:
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     try:
         return await DeadLetters(pool).find(**selector)
     finally:
@@ -36,7 +37,7 @@ async def letters(redis_url: str, **selector) -> list:
 
 async def batch_done(redis_url: str, batch_id: str) -> bool:
     """True once the batch job ran to its end (every summary written or parked)."""
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     try:
         return await pool.hget(batch_state_key("sim", batch_id), "done") == b"1"
     finally:
@@ -44,7 +45,7 @@ async def batch_done(redis_url: str, batch_id: str) -> bool:
 
 
 async def replay_all(redis_url: str) -> int:
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     try:
         store = DeadLetters(pool)
         return await store.replay(await store.find())
@@ -61,7 +62,9 @@ async def summary_rows(pg_url: str, pg_table: str, batch_id: str) -> list[dict]:
 
 
 async def run_batch(settings, redis_url: str, batch_id: str, **kwargs):
-    state = build_state(settings, redis_url, Metrics())  # what nopoll fetch-batch uses
+    state = build_state(
+        settings, RedisConnector.from_url(redis_url), Metrics()
+    )  # what nopoll fetch-batch uses
     try:
         return await state.batch_runner.run(
             state.dialects["sim"],

@@ -13,6 +13,7 @@ import redis as redis_sync
 from receiver.batches.runner import LeaseLost
 from receiver.queue._arq import IN_PROGRESS_KEY, JOB_KEY, Lease, arq_pool
 from receiver.queue.enqueue import batch_job_id
+from receiver.redis import RedisConnector
 from tests.e2e.helpers import post, wait_for
 from tests.e2e.losses import run_batch
 from tests.servers import TcpProxy, running_api, running_worker
@@ -51,7 +52,7 @@ async def _leased_run(loss_stack, redis_url, tmp_path, cut_s: float | None):
     proxy = TcpProxy(*_redis_port(redis_url))
     await proxy.up()
     db = redis_url.rsplit("/", 1)[1]
-    leased = arq_pool(f"redis://127.0.0.1:{proxy.port}/{db}")
+    leased = arq_pool(RedisConnector.from_url(f"redis://127.0.0.1:{proxy.port}/{db}"))
     lease = Lease(leased, job_id, "token-1")
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_lock(redis_url, lock, stop))

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
+from receiver.redis import RedisConnector
 from tests.e2e.helpers import await_ready, post, queues_empty, wait_for, write_config
 from tests.servers import free_port
 
@@ -44,7 +45,7 @@ async def test_kept_gauge_and_a_replay_failing_again_counted_once(
     procs.start("serve", "--config", str(config), "--port", str(port))
     await await_ready(port)
     base = f"http://127.0.0.1:{port}"
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     letters = DeadLetters(pool)
     try:
         async with httpx.AsyncClient(timeout=10) as client:

@@ -19,6 +19,7 @@ from receiver.queue.enqueue import (
     put_job,
     response_job_id,
 )
+from receiver.redis import RedisConnector
 from tests.dead_letters import keep_letter
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, queues_empty, wait_for
 from tests.e2e.losses import (
@@ -58,7 +59,7 @@ async def test_replayed_batch_dead_letter_runs_on_the_batch_queue(
 
 
 async def test_a_letter_of_an_unknown_function_is_kept_not_queued(redis_url, redis_sync_client):
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     try:
         store = DeadLetters(pool)
         await keep_letter(store, "", kwargs={"job_id": "deliver:gone"}, error="arq gave up")
@@ -178,7 +179,7 @@ async def test_a_job_arq_gives_up_on_becomes_a_dead_letter_and_replays(
     sim.add_response("resp_arq", text="rescued")
     job_id = response_job_id("sim", "resp_arq")
     kwargs = {"provider": "sim", "response_id": "resp_arq", "received_at": now_rfc3339()}
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     try:
         await put_job(pool, QueuedJob(FETCH_RESPONSE, job_id, kwargs), expiry_ms=60_000)
     finally:

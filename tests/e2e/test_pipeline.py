@@ -10,6 +10,7 @@ import pytest
 
 from receiver.queue._arq import RETRY_KEY, arq_pool
 from receiver.queue.deadletter import DeadLetters
+from receiver.redis import RedisConnector
 from tests.e2e.helpers import jsonl_rows, pg_rows, post, wait_for, worker_started
 from tests.servers import TcpProxy, running_api, running_worker
 
@@ -36,7 +37,7 @@ def stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp_path):
 
 async def delivery_tries_at_least(redis_url: str, tries: int) -> bool:
     """True once some delivery job (a sink's own retry) has started ``tries`` times."""
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     try:
         keys = [k async for k in pool.scan_iter(match=RETRY_KEY + "deliver:*")]
         counts = await pool.mget(keys) if keys else []
@@ -94,7 +95,7 @@ async def test_provider_500_until_last_try_dead_letters_then_replay(
     broken = sim.add_response("resp_down", fail_times=3, fail_status=500)
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         assert (await post(base, *signed_callback("resp_down"))).status_code == 202
-        pool = arq_pool(redis_url)
+        pool = arq_pool(RedisConnector.from_url(redis_url))
         letters = DeadLetters(pool)
         found = await wait_for(letters.find)
         assert len(found) == 1
@@ -119,7 +120,7 @@ async def test_a_dead_letter_keeps_the_providers_own_reason(
     settings, _ = stack()
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         assert (await post(base, *signed_callback("resp_unknown"))).status_code == 202
-        pool = arq_pool(redis_url)
+        pool = arq_pool(RedisConnector.from_url(redis_url))
         [letter] = await wait_for(DeadLetters(pool).find)
         await pool.aclose()
     assert letter.keys == ["resp_unknown"]
@@ -213,7 +214,7 @@ async def test_sink_failing_every_try_is_dead_lettered_then_replayed(
     sim.add_response("resp_dl")
     async with running_api(settings, redis_url) as (base, _), running_worker(settings, redis_url):
         await post(base, *signed_callback("resp_dl"))
-        pool = arq_pool(redis_url)
+        pool = arq_pool(RedisConnector.from_url(redis_url))
         letters = DeadLetters(pool)
         found = await wait_for(lambda: letters.find(sink="warehouse"))
         assert found[0].keys == ["resp_dl"] and found[0].attempts == 3

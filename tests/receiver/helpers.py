@@ -7,13 +7,13 @@ import threading
 from typing import Any
 
 import orjson
-from pydantic import SecretStr
 
 from nopoll.envelope import Envelope, now_rfc3339
 from receiver.config.settings import Settings
 from receiver.queue.enqueue import (
     CallbackJob,
 )
+from receiver.redis import RedisConnector
 from sinks.results import (
     RESULTS_SINK,
     ResultsSink,
@@ -59,13 +59,17 @@ def envelope(key: str, *, tenant: str = "default", provider: str = "sim", **fiel
 
 def sink_for(url: str, **overrides) -> ResultsSink:
     config = {
-        "redis_url": SecretStr(url),
         "stream_max_entries": 1000,
         "stream_retention_s": 3600,
         "latest_ttl_s": 120,
         **overrides,
     }
-    return ResultsSink(RESULTS_SINK, ResultsSinkConfig(**config))
+    redis = RedisConnector.from_url(url)
+    return ResultsSink(
+        RESULTS_SINK,
+        ResultsSinkConfig(**config),
+        connect=lambda s: redis.client("results", at_most_s=s),
+    )
 
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"

@@ -27,7 +27,7 @@ from receiver.metrics import Metrics
 from receiver.providers import ProviderClient, ResponsesDialect
 from receiver.queue._arq import Retry
 from receiver.queue.enqueue import FETCH_RESPONSE
-from receiver.redis_link import RedisLink
+from receiver.redis.link import RedisLink
 from receiver.worker.retry import retry_or_give_up
 
 

@@ -10,6 +10,7 @@ import time
 from redis.asyncio import Redis
 
 from receiver.queue._arq import IN_PROGRESS_KEY, JOB_KEY, RETRY_KEY
+from receiver.redis import RedisConnector
 from receiver.watches.store import WatchStore
 from receiver.worker.liveness import WORKERS_KEY, Liveness, held_jobs_key
 from tests.soak import Held, KillFigures, follow_kill, held_at_kill
@@ -19,7 +20,10 @@ JOB = "resp:p:resp_1"
 
 async def test_a_kill_is_followed_until_its_work_is_free_then_resumed(redis_url: str) -> None:
     client = Redis.from_url(redis_url)
-    dead, live = Liveness(redis_url), Liveness(redis_url)
+    dead, live = (
+        Liveness(RedisConnector.from_url(redis_url)),
+        Liveness(RedisConnector.from_url(redis_url)),
+    )
     store = WatchStore(client)
     try:
         for worker in (dead, live):

@@ -113,7 +113,8 @@ def test_redacted_prints_the_effective_config_without_any_secret(tmp_path: Path)
     out = result.stdout + result.stderr
     assert "SECRETVALUE" not in out and "U0VDUkVUVkFMVUUy" not in out
     shown = yaml.safe_load(result.stdout)
-    assert shown["redis_url"] == "redis://127.0.0.1:6379/2"
+    assert shown["redis"]["url"] == "redis://127.0.0.1:6379/2"  # the redis_url key's home
+    assert shown["redis"]["queue"] == {"connect_s": 5.0, "socket_s": 10.0}
     assert shown["providers"]["sference"]["base_url"] == "https://api.sference.com/v1"
     assert shown["providers"]["sference"]["api_key"] == "***"
     assert shown["providers"]["sference"]["webhook_secrets"] == ["***"]

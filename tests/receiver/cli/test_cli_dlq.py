@@ -12,6 +12,7 @@ from receiver.cli import main
 from receiver.queue._arq import arq_pool
 from receiver.queue.deadletter import DeadLetters
 from receiver.queue.enqueue import JOBS_QUEUE
+from receiver.redis import RedisConnector
 from tests.dead_letters import keep_letter
 
 
@@ -22,7 +23,7 @@ def config(tmp_path: Path, redis_url: str) -> str:
 
 
 async def add_letters(redis_url: str) -> None:
-    pool = arq_pool(redis_url)
+    pool = arq_pool(RedisConnector.from_url(redis_url))
     letters = DeadLetters(pool)
     delivery = {"sink": "warehouse", "envelopes": [], "part": None}
     error = "sink 'warehouse': ConnectionRefusedError"

@@ -411,3 +411,50 @@ def test_a_lenient_load_leaves_unset_keys_and_tokens_unchecked(tmp_path: Path) -
     # a value that is set is checked as usual
     with pytest.raises(ConfigError, match="tenant_keys: a tenant key must be at least 32"):
         load_settings(write(tmp_path, TOKENS), env={"TENANT_KEY": "short"}, require_env=False)
+
+
+REDIS_TAIL = "data_dir: {data}\n"
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "redis_url: ${REDIS_URL}\n",  # the top-level key nopoll always had
+        "redis:\n  url: ${REDIS_URL}\n",  # its home in the redis section
+    ],
+)
+def test_the_redis_url_has_two_spellings_and_one_home(tmp_path: Path, spelling: str) -> None:
+    url = "redis://:hunter2@127.0.0.1:6379/4"
+    s = load_settings(write(tmp_path, spelling + REDIS_TAIL), env={"REDIS_URL": url})
+    assert s.redis.url.get_secret_value() == url
+    assert s.redis_url.get_secret_value() == url
+    assert not s.embedded_redis
+    assert s.redis.queue.connect_s == 5 and s.redis.queue.socket_s == 10  # today's values
+    assert s.redis.api.connect_s == 2 and s.redis.api.socket_s == 2
+    assert "hunter2" not in repr(s) + str(s)
+    lenient = load_settings(write(tmp_path, spelling + REDIS_TAIL), env={}, require_env=False)
+    assert lenient.unset_env["redis.url"] == ("REDIS_URL",)
+
+
+def test_the_redis_url_given_twice_is_refused(tmp_path: Path) -> None:
+    text = "redis_url: redis://a:6379/0\nredis:\n  url: redis://b:6379/0\n" + REDIS_TAIL
+    with pytest.raises(ConfigError, match=r"redis_url and redis\.url are the same setting"):
+        load_settings(write(tmp_path, text), env={})
+
+
+def test_redis_role_timeouts_are_configurable(tmp_path: Path) -> None:
+    text = "redis:\n  health: {connect_s: 1, socket_s: 3}\n" + REDIS_TAIL
+    s = load_settings(write(tmp_path, text), env={})
+    assert s.embedded_redis
+    assert (s.redis.health.connect_s, s.redis.health.socket_s) == (1, 3)
+    assert s.redis.queue.socket_s == 10
+    with pytest.raises(ConfigError, match=r"redis\.queue\.connect_s"):
+        load_settings(write(tmp_path, "redis:\n  queue: {connect_s: 0, socket_s: 1}\n"), env={})
+
+
+def test_a_redis_url_of_an_unknown_scheme_is_refused_without_printing_it(tmp_path: Path) -> None:
+    for spelling in ("redis_url: ${URL}\n", "redis:\n  url: ${URL}\n"):
+        env = {"URL": "http://:hunter2@127.0.0.1:6379/0"}
+        with pytest.raises(ConfigError, match=r"redis\.url.*http://") as caught:
+            load_settings(write(tmp_path, spelling + REDIS_TAIL), env=env)
+        assert "hunter2" not in str(caught.value)

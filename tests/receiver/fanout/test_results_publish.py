@@ -8,6 +8,7 @@ from redis import asyncio as redis_asyncio
 
 from nopoll.exceptions import ConfigError, SinkError
 from receiver.metrics import Metrics
+from receiver.redis import RedisConnector
 from receiver.results.stream import parse_id
 from receiver.worker.state import build_state
 from sinks.results import (
@@ -106,7 +107,7 @@ async def test_the_worker_sends_every_envelope_to_it_whatever_the_routes(
 ):
     routes = [{"match": {"provider": "elsewhere"}, "sinks": ["files"]}]
     settings = make_settings(redis_url=redis_url, routes=routes, consumer_tokens=[{"token": TOKEN}])
-    state = build_state(settings, redis_url, Metrics())
+    state = build_state(settings, RedisConnector.from_url(redis_url), Metrics())
     try:
         assert set(state.fanout.sinks) == {"files", RESULTS_SINK}
         shares = state.fanout.route([envelope("resp_1"), envelope("x", provider="elsewhere")])
@@ -121,7 +122,9 @@ async def test_the_worker_sends_every_envelope_to_it_whatever_the_routes(
 
 
 async def test_without_consumer_tokens_there_is_no_results_sink(make_settings, redis_url):
-    state = build_state(make_settings(redis_url=redis_url), redis_url, Metrics())
+    state = build_state(
+        make_settings(redis_url=redis_url), RedisConnector.from_url(redis_url), Metrics()
+    )
     try:
         assert RESULTS_SINK not in state.fanout.sinks
         assert RESULTS_SINK not in state.fanout.route([envelope("resp_1")])
@@ -133,4 +136,4 @@ def test_a_configured_sink_cannot_take_its_name(make_settings, redis_url, tmp_pa
     sinks = {RESULTS_SINK: {"type": "jsonl", "dir": str(tmp_path / "r")}}
     settings = make_settings(redis_url=redis_url, sinks=sinks, consumer_tokens=[{"token": TOKEN}])
     with pytest.raises(ConfigError, match="reserved"):
-        build_state(settings, redis_url, Metrics())
+        build_state(settings, RedisConnector.from_url(redis_url), Metrics())

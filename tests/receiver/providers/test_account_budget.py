@@ -26,6 +26,7 @@ from receiver.providers.budget import (
     account_budget,
     rate_pause_s,
 )
+from receiver.redis import RedisConnector
 from receiver.worker.state import build_state
 from tests.limited_provider import OPENAI_QUOTA, VALAR_QUOTA, max_in_any_second
 
@@ -97,7 +98,9 @@ async def test_an_account_without_a_budget_costs_no_redis_call_per_get(provider_
     ids = [f"resp_free_{i}" for i in range(300)]
     for rid in ids:
         sim.add_response(rid)
-    state = build_state(_settings(sim, redis_url, "openai"), redis_url, Metrics())
+    state = build_state(
+        _settings(sim, redis_url, "openai"), RedisConnector.from_url(redis_url), Metrics()
+    )
     calls: list[Any] = []
     send = state.redis.execute_command
 
@@ -127,7 +130,7 @@ async def test_a_budgeted_account_takes_a_slot_for_each_get(limited_sim, redis_u
     for i in range(20):
         sim.add_response(f"resp_paid_{i}")
     settings = _settings(sim, redis_url, "valar", rate_limit_rps=1000)
-    state = build_state(settings, redis_url, Metrics())
+    state = build_state(settings, RedisConnector.from_url(redis_url), Metrics())
     calls: list[Any] = []
     send = state.redis.execute_command
 
@@ -423,7 +426,7 @@ async def test_a_tenant_accounts_budget_is_its_own(limited_sim, redis_url):
             "sinks": {"files": {"type": "jsonl", "dir": "/tmp/nopoll-budget-unused"}},
         },
     )
-    state = build_state(settings, redis_url, Metrics())
+    state = build_state(settings, RedisConnector.from_url(redis_url), Metrics())
     mine, theirs = state.dialect("sim"), state.dialect("sim", "team-a")
     assert mine is not None and theirs is not None
     budget = theirs.client.budget

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from receiver.queue.enqueue import redis_client
+from receiver.redis import RedisConnector
 
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
     """A client of the tests' Redis database, closed after the test."""
-    client = redis_client(redis_url)
+    client = RedisConnector.from_url(redis_url).client("api")
     yield client
     await client.aclose()

@@ -29,6 +29,7 @@ from receiver.queue.enqueue import (
     QueuedJob,
     put_job,
 )
+from receiver.redis import RedisConnector
 
 QUEUE = JOBS_QUEUE  # put_job routes by function: fetch_response runs on the short-jobs queue
 BURST: dict[str, Any] = {
@@ -53,7 +54,7 @@ def _recorder() -> tuple[list[dict[str, Any]], Any]:
 
 async def test_a_job_from_nopolls_enqueue_script_runs_on_a_stock_arq_worker(redis_url):
     seen, fetch_response = _recorder()
-    client = arq_pool(redis_url, queue=QUEUE)
+    client = arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE)
     enqueuer = Enqueuer(client, dedupe_ttl_s=60, job_expiry_s=3600)
     kwargs = {"provider": "p", "response_id": "resp_1", "received_at": "x", "event_id": "e"}
     job = CallbackJob("p", "msg_1", "fetch_response", "resp:p:resp_1", kwargs, QUEUE)
@@ -72,7 +73,7 @@ async def test_a_job_from_nopolls_enqueue_script_runs_on_a_stock_arq_worker(redi
 
 async def test_a_job_from_arqs_enqueue_job_runs_on_nopolls_worker(redis_url, redis_sync_client):
     seen, fetch_response = _recorder()
-    client: ArqRedis = arq_pool(redis_url, queue=QUEUE)
+    client: ArqRedis = arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE)
     await client.enqueue_job("fetch_response", _job_id="j1", provider="p", response_id="r1")
     await client.enqueue_job(
         "fetch_response", _job_id="j2", provider="p", response_id="r2", _job_try=3
@@ -82,7 +83,7 @@ async def test_a_job_from_arqs_enqueue_job_runs_on_nopolls_worker(redis_url, red
         async def give_up(self, *args: Any) -> None:
             raise AssertionError(f"nothing should be given up: {args}")
 
-    pool = arq_pool(redis_url, queue=QUEUE)
+    pool = arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE)
     worker = Probe([func(fetch_response, name="fetch_response")], redis_pool=pool, **BURST)
     await asyncio.wait_for(worker.async_run(), 20)
     await worker.close()

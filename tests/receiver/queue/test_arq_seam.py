@@ -21,6 +21,7 @@ from receiver.queue._arq import (
     job_deserializer,
     job_serializer,
 )
+from receiver.redis import RedisConnector
 
 QUEUE = "seam:test"
 
@@ -44,7 +45,7 @@ class Probe(SeamWorker):
 async def run_burst(redis_url: str, functions: list[Any], **kwargs: Any) -> Probe:
     worker = Probe(
         functions,
-        redis_pool=arq_pool(redis_url, queue=QUEUE),
+        redis_pool=arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE),
         queue_name=QUEUE,
         burst=True,
         poll_delay=0.01,
@@ -60,7 +61,7 @@ async def run_burst(redis_url: str, functions: list[Any], **kwargs: Any) -> Prob
 
 
 async def enqueue(redis_url: str, function: str, job_id: str, **kwargs: Any) -> None:
-    client = arq_pool(redis_url, queue=QUEUE)
+    client = arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE)
     try:
         assert await client.enqueue_job(function, _job_id=job_id, **kwargs) is not None
     finally:

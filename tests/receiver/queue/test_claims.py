@@ -21,6 +21,7 @@ from receiver.queue._arq import (
     job_deserializer,
     job_serializer,
 )
+from receiver.redis import RedisConnector
 
 QUEUE = "nopoll:test-claims"
 CLAIM_TTL_S = 30.0
@@ -35,7 +36,7 @@ class _Worker(SeamWorker):
 
 @pytest.fixture
 async def pool(redis_url: str) -> AsyncIterator[ArqRedis]:
-    client = arq_pool(redis_url, queue=QUEUE)
+    client = arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE)
     yield client
     await client.aclose()
 
@@ -54,7 +55,7 @@ async def make_worker(redis_url: str) -> AsyncIterator[MakeWorker]:
     def make() -> SeamWorker:
         worker = _Worker(
             [func(hold, name="hold")],
-            redis_pool=arq_pool(redis_url, queue=QUEUE),
+            redis_pool=arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE),
             queue_name=QUEUE,
             claim_ttl_s=CLAIM_TTL_S,
             handle_signals=False,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from receiver.queue.enqueue import JOBS_QUEUE, EnqueueOutcome, Enqueuer, redis_client
+from receiver.queue.enqueue import JOBS_QUEUE, EnqueueOutcome, Enqueuer
+from receiver.redis import RedisConnector
 from tests.receiver.helpers import WEEK_S, Clock, job
 
 DAY_S = 86_400
@@ -67,7 +68,10 @@ async def test_an_id_older_than_the_window_is_new_again_after_its_segment_expire
 
 
 async def test_two_racing_copies_enqueue_exactly_once(redis_url):
-    clients = [redis_client(redis_url), redis_client(redis_url)]
+    clients = [
+        RedisConnector.from_url(redis_url).client("api"),
+        RedisConnector.from_url(redis_url).client("api"),
+    ]
     try:
         # two API processes, each with its own Enqueuer and connections
         enqs = [Enqueuer(c, dedupe_ttl_s=WEEK_S, job_expiry_s=WEEK_S) for c in clients]

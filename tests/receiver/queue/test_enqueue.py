@@ -20,9 +20,9 @@ from receiver.queue.enqueue import (
     EnqueueOutcome,
     Enqueuer,
     QueueBusy,
-    redis_client,
 )
 from receiver.queue.trips import RoundTrips
+from receiver.redis import RedisConnector
 from tests.receiver.helpers import WEEK_S, Clock, job
 from tests.servers import ValkeyProcess
 
@@ -162,7 +162,7 @@ def private_redis():
 
 
 async def test_noscript_after_script_flush_is_reloaded(private_redis, clock):
-    client = redis_client(private_redis.url)
+    client = RedisConnector.from_url(private_redis.url).client("api")
     try:
         enq = Enqueuer(client, dedupe_ttl_s=WEEK_S, job_expiry_s=WEEK_S, clock=clock)
         assert await enq.enqueue(job("msg_1")) is EnqueueOutcome.ENQUEUED
@@ -175,7 +175,7 @@ async def test_noscript_after_script_flush_is_reloaded(private_redis, clock):
 
 
 async def test_a_redis_restart_is_ridden_out(private_redis, clock):
-    client = redis_client(private_redis.url)
+    client = RedisConnector.from_url(private_redis.url).client("api")
     try:
         enq = Enqueuer(client, dedupe_ttl_s=WEEK_S, job_expiry_s=WEEK_S, clock=clock)
         assert await enq.enqueue(job("msg_before")) is EnqueueOutcome.ENQUEUED

@@ -6,13 +6,17 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from receiver.queue._arq import IN_PROGRESS_KEY
+from receiver.redis import RedisConnector
 from receiver.watches.store import WatchStore
 from receiver.worker.liveness import WORKERS_KEY, Liveness, held_jobs_key
 
 
 async def test_a_dead_workers_leases_are_released_and_a_live_workers_kept(redis_url):
     client = Redis.from_url(redis_url)
-    dead, live = Liveness(redis_url), Liveness(redis_url)
+    dead, live = (
+        Liveness(RedisConnector.from_url(redis_url)),
+        Liveness(RedisConnector.from_url(redis_url)),
+    )
     store = WatchStore(client)
     try:
         for w in (dead, live):
@@ -49,7 +53,10 @@ async def test_a_dead_workers_leases_are_released_and_a_live_workers_kept(redis_
 
 async def test_a_worker_within_the_bound_is_not_reaped_and_stop_hands_back(redis_url):
     client = Redis.from_url(redis_url)
-    a, b = Liveness(redis_url), Liveness(redis_url)
+    a, b = (
+        Liveness(RedisConnector.from_url(redis_url)),
+        Liveness(RedisConnector.from_url(redis_url)),
+    )
     store = WatchStore(client)
     try:
         await a.beat()

@@ -11,6 +11,7 @@ from receiver.demo.simulator import make_response
 from receiver.metrics import Metrics
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.queue.jobs import FetchBatch, FetchResponse
+from receiver.redis import RedisConnector
 from receiver.webhooks.endpoint import _job
 from receiver.worker.fetch import land_response
 from receiver.worker.state import build_state
@@ -36,7 +37,7 @@ async def test_a_polled_response_lands_in_every_sink(
     make_settings: Any, redis_url: str, tmp_path: Path
 ) -> None:
     settings = make_settings(redis_url=redis_url)
-    state = build_state(settings, redis_url, Metrics())
+    state = build_state(settings, RedisConnector.from_url(redis_url), Metrics())
     try:
         body = make_response("resp_polled", text="polled")
         landed = await land_response(

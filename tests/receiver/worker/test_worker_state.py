@@ -7,6 +7,7 @@ import gc
 from typing import Any
 
 from receiver.metrics import Metrics
+from receiver.redis import RedisConnector
 from receiver.worker.process import Shared, shutdown, startup
 
 
@@ -14,7 +15,7 @@ async def test_the_gc_is_set_for_jobs_while_the_state_is_open_then_restored(
     make_settings: Any, redis_url: str
 ) -> None:
     before = gc.get_threshold()
-    shared = Shared(redis_url)
+    shared = Shared(RedisConnector.from_url(redis_url))
     contexts = [
         {"shared": shared, "settings": make_settings(redis_url=redis_url), "metrics": Metrics()}
         for _ in range(2)  # a process's two workers share one state
