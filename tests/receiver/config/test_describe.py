@@ -8,13 +8,16 @@ import pytest
 
 from receiver.config.describe import describe
 from receiver.config.settings import load_settings
+from receiver.redis.connector import RedisConnector
 
 SECRET = "whsec_QUJDREVGR0hJSktMTU5PUA=="
 
 
 def sink_lines(sinks: dict[str, dict[str, object]]) -> list[str]:
     settings = load_settings(None, env={}, overrides={"data_dir": "data", "sinks": sinks})
-    lines = describe(settings, "redis://127.0.0.1:6379/0", api=None, worker=True)
+    lines = describe(
+        settings, RedisConnector.from_url("redis://127.0.0.1:6379/0"), api=None, worker=True
+    )
     return [line for line in lines if line.startswith("sink ")]
 
 
