@@ -100,10 +100,11 @@ def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[str,
 def run_on_deployment(
     args: argparse.Namespace,
     settings: Settings,
-    work: Callable[[str, str], Coroutine[Any, Any, int]],
+    work: Callable[[argparse.Namespace, Settings, str, str], Coroutine[Any, Any, int]],
 ) -> int:
-    """The exit status of ``work(url, where)`` run on the running nopoll's Redis (see
-    :func:`deployment_redis`); a connection to it lost midway is a NopollError naming it."""
+    """The exit status of the command ``work(args, settings, url, where)`` run on the running
+    nopoll's Redis (see :func:`deployment_redis`); a connection to it lost midway is a
+    NopollError naming it."""
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -111,7 +112,7 @@ def run_on_deployment(
 
     url, where = deployment_redis(args, settings)
     try:
-        return run_async(work(url, where))
+        return run_async(work(args, settings, url, where))
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 

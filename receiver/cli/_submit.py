@@ -306,7 +306,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_on_deployment(args, settings, lambda url, where: _submit(args, settings, url, where))
+    return run_on_deployment(args, settings, _submit)
 
 
 def register(sub: Any) -> None:

@@ -240,7 +240,7 @@ async def _wait_rows(
 
 def _cmd_watch(args: argparse.Namespace) -> int:
     settings = load(args)
-    return run_on_deployment(args, settings, lambda url, where: _watch(args, settings, url, where))
+    return run_on_deployment(args, settings, _watch)
 
 
 def register(sub: Any) -> None:
