@@ -100,10 +100,11 @@ def deployment_redis(args: argparse.Namespace, settings: Settings) -> tuple[Redi
 def run_on_deployment(
     args: argparse.Namespace,
     settings: Settings,
-    work: Callable[[RedisConnector, str], Coroutine[Any, Any, int]],
+    work: Callable[[argparse.Namespace, Settings, RedisConnector, str], Coroutine[Any, Any, int]],
 ) -> int:
-    """The exit status of ``work(redis, where)`` run on the running nopoll's Redis (see
-    :func:`deployment_redis`); a connection to it lost midway is a NopollError naming it."""
+    """The exit status of the command ``work(args, settings, redis, where)`` run on the running
+    nopoll's Redis (see :func:`deployment_redis`); a connection to it lost midway is a
+    NopollError naming it."""
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -111,7 +112,7 @@ def run_on_deployment(
 
     redis, where = deployment_redis(args, settings)
     try:
-        return run_async(work(redis, where))
+        return run_async(work(args, settings, redis, where))
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 

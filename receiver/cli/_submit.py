@@ -309,9 +309,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_on_deployment(
-        args, settings, lambda redis, where: _submit(args, settings, redis, where)
-    )
+    return run_on_deployment(args, settings, _submit)
 
 
 def register(sub: Any) -> None:

@@ -244,9 +244,7 @@ async def _wait_rows(
 
 def _cmd_watch(args: argparse.Namespace) -> int:
     settings = load(args)
-    return run_on_deployment(
-        args, settings, lambda redis, where: _watch(args, settings, redis, where)
-    )
+    return run_on_deployment(args, settings, _watch)
 
 
 def register(sub: Any) -> None:

@@ -49,33 +49,29 @@ def _fingerprint(key: bytes, token: bytes) -> str:
     return hmac.new(key, token, hashlib.sha256).hexdigest()[:32]
 
 
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    seconds = max(seconds, 0.0)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _duration(seconds: float | None) -> str:
+def _duration(seconds: float | None, *, coarse: bool = False) -> str:
     """How long something took, as precisely as is worth reading: ``0.4 s``, ``1.4 s``,
-    ``42 s``, ``2 min 3 s``, ``1 h 5 min``."""
+    ``42 s``, ``2 min 3 s``, ``1 h 5 min``; ``coarse`` (how long ago or until) rounds to
+    one unit: ``42 s``, ``3 min``, ``1.5 h``."""
     if seconds is None:
         return "—"
     seconds = max(seconds, 0.0)
-    if seconds < 10:
+    if seconds < 10 and not coarse:
         return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
+    if coarse:
+        return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
     whole = round(seconds)
     if whole < 3600:
         minutes, rest = divmod(whole, 60)
         return f"{minutes} min {rest} s" if rest else f"{minutes} min"
     hours, minutes = divmod(whole // 60, 60)
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def _ago(seconds: float | None) -> str:
+    return _duration(seconds, coarse=True)
 
 
 class _Ui:

@@ -16,23 +16,16 @@ PALETTE = ("#2f6fba", "#d08a1e", "#3f9a5a", "#a2479b", "#c4473f", "#6b7380")
 
 def bar_chart(values: Sequence[int], *, title: str, unit: str = "per minute") -> str:
     """One bar per value (oldest first), scaled to the largest; the last bar is "now"."""
-    n = max(len(values), 1)
     peak = max(values, default=0)
     total = sum(values)
     label = (
         f"{title}, last {len(values)} minutes: {total:,} in all, "
         f"peak {peak:,} {unit}, {values[-1] if values else 0:,} in the current minute"
     )
-    step = (_W - 2) / n
     bars = []
     for i, v in enumerate(values):
-        h = 0.0 if peak == 0 else (_H - _PAD - 2) * v / peak
-        x = 1 + i * step
-        y = _H - _PAD - h
-        bars.append(
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" height="{h:.1f}">'
-            f"<title>{v:,}</title></rect>"
-        )
+        h = _height(v, peak)
+        bars.append(_bar(i, len(values), _H - _PAD - h, h, f"{v:,}"))
     return _frame(label, f'<g class="bars">{"".join(bars)}</g>', peak, f"-{len(values)} min")
 
 
@@ -40,7 +33,6 @@ def stacked_chart(series: Mapping[str, Sequence[int]], *, title: str, unit: str)
     """One stacked bar per period (oldest first), a colour per series in ``series``' order
     (:data:`PALETTE`; give at most that many), scaled to the tallest stack."""
     columns = list(zip(*series.values(), strict=True)) if series else []
-    n = max(len(columns), 1)
     stacks = [sum(c) for c in columns]
     peak = max(stacks, default=0)
     names = ", ".join(f"{name} {sum(values):,}" for name, values in series.items())
@@ -48,20 +40,32 @@ def stacked_chart(series: Mapping[str, Sequence[int]], *, title: str, unit: str)
         f"{title}, last {len(columns)} hours: {sum(stacks):,} in all"
         f"{' (' + names + ')' if names else ''}, peak {peak:,} {unit}"
     )
-    step = (_W - 2) / n
     bars = []
     for i, column in enumerate(columns):
         y = float(_H - _PAD)
         for colour, name, v in zip(PALETTE, series, column, strict=False):
             if not v:
                 continue
-            h = (_H - _PAD - 2) * v / peak
+            h = _height(v, peak)
             y -= h
-            bars.append(
-                f'<rect x="{1 + i * step:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" '
-                f'height="{h:.1f}" fill="{colour}"><title>{escape(name)}: {v:,}</title></rect>'
-            )
+            bars.append(_bar(i, len(columns), y, h, f"{escape(name)}: {v:,}", colour))
     return _frame(label, f"<g>{''.join(bars)}</g>", peak, f"-{len(columns)} h")
+
+
+def _height(value: int, peak: int) -> float:
+    """How tall ``value``'s bar is when ``peak`` stands as high as the drawing."""
+    return 0.0 if peak == 0 else (_H - _PAD - 2) * value / peak
+
+
+def _bar(i: int, count: int, y: float, height: float, title: str, fill: str = "") -> str:
+    """The bar in slot ``i`` of ``count`` side by side across the width, its top at ``y``;
+    ``title`` (HTML, escaped already) is what a pointer on it shows."""
+    step = (_W - 2) / max(count, 1)
+    colour = f' fill="{fill}"' if fill else ""
+    return (
+        f'<rect x="{1 + i * step:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" '
+        f'height="{height:.1f}"{colour}><title>{title}</title></rect>'
+    )
 
 
 def _frame(label: str, bars: str, peak: int, since: str) -> str:
