@@ -33,10 +33,12 @@ import orjson
 
 from nopoll.envelope import BatchFacts, BatchRow
 from nopoll.exceptions import ProviderError
-from nopoll.status import row_status, unfinished_status, unknown_status
+from nopoll.status import pending_status, row_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.base import (
+    BadCallback,
     BatchFetch,
+    Callback,
     Chunk,
     IdempotentCreates,
     chunk_rows,
@@ -158,9 +160,20 @@ class AnthropicDialect(IdempotentCreates):
             )
         return data
 
+    @classmethod
+    def parse_callback(cls, event: dict[str, Any]) -> Callback | None:
+        """Never: Anthropic's API sends no callbacks (its providers take no webhook secrets,
+        so none reaches a dialect)."""
+        raise BadCallback("the anthropic dialect takes no callbacks")
+
+    def object_status(self, obj: dict[str, Any]) -> Any:
+        """A Message Batch's ``processing_status`` (it has no ``status``)."""
+        status = obj.get("status")
+        return obj.get("processing_status") if status is None else status
+
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         """By ``processing_status``: only ``ended`` is over."""
-        return unfinished_status(batch, "batch")
+        return pending_status(self.object_status(batch), "batch")
 
     def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
         return BatchFacts.of(batch)
