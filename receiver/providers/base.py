@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 
 import orjson
 
-from nopoll.envelope import BatchFacts, BatchRow
+from nopoll.envelope import BatchFacts, BatchRow, BodyFields, body_fields
 from nopoll.exceptions import ProviderError
 from nopoll.kinds import KindInfo, kind_of_event
 from nopoll.status import FINAL, pending_status, row_status, unknown_status
@@ -41,6 +41,7 @@ __all__ = [
     "ResponsesDialect",
     "batch_label",
     "chunk_rows",
+    "count_or_none",
     "id_chunks",
     "line_object",
     "loads_obj",
@@ -151,6 +152,12 @@ class Dialect(Protocol):
     def parse_callback(cls, event: dict[str, Any]) -> Callback | None:
         """A verified callback's JSON object as the fetch it asks for; None for an event
         nopoll does not take. Raises :class:`BadCallback` when the body is not one."""
+        ...
+
+    @classmethod
+    def normalize(cls, body: dict[str, Any] | None) -> BodyFields:
+        """A row's result body (as the provider gives it) read into what its envelope
+        takes: text, tokens, model, incomplete reason."""
         ...
 
     def object_status(self, obj: dict[str, Any]) -> Any:
@@ -282,6 +289,11 @@ def loads_obj(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def count_or_none(value: Any) -> int | None:
+    """A token count as the body has it: an integer (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def standard_callback(event: dict[str, Any]) -> Callback | None:
     """A Standard Webhooks callback of an OpenAI-style API: ``{"type": <event>, "data":
     {"id": ...}}``, the event one of a kind's ``callback_events``."""
@@ -367,6 +379,11 @@ class ResponsesDialect(IdempotentCreates):
     @classmethod
     def parse_callback(cls, event: dict[str, Any]) -> Callback | None:
         return standard_callback(event)
+
+    @classmethod
+    def normalize(cls, body: dict[str, Any] | None) -> BodyFields:
+        """A Responses object, or a chat completion (:func:`~nopoll.envelope.body_fields`)."""
+        return body_fields(body)
 
     def object_status(self, obj: dict[str, Any]) -> Any:
         """Its ``status``."""
