@@ -1,12 +1,12 @@
 """The provider dialects: one row per provider family, the one place their names are written.
 
 A row says where the dialect's implementation is (``"module:Class"`` in
-:mod:`receiver.providers`, imported only when a provider of that dialect is used), where the
-simulator's profile of its API is, and the facts about its API that the configuration, the
-provider client, the CLI and the simulator read. Adding a provider is adding its module in
-``receiver/providers/`` (and, for the simulator, a profile) and a row here. The table lives
-with the configuration because ``dialect:`` is a configuration key checked at load, and the
-configuration sits below the providers (which read their settings from it).
+:mod:`receiver.providers`, imported only when used) and its simulator profile, and holds
+the facts about its API that the configuration, the provider client, the CLI and the
+simulator read. Adding a provider is adding its module in ``receiver/providers/`` (and a
+simulator profile) and a row here. The table lives with the configuration because
+``dialect:`` is a configuration key checked at load, and the configuration sits below the
+providers (which read their settings from it).
 """
 
 from __future__ import annotations

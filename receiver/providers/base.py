@@ -1,5 +1,5 @@
 """The dialect contract: fetch one response; fetch a batch object; list a batch's rows as an
-async stream; read the provider's shapes (a callback, an object's status, a result body).
+async stream.
 
 A dialect turns one provider family's API into :class:`~nopoll.envelope.BatchRow`
 chunks. Chunks are numbered and their contents are deterministic for a given batch
