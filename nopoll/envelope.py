@@ -24,14 +24,15 @@ __all__ = [
     "SCHEMA",
     "BatchFacts",
     "BatchRow",
+    "BodyFields",
     "Column",
     "ColumnType",
     "Envelope",
     "batch_summary_envelope",
+    "body_fields",
     "chat_output_text",
     "envelope_from_response",
     "envelope_from_row",
-    "message_output_text",
     "now_rfc3339",
     "response_output_text",
     "row_key",
@@ -166,19 +167,6 @@ def chat_output_text(completion: dict[str, Any]) -> str | None:
     return content if isinstance(content, str) else None
 
 
-def message_output_text(message: dict[str, Any]) -> str | None:
-    """The text of an Anthropic Messages object: its ``text`` content blocks, concatenated
-    (other blocks, such as ``tool_use`` or ``thinking``, carry no output text)."""
-    parts = [
-        block["text"]
-        for block in message.get("content") or ()
-        if isinstance(block, dict)
-        and block.get("type") == "text"
-        and isinstance(block.get("text"), str)
-    ]
-    return "".join(parts) if parts else None
-
-
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -244,52 +232,48 @@ class BatchRow:
     error: dict[str, Any] | None = None
 
 
-def _body_fields(body: dict[str, Any] | None) -> dict[str, Any]:
-    """Text, tokens, model and incomplete reason of a Responses object, a chat completion or
-    an Anthropic Messages object."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class BodyFields:
+    """What a row's envelope takes from its result body, in nopoll's words: each dialect
+    reads its own body shape into these (its ``normalize``); :func:`body_fields` is the
+    reading of the OpenAI-style shapes."""
+
+    output_text: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    model: str | None = None
+    incomplete_reason: str | None = None
+    """``max_output_tokens`` for output cut at the token limit, whatever the provider calls it
+    (so that one usable rule holds)."""
+    status: str | None = None
+    """The body's own final status (nopoll's word), when it has one."""
+
+
+def body_fields(body: dict[str, Any] | None) -> BodyFields:
+    """Text, tokens, model, incomplete reason and status of an OpenAI-style result body: a
+    Responses object, or a chat completion (a batch of ``/v1/chat/completions``)."""
     if not body:
-        return {
-            "output_text": None,
-            "input_tokens": None,
-            "output_tokens": None,
-            "model": None,
-            "incomplete_reason": None,
-            "status": None,
-        }
+        return BodyFields()
     raw_usage = body.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     model = body.get("model")
-    if "choices" in body:  # a chat completion
-        return {
-            "output_text": chat_output_text(body),
-            "input_tokens": _int_or_none(usage.get("prompt_tokens")),
-            "output_tokens": _int_or_none(usage.get("completion_tokens")),
-            "model": model if isinstance(model, str) else None,
-            "incomplete_reason": None,
-            "status": None,
-        }
-    if body.get("type") == "message" and "content" in body:  # an Anthropic Messages object
-        cut = body.get("stop_reason") == "max_tokens"
-        return {
-            "output_text": message_output_text(body),
-            "input_tokens": _int_or_none(usage.get("input_tokens")),
-            "output_tokens": _int_or_none(usage.get("output_tokens")),
-            "model": model if isinstance(model, str) else None,
-            # nopoll's word for output cut at the token limit, so the same usable rule holds
-            "incomplete_reason": "max_output_tokens" if cut else None,
-            "status": "incomplete" if cut else None,
-        }
+    if "choices" in body:  # a chat completion: no status, no incomplete reason
+        return BodyFields(
+            output_text=chat_output_text(body),
+            input_tokens=_int_or_none(usage.get("prompt_tokens")),
+            output_tokens=_int_or_none(usage.get("completion_tokens")),
+            model=model if isinstance(model, str) else None,
+        )
     details = body.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None
-    status = body.get("status")
-    return {
-        "output_text": response_output_text(body),
-        "input_tokens": _int_or_none(usage.get("input_tokens")),
-        "output_tokens": _int_or_none(usage.get("output_tokens")),
-        "model": model if isinstance(model, str) else None,
-        "incomplete_reason": reason if isinstance(reason, str) else None,
-        "status": final_status(status),
-    }
+    return BodyFields(
+        output_text=response_output_text(body),
+        input_tokens=_int_or_none(usage.get("input_tokens")),
+        output_tokens=_int_or_none(usage.get("output_tokens")),
+        model=model if isinstance(model, str) else None,
+        incomplete_reason=reason if isinstance(reason, str) else None,
+        status=final_status(body.get("status")),
+    )
 
 
 def row_key(batch_id: str, custom_id: str | None, index: int) -> str:
@@ -313,14 +297,18 @@ def envelope_from_row(
     event_id: str | None,
     tenant: str = DEFAULT_TENANT,
     fetched_at: str | None = None,
+    fields: BodyFields | None = None,
 ) -> Envelope:
-    """Normalize one batch row into a ``batch_row`` envelope keyed by :func:`row_key`."""
-    fields = _body_fields(row.body)
+    """Normalize one batch row into a ``batch_row`` envelope keyed by :func:`row_key`;
+    ``fields`` are its body's, as its dialect reads them (by default an OpenAI-style
+    body's: :func:`body_fields`)."""
+    if fields is None:
+        fields = body_fields(row.body)
     status = row.status
-    if status == "completed" and fields["status"] == "incomplete":
-        status = "incomplete"  # a Responses body that ran out of tokens
-    text = fields["output_text"]
-    reason = fields["incomplete_reason"]
+    if status == "completed" and fields.status == "incomplete":
+        status = "incomplete"  # a body that ran out of tokens
+    text = fields.output_text
+    reason = fields.incomplete_reason
     usable = status == "completed" or (
         status == "incomplete" and reason == "max_output_tokens" and bool(text)
     )
@@ -337,10 +325,10 @@ def envelope_from_row(
         status=status,
         usable=usable,
         incomplete_reason=reason,
-        model=fields["model"],
+        model=fields.model,
         output_text=text,
-        input_tokens=fields["input_tokens"],
-        output_tokens=fields["output_tokens"],
+        input_tokens=fields.input_tokens,
+        output_tokens=fields.output_tokens,
         error=_error(row.error) or _error(body_error),
         metadata=metadata if isinstance(metadata, dict) else {},
         event_id=event_id,

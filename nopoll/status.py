@@ -21,7 +21,7 @@ __all__ = [
     "STATUSES",
     "UNFINISHED",
     "final_status",
-    "object_status",
+    "pending_status",
     "row_status",
     "unfinished_status",
     "unknown_status",
@@ -72,16 +72,15 @@ def final_status(value: Any, kind: WatchKind = DEFAULT_KIND) -> str | None:
     return (BATCH_FINAL if kind in SUMMARY_KINDS else FINAL).get(value.lower())
 
 
-def object_status(obj: dict[str, Any]) -> Any:
-    """A provider object's own status: ``status``, or Anthropic's ``processing_status``."""
-    status = obj.get("status")
-    return obj.get("processing_status") if status is None else status
-
-
 def unfinished_status(obj: dict[str, Any], kind: WatchKind = DEFAULT_KIND) -> str | None:
-    """The object's status when it is not finished (``"<none>"`` when it has none, at most
+    """:func:`pending_status` of the object's ``status`` (where a Responses object, and most
+    batch objects, keep it; a dialect that keeps it elsewhere reads it itself)."""
+    return pending_status(obj.get("status"), kind)
+
+
+def pending_status(status: Any, kind: WatchKind = DEFAULT_KIND) -> str | None:
+    """An object's status when it is not finished (``"<none>"`` when it has none, at most
     64 characters); None when it is final."""
-    status = object_status(obj)
     if not isinstance(status, str):
         return "<none>"
     if final_status(status, kind) is not None:

@@ -378,6 +378,7 @@ class BatchRunner:
                     event_id=ctx.event_id,
                     tenant=ctx.tenant,
                     fetched_at=fetched_at,
+                    fields=dialect.normalize(row.body),
                 )
                 for row in rows
             ]

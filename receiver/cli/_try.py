@@ -115,13 +115,7 @@ def _instructions(args: argparse.Namespace, base_url: str, api_key: str, secret:
         '  db: {type: sql, url: "sqlite:///nopoll-data/results.db"}',
         "",
     ]
-    if batches_only:  # Message Batches: a native line
-        line = (
-            '{"custom_id": "row-1", "params": {"model": "m-1", "max_tokens": 64, '
-            '"messages": [{"role": "user", "content": "hello"}]}}'
-        )
-    else:
-        line = '{"model": "m-1", "input": "hello"}'
+    line = DIALECTS[dialect].sample_line
     if secret is not None:
         lines += [
             "3. Start nopoll, then send it a signed callback from another shell (same exports):",

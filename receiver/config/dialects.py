@@ -1,11 +1,12 @@
 """The provider dialects: one row per provider family, the one place their names are written.
 
 A row says where the dialect's implementation is (``"module:Class"`` in
-:mod:`receiver.providers`, imported only when a provider of that dialect is used) and the
-facts about its API that the configuration, the CLI and the simulator read. Adding a
-provider is adding its module in ``receiver/providers/`` and a row here. The table lives
-with the configuration because ``dialect:`` is a configuration key checked at load, and the
-configuration sits below the providers (which read their settings from it).
+:mod:`receiver.providers`, imported only when used) and its simulator profile, and holds
+the facts about its API that the configuration, the provider client, the CLI and the
+simulator read. Adding a provider is adding its module in ``receiver/providers/`` (and a
+simulator profile) and a row here. The table lives with the configuration because
+``dialect:`` is a configuration key checked at load, and the configuration sits below the
+providers (which read their settings from it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-__all__ = ["DIALECTS", "DialectInfo", "known_dialect"]
+__all__ = ["DIALECTS", "RETRY_STATUSES", "DialectInfo", "known_dialect"]
+
+RETRY_STATUSES = frozenset({500, 502, 503, 504, 529})
+"""The 5xx answers worth another try (beside :data:`nopoll.wire.RETRY_LATER`); 529 is
+Anthropic's ``overloaded_error``, which the simulator answers in every dialect."""
+
+RESPONSES_SAMPLE_LINE = '{"model": "m-1", "input": "hello"}'
+"""A ``submit --batch`` line of an API with single responses: a Responses create body."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +32,9 @@ class DialectInfo:
 
     implementation: str
     """``"module:Class"`` of its :class:`~receiver.providers.Dialect`."""
+    simulator: str
+    """``"module:name"`` of its :class:`~receiver.demo.profiles.SimProfile`: how the
+    provider simulator speaks its API (imported only by the simulator)."""
     sends_callbacks: bool
     """Its providers send signed callbacks (the simulator's do); else results are polled."""
     takes_webhook_secrets: bool = True
@@ -42,24 +53,49 @@ class DialectInfo:
     together: the default of ``providers.<name>.rate_limit_rps``. None: no fixed request
     rate is documented (a limit in tokens, or per model, or none at all), so an account
     has no request budget and its requests cost nothing extra."""
+    retry_statuses: frozenset[int] = RETRY_STATUSES
+    """The 5xx answers of its providers that the client tries again."""
+    sample_line: str = RESPONSES_SAMPLE_LINE
+    """One ``submit --batch`` line in the shape it takes, for examples (``nopoll try``)."""
 
+
+_PROFILES = "receiver.demo.profiles"
 
 DIALECTS: dict[str, DialectInfo] = {
-    "openai": DialectInfo("receiver.providers.openai:OpenAIDialect", sends_callbacks=True),
-    "sference": DialectInfo("receiver.providers.sference:SferenceDialect", sends_callbacks=True),
-    "sail": DialectInfo("receiver.providers.sail:SailDialect", sends_callbacks=False),
+    "openai": DialectInfo(
+        "receiver.providers.openai:OpenAIDialect",
+        f"{_PROFILES}:OPENAI",
+        sends_callbacks=True,
+    ),
+    "sference": DialectInfo(
+        "receiver.providers.sference:SferenceDialect",
+        f"{_PROFILES}:SFERENCE",
+        sends_callbacks=True,
+    ),
+    "sail": DialectInfo(
+        "receiver.providers.sail:SailDialect", f"{_PROFILES}:SAIL", sends_callbacks=False
+    ),
     # Valar: 60 requests a minute per organization, summed over its API keys (Valar's
     # published limits page, limits.mdx at commit c6185994 of valarhq/docs; see docs/providers.md)
     "valar": DialectInfo(
-        "receiver.providers.valar:ValarDialect", sends_callbacks=False, rate_limit_rps=1.0
+        "receiver.providers.valar:ValarDialect",
+        f"{_PROFILES}:VALAR",
+        sends_callbacks=False,
+        rate_limit_rps=1.0,
     ),
     "anthropic": DialectInfo(
         "receiver.providers.anthropic:AnthropicDialect",
+        f"{_PROFILES}:ANTHROPIC",
         sends_callbacks=False,
         takes_webhook_secrets=False,
         takes_api_version=True,
         single_responses=False,
         base_path="",
+        # a Message Batches line: its own custom_id and params
+        sample_line=(
+            '{"custom_id": "row-1", "params": {"model": "m-1", "max_tokens": 64, '
+            '"messages": [{"role": "user", "content": "hello"}]}}'
+        ),
     ),
 }
 

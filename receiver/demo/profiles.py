@@ -1,6 +1,6 @@
-"""How the provider simulator speaks each dialect's API: one row per dialect of
-:data:`~receiver.config.dialects.DIALECTS` (a test holds the two tables to the same names, so
-a new dialect fails loudly until the simulator learns it).
+"""How the provider simulator speaks each dialect's API: a :class:`SimProfile` per dialect,
+named by its row of :data:`~receiver.config.dialects.DIALECTS` (``simulator``), from which
+:data:`PROFILES` is built.
 
 The simulator's routes, :class:`~receiver.demo.batches.SimBatch` and the create side read
 these facts instead of naming dialects. Each fact is the provider's published contract
@@ -12,17 +12,19 @@ class.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from receiver.config.dialects import DIALECTS
 from receiver.demo.errors import ErrorBody, litestar_error, openai_error
 from receiver.demo.responses import openai_shape, responses_object_shape, sference_shape
 from receiver.providers.sail import SailDialect
 from receiver.providers.sference import SferenceDialect
 from receiver.providers.valar import ValarDialect
 
-__all__ = ["PROFILES", "SimProfile"]
+__all__ = ["ANTHROPIC", "OPENAI", "PROFILES", "SAIL", "SFERENCE", "VALAR", "SimProfile"]
 
 _RESPONSES_ID = r"[a-z0-9][a-z0-9_-]{0,63}"
 """Sail's and Valar's ``custom_id``: ``^[a-z0-9][a-z0-9_-]*$``, 1 to 64 characters."""
@@ -139,47 +141,57 @@ _RESPONSES_API = SimProfile(
 )
 """What Sail's and Valar's references share (Valar's is Sail's, renamed)."""
 
-PROFILES: dict[str, SimProfile] = {
-    "openai": SimProfile(
-        output_files=True,
-        batch_statuses=("finalizing",),
-        created_batch_status="in_progress",
-        created_from="file",
-        windows=("24h",),
-        metadata_keys=16,
-    ),
-    "sference": SimProfile(
-        results_file="results.jsonl",
-        batch_statuses=("pending", "running"),
-        batch_list="items",
-        cancel=True,
-        request_part=SferenceDialect.request_part,
-        windows=("24h",),
-        batch_create_status=201,
-        ids="uuid",
-        shape_response=sference_shape,
-        response_statuses=("in_progress", "in_progress", "in_progress"),
-        response_windows=("24h",),
-        string_metadata=False,
-        custom_id_param=False,
-        streams=True,
-        error_body=litestar_error,
-        idempotency_conflict=(400, None),
-        idempotency=False,
-    ),
-    "sail": replace(
-        _RESPONSES_API,
-        guide_shape=True,
-        request_part=SailDialect.request_part,
-        response_windows=("asap", "priority", "standard", "balanced", "flex"),
-        param_values={"truncation": ("disabled",)},
-    ),
-    "valar": replace(
-        _RESPONSES_API,
-        request_part=ValarDialect.request_part,
-        response_windows=("asap", "standard", "flex"),
-        param_values={"store": (True,), "stream": (False,), "truncation": ("disabled",)},
-        rate_limit_per_min=60,
-    ),
-    "anthropic": SimProfile(message_batches=True, created_from=None),
-}
+OPENAI = SimProfile(
+    output_files=True,
+    batch_statuses=("finalizing",),
+    created_batch_status="in_progress",
+    created_from="file",
+    windows=("24h",),
+    metadata_keys=16,
+)
+SFERENCE = SimProfile(
+    results_file="results.jsonl",
+    batch_statuses=("pending", "running"),
+    batch_list="items",
+    cancel=True,
+    request_part=SferenceDialect.request_part,
+    windows=("24h",),
+    batch_create_status=201,
+    ids="uuid",
+    shape_response=sference_shape,
+    response_statuses=("in_progress", "in_progress", "in_progress"),
+    response_windows=("24h",),
+    string_metadata=False,
+    custom_id_param=False,
+    streams=True,
+    error_body=litestar_error,
+    idempotency_conflict=(400, None),
+    idempotency=False,
+)
+SAIL = replace(
+    _RESPONSES_API,
+    guide_shape=True,
+    request_part=SailDialect.request_part,
+    response_windows=("asap", "priority", "standard", "balanced", "flex"),
+    param_values={"truncation": ("disabled",)},
+)
+VALAR = replace(
+    _RESPONSES_API,
+    request_part=ValarDialect.request_part,
+    response_windows=("asap", "standard", "flex"),
+    param_values={"store": (True,), "stream": (False,), "truncation": ("disabled",)},
+    rate_limit_per_min=60,
+)
+ANTHROPIC = SimProfile(message_batches=True, created_from=None)
+
+
+def _profile(ref: str) -> SimProfile:
+    """The profile a dialect's row names (``"module:name"``)."""
+    module, _, name = ref.partition(":")
+    profile = getattr(importlib.import_module(module), name)
+    assert isinstance(profile, SimProfile), ref
+    return profile
+
+
+PROFILES: dict[str, SimProfile] = {name: _profile(d.simulator) for name, d in DIALECTS.items()}
+"""Every dialect's profile, by dialect name."""

@@ -19,15 +19,18 @@ from typing import Any, ClassVar
 
 import orjson
 
-from nopoll.envelope import BatchFacts, BatchRow
+from nopoll.envelope import BatchFacts, BatchRow, BodyFields
 from nopoll.exceptions import ProviderError
-from nopoll.status import row_status, unfinished_status, unknown_status
+from nopoll.status import pending_status, row_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.base import (
+    BadCallback,
     BatchFetch,
+    Callback,
     Chunk,
     IdempotentCreates,
     chunk_rows,
+    count_or_none,
     line_object,
 )
 from receiver.providers.batch_input import MAX_LISTED, BadLine, BatchInput, CreateCall
@@ -42,6 +45,7 @@ __all__ = [
     "auth_headers",
     "batch_request",
     "create_body",
+    "message_output_text",
     "parse_line",
     "split",
 ]
@@ -105,6 +109,19 @@ def parse_line(index: int, line: bytes) -> BatchRow:
     return BatchRow(index, custom_id, status, error=unknown_status(kind))
 
 
+def message_output_text(message: dict[str, Any]) -> str | None:
+    """The text of a Messages object: its ``text`` content blocks, concatenated (other
+    blocks, such as ``tool_use`` or ``thinking``, carry no output text)."""
+    parts = [
+        block["text"]
+        for block in message.get("content") or ()
+        if isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+    ]
+    return "".join(parts) if parts else None
+
+
 class AnthropicDialect(IdempotentCreates):
     """Anthropic Message Batches: poll the batch, then stream ``results_url``; a ``submit
     --batch`` file becomes as many batches as the API's limits need (see the module docs)."""
@@ -146,9 +163,39 @@ class AnthropicDialect(IdempotentCreates):
             )
         return data
 
+    @classmethod
+    def parse_callback(cls, event: dict[str, Any]) -> Callback | None:
+        """Never: Anthropic's API sends no callbacks (its providers take no webhook secrets,
+        so none reaches a dialect)."""
+        raise BadCallback("the anthropic dialect takes no callbacks")
+
+    @classmethod
+    def normalize(cls, body: dict[str, Any] | None) -> BodyFields:
+        """A Messages object: its text blocks, its usage, and output cut at ``max_tokens``
+        as nopoll's ``incomplete`` (``max_output_tokens``), so the same usable rule holds."""
+        if not body or body.get("type") != "message" or "content" not in body:
+            return BodyFields()
+        raw_usage = body.get("usage")
+        usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+        model = body.get("model")
+        cut = body.get("stop_reason") == "max_tokens"
+        return BodyFields(
+            output_text=message_output_text(body),
+            input_tokens=count_or_none(usage.get("input_tokens")),
+            output_tokens=count_or_none(usage.get("output_tokens")),
+            model=model if isinstance(model, str) else None,
+            incomplete_reason="max_output_tokens" if cut else None,
+            status="incomplete" if cut else None,
+        )
+
+    def object_status(self, obj: dict[str, Any]) -> Any:
+        """A Message Batch's ``processing_status`` (it has no ``status``)."""
+        status = obj.get("status")
+        return obj.get("processing_status") if status is None else status
+
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         """By ``processing_status``: only ``ended`` is over."""
-        return unfinished_status(batch, "batch")
+        return pending_status(self.object_status(batch), "batch")
 
     def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
         return BatchFacts.of(batch)

@@ -20,16 +20,19 @@ from typing import Any, ClassVar, Protocol
 
 import orjson
 
-from nopoll.envelope import BatchFacts, BatchRow
+from nopoll.envelope import BatchFacts, BatchRow, BodyFields, body_fields
 from nopoll.exceptions import ProviderError
-from nopoll.status import FINAL, row_status, unfinished_status, unknown_status
+from nopoll.kinds import KindInfo, kind_of_event
+from nopoll.status import FINAL, pending_status, row_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.batch_input import BatchInput, CreateCall, check_lines
 from receiver.providers.client import ProviderClient
 
 __all__ = [
     "PER_ROW_BYTES",
+    "BadCallback",
     "BatchFetch",
+    "Callback",
     "ChunkCut",
     "Dialect",
     "IdempotentCreates",
@@ -37,6 +40,7 @@ __all__ = [
     "ResponsesDialect",
     "batch_label",
     "chunk_rows",
+    "count_or_none",
     "id_chunks",
     "line_object",
     "loads_obj",
@@ -93,6 +97,19 @@ class ChunkCut:
         self.rows = self.bytes = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """What a verified callback asks for: fetch the object ``object_id`` of ``kind``."""
+
+    event_type: str
+    kind: KindInfo
+    object_id: str
+
+
+class BadCallback(ValueError):
+    """A callback body its dialect cannot read; the message says why (the sender's 400)."""
+
+
 class Dialect(Protocol):
     """How one provider family hands out finished results."""
 
@@ -128,6 +145,24 @@ class Dialect(Protocol):
 
     def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
         """A finished batch object's facts for its ``batch`` summary."""
+        ...
+
+    @classmethod
+    def parse_callback(cls, event: dict[str, Any]) -> Callback | None:
+        """A verified callback's JSON object as the fetch it asks for; None for an event
+        nopoll does not take. Raises :class:`BadCallback` when the body is not one."""
+        ...
+
+    @classmethod
+    def normalize(cls, body: dict[str, Any] | None) -> BodyFields:
+        """A row's result body (as the provider gives it) read into what its envelope
+        takes: text, tokens, model, incomplete reason."""
+        ...
+
+    def object_status(self, obj: dict[str, Any]) -> Any:
+        """A provider object's own status, as the provider spells it (a key of
+        :data:`~nopoll.status.FINAL` or :data:`~nopoll.status.UNFINISHED`, or anything
+        else): where the object keeps it."""
         ...
 
     stable_chunks: ClassVar[bool]
@@ -253,6 +288,28 @@ def loads_obj(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def count_or_none(value: Any) -> int | None:
+    """A token count as the body has it: an integer (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def standard_callback(event: dict[str, Any]) -> Callback | None:
+    """A Standard Webhooks callback of an OpenAI-style API: ``{"type": <event>, "data":
+    {"id": ...}}``, the event one of a kind's ``callback_events``."""
+    event_type = event.get("type")
+    if not isinstance(event_type, str):
+        raise BadCallback("body must be a JSON object with a string 'type'")
+    kind = kind_of_event(event_type)
+    if kind is None:
+        return None
+    data = event.get("data")
+    object_id = data.get("id") if isinstance(data, dict) else None
+    if not safe_id(object_id):
+        raise BadCallback("data.id must match [A-Za-z0-9_.:-]{1,256}")
+    assert isinstance(object_id, str)
+    return Callback(event_type, kind, object_id)
+
+
 class IdempotentCreates:
     """A provider whose create is sent again under the same ``Idempotency-Key`` when its
     answer was lost (Sail and Valar document that it then replays the first answer):
@@ -318,9 +375,22 @@ class ResponsesDialect(IdempotentCreates):
     def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         raise NotImplementedError
 
+    @classmethod
+    def parse_callback(cls, event: dict[str, Any]) -> Callback | None:
+        return standard_callback(event)
+
+    @classmethod
+    def normalize(cls, body: dict[str, Any] | None) -> BodyFields:
+        """A Responses object, or a chat completion (:func:`~nopoll.envelope.body_fields`)."""
+        return body_fields(body)
+
+    def object_status(self, obj: dict[str, Any]) -> Any:
+        """Its ``status``."""
+        return obj.get("status")
+
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         """By the object's own ``status`` (OpenAI's and sference's batch objects have one)."""
-        return unfinished_status(batch, "batch")
+        return pending_status(self.object_status(batch), "batch")
 
     def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
         return BatchFacts.of(batch)
@@ -371,7 +441,7 @@ class RequestStatusDialect(ResponsesDialect):
 
     def batch_pending(self, batch: dict[str, Any]) -> str | None:
         if isinstance(batch.get("status"), str):
-            return unfinished_status(batch, "batch")
+            return pending_status(batch["status"], "batch")
         total, settled = settled_requests(batch)
         done = sum(settled.values())
         if total is None:

@@ -32,6 +32,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
 from nopoll.wire import RETRY_LATER, SAFE_ID, retry_after_s, safe_id
 from receiver.backoff import Backoff
+from receiver.config.dialects import DIALECTS
 from receiver.config.settings import HttpConfig, ProviderConfig
 from receiver.providers._aiohttp import AiohttpGets
 from receiver.providers._decode import ENCODINGS, PIECE, Answer, Decoder, raw_stream
@@ -49,8 +50,6 @@ __all__ = [
     "safe_id",
 ]
 
-_RETRY_STATUS = RETRY_LATER | {500, 502, 503, 504, 529}
-"""529: Anthropic's ``overloaded_error``."""
 _QUOTA_STATUS = frozenset({402, 403, 429})
 """Statuses whose error may say ``insufficient_quota``: a spent quota, not a rate limit."""
 _QUOTA = "insufficient_quota"
@@ -327,6 +326,8 @@ class ProviderClient:
     ) -> None:
         self.name = name
         self.config = config
+        self._retry_status = RETRY_LATER | DIALECTS[config.dialect].retry_statuses
+        """The answers worth another try: ``not now`` and the dialect's own 5xx."""
         self.budget = budget
         """The account's request budget (:mod:`receiver.providers.budget`): a slot of it before
         every request, its pauses after the answers that ask for one. None: neither."""
@@ -499,7 +500,7 @@ class ProviderClient:
             return response, content
         if quota:
             raise self._quota_spent(path, status, said)
-        if status in _RETRY_STATUS:
+        if status in self._retry_status:
             raise TransientProviderError(
                 "provider busy or failing" + said,
                 provider=self.name,

@@ -22,11 +22,13 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nopoll.exceptions import VerificationError
+from nopoll.kinds import KINDS
 from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.logs import Throttle
 from receiver.metrics import Metrics
-from receiver.providers import safe_id
+from receiver.providers import dialect_type
+from receiver.providers.base import BadCallback, Callback, standard_callback
 from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
 from receiver.queue.jobs import FetchBatch, FetchResponse
 from receiver.redis.link import RedisLink
@@ -48,10 +50,8 @@ __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "WebhookDispatch", "WebhookEndpoin
 
 log = logging.getLogger("nopoll.app")
 
-RESPONSE_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-)
-BATCH_EVENTS = frozenset({"batch.completed", "batch.failed", "batch.cancelled", "batch.expired"})
+RESPONSE_EVENTS = KINDS["response"].callback_events
+BATCH_EVENTS = KINDS["batch"].callback_events
 _WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,256}")
 _PREFIX = "/webhooks/"
 _CONTENT_TYPE = (b"content-type", b"application/json")
@@ -66,6 +66,11 @@ class WebhookEndpoint:
             name: Verifier(cfg.secret_keys(), cfg.tolerance_s)
             for name, cfg in settings.providers.items()
             if cfg.webhook_secrets
+        }
+        # How each provider's callbacks read: its dialect's (the dialects' modules imported now)
+        self._parsers = {
+            name: dialect_type(cfg.dialect).parse_callback
+            for name, cfg in settings.providers.items()
         }
         # Configured, but sends no callbacks (results come by polling): a clear 404.
         self._no_callbacks = {n for n, cfg in settings.providers.items() if not cfg.webhook_secrets}
@@ -191,20 +196,19 @@ class WebhookEndpoint:
             event = orjson.loads(body)  # orjson rejects invalid UTF-8
         except orjson.JSONDecodeError:
             raise Reply(400, {"error": "body is not UTF-8 JSON"}) from None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        if not isinstance(event, dict):
             raise Reply(400, {"error": "body must be a JSON object with a string 'type'"})
-        event_type = event["type"]
-        if event_type not in RESPONSE_EVENTS and event_type not in BATCH_EVENTS:
-            reason = f"event type {event_type!r} is not handled"
+        try:
+            callback = self._parsers.get(provider, standard_callback)(event)
+        except BadCallback as exc:
+            raise Reply(400, {"error": str(exc)}) from None
+        if callback is None:
+            reason = f"event type {event.get('type')!r} is not handled"
             log.debug("callback %s to /webhooks/%s ignored: %s", webhook_id, provider, reason)
             raise Reply(202, {"status": "ignored", "reason": reason}, "ignored")
-        data = event.get("data")
-        object_id = data.get("id") if isinstance(data, dict) else None
-        if not safe_id(object_id):
-            raise Reply(400, {"error": "data.id must match [A-Za-z0-9_.:-]{1,256}"})
-        assert isinstance(object_id, str)
+        event_type, object_id = callback.event_type, callback.object_id
 
-        outcome = await self._enqueue(_job(provider, webhook_id, event_type, object_id, tenant))
+        outcome = await self._enqueue(_job(provider, webhook_id, callback, tenant))
         if outcome is EnqueueOutcome.DUPLICATE:
             raise Reply(200, {"status": "duplicate"}, "duplicate")
         self._accepted[provider].inc()
@@ -233,14 +237,19 @@ class WebhookEndpoint:
 
 
 def _job(
-    provider: str, webhook_id: str, event_type: str, object_id: str, tenant: str = DEFAULT_TENANT
+    provider: str, webhook_id: str, callback: Callback, tenant: str = DEFAULT_TENANT
 ) -> CallbackJob:
     """The fetch job a callback asks for: a response's on the short queue, a batch's on
     the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
     context = traceparent()  # None unless tracing is on: then the job continues this trace
-    job = FetchResponse if event_type in RESPONSE_EVENTS else FetchBatch
+    job = FetchResponse if callback.kind is KINDS["response"] else FetchBatch
     return job.callback(
-        provider, object_id, webhook_id, tenant=tenant, event_type=event_type, traceparent=context
+        provider,
+        callback.object_id,
+        webhook_id,
+        tenant=tenant,
+        event_type=callback.event_type,
+        traceparent=context,
     )
 
 

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
-from nopoll.status import object_status, unfinished_status
+from nopoll.status import unfinished_status
 from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
 from receiver.providers.budget import NoRequestSlot
@@ -197,7 +197,7 @@ class WatchPoller:
             await self._again(watch, config, next_interval_s(config.watch, watch.polls), status)
             return
         metrics.watch_polls.labels(watch.provider, "terminal").inc()
-        final = str(object_status(obj)) if watch.kind == "response" else None
+        final = str(dialect.object_status(obj)) if watch.kind == "response" else None
         await self._land(watch, obj, final or dialect.batch_facts(obj).status)
 
     async def _again(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from receiver.config.dialects import DIALECTS
 from receiver.config.settings import (
     ApiConfig,
     BatchConfig,
@@ -157,6 +158,14 @@ def test_a_request_budget_is_a_number_or_null(helm: Any) -> None:
         values["config"]["providers"]["more"]["rate_limit_rps"] = 0
         with pytest.raises(helm.HelmValuesError):
             chart.validate_schema(values)
+
+
+def test_schema_dialect_enum_is_the_dialect_table() -> None:
+    """The chart's ``dialect`` enum names every row of the dialect table, in its order, and
+    nothing else: a new dialect fails here until the chart takes it."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    provider = schema["properties"]["config"]["properties"]["providers"]["additionalProperties"]
+    assert provider["properties"]["dialect"]["enum"] == list(DIALECTS)
 
 
 def test_schema_config_keys_match_nopoll_settings() -> None:

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from nopoll.envelope import envelope_from_row
 from receiver.config import ProviderConfig
 from receiver.providers.anthropic import (
+    AnthropicDialect,
     auth_headers,
     batch_request,
     create_body,
@@ -19,8 +20,14 @@ from receiver.providers.anthropic import (
 
 def _row(result: dict) -> object:
     line = orjson.dumps({"custom_id": "r1", "result": result})
+    row = parse_line(0, line)
     return envelope_from_row(
-        parse_line(0, line), provider="p", batch_id="msgbatch_1", received_at="t", event_id=None
+        row,
+        provider="p",
+        batch_id="msgbatch_1",
+        received_at="t",
+        event_id=None,
+        fields=AnthropicDialect.normalize(row.body),  # as the batch runner reads its rows
     )
 
 
