@@ -26,6 +26,7 @@ key never sees it unless tracing is turned on before it is upgraded.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,25 +35,100 @@ from typing import Any, ClassVar, Self
 from nopoll.envelope import DEFAULT_TENANT, Envelope, now_rfc3339
 from nopoll.exceptions import SinkRowsRejected
 from receiver.config.accounts import scoped
-from receiver.queue.enqueue import (
-    DELIVER,
-    FETCH_BATCH,
-    FETCH_RESPONSE,
-    CallbackJob,
-    QueuedJob,
-    batch_job_id,
-    queue_for,
-    response_job_id,
-)
+from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
 
 __all__ = [
+    "BATCHES_QUEUE",
+    "DELIVER",
+    "FETCH_BATCH",
+    "FETCH_RESPONSE",
+    "JOBS_QUEUE",
+    "CallbackJob",
     "DeliverJob",
     "FetchBatch",
     "FetchJob",
     "FetchResponse",
+    "QueuedJob",
+    "batch_job_id",
     "fetch_from_job_id",
+    "queue_for",
     "rejection_text",
+    "response_job_id",
 ]
+
+JOBS_QUEUE = "nopoll:jobs"
+"""Short jobs: fetching single responses and re-delivering to sinks."""
+BATCHES_QUEUE = "nopoll:batches"
+"""Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
+
+FETCH_RESPONSE = "fetch_response"
+"""Job: fetch one finished response and fan it out."""
+FETCH_BATCH = "fetch_batch"
+"""Job: stream a finished batch's rows into the sinks."""
+DELIVER = "deliver"
+"""Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
+_QUEUE_OF = {FETCH_RESPONSE: JOBS_QUEUE, DELIVER: JOBS_QUEUE, FETCH_BATCH: BATCHES_QUEUE}
+
+
+def queue_for(function: str) -> str:
+    """The queue whose workers run ``function`` (a job on another queue would never run)."""
+    try:
+        return _QUEUE_OF[function]
+    except KeyError:
+        raise ValueError(f"unknown job function {function!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackJob:
+    """One verified callback that asks for a fetch."""
+
+    provider: str
+    """The dedupe scope: the provider, ``provider@tenant`` for other tenants."""
+    webhook_id: str
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    queue: str = JOBS_QUEUE
+    object_id: str = ""
+    """The response or batch the callback is about (its journey's id)."""
+    event_type: str = ""
+    tenant: str = DEFAULT_TENANT
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job to put on its function's queue, in arq's own format
+    (:func:`receiver.queue._arq.job_payload`)."""
+
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    defer_s: float = 0.0
+    job_try: int | None = None
+
+    @property
+    def queue(self) -> str:
+        return queue_for(self.function)
+
+    def keys(self) -> list[str]:
+        """KEYS for :data:`PUT_JOB_LUA`'s ``put_job``: job key, result key, queue."""
+        return [JOB_KEY + self.job_id, RESULT_KEY + self.job_id, self.queue]
+
+    def args(self, expiry_ms: int) -> list[Any]:
+        """ARGV for ``put_job``: payload, expiry, score, job id."""
+        now_ms = int(time.time() * 1000)
+        payload = job_payload(self.function, self.kwargs, self.job_try, now_ms)
+        return [payload, expiry_ms, now_ms + int(self.defer_s * 1000), self.job_id]
+
+
+def response_job_id(provider: str, response_id: str) -> str:
+    """The arq job id of a single-response fetch: one pending fetch per response."""
+    return f"resp:{provider}:{response_id}"
+
+
+def batch_job_id(provider: str, batch_id: str) -> str:
+    """The arq job id of a batch fetch: one pending fetch per batch."""
+    return f"batch:{provider}:{batch_id}"
 
 
 @dataclass(frozen=True, slots=True)
