@@ -21,9 +21,10 @@ import orjson
 from redis.asyncio import Redis
 
 from nopoll.envelope import DEFAULT_TENANT
-from receiver.journey.store import JourneyStore, envelope_ids
+from receiver.journey.store import JourneyStore
 from receiver.providers.client import provider_said
-from receiver.queue.enqueue import DELIVER, PUT_JOB_LUA, QueuedJob
+from receiver.queue.enqueue import PUT_JOB_LUA
+from receiver.queue.jobs import QueuedJob, journeys_of
 
 __all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters", "journeys_of", "letter_tenant"]
 
@@ -108,19 +109,6 @@ def _cut(error: str) -> str:
     if said is None or len(tail) > _ERROR_CHARS // 2:
         return error[:_ERROR_CHARS]
     return error[: _ERROR_CHARS - len(tail) - 1] + "\u2026" + tail
-
-
-def journeys_of(function: str, kwargs: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The journeys a letter's work belongs to: ``(provider, tenant, id)`` of a fetch's
-    object, or of a delivery's envelopes (a batch row's is its batch's)."""
-    if function == DELIVER:
-        envelopes = kwargs.get("envelopes") or []
-        return envelope_ids(e for e in envelopes if isinstance(e, dict))
-    object_id = kwargs.get("response_id") or kwargs.get("batch_id")
-    provider = kwargs.get("provider")
-    if not (isinstance(object_id, str) and isinstance(provider, str)):
-        return []
-    return [(provider, str(kwargs.get("tenant") or DEFAULT_TENANT), object_id)]
 
 
 class DeadLetters:

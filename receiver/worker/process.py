@@ -40,12 +40,11 @@ from receiver.queue.enqueue import (
     HEALTH_CHECK_KEY,
     JOBS_QUEUE,
 )
-from receiver.queue.jobs import fetch_from_job_id
+from receiver.queue.jobs import fetch_from_job_id, job_spec, letter_target
 from receiver.worker.fetch import deliver, fetch_batch, fetch_response
 from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
 from receiver.worker.poller import WatchPoller
-from receiver.worker.retry import letter_target, rules_for
 from receiver.worker.state import WorkerState, build_state
 
 __all__ = ["NopollWorker", "Shared", "build_workers", "hand_back", "shutdown", "startup"]
@@ -108,7 +107,7 @@ def build_workers(
 
     def job(coroutine: Any, name: str) -> Function:
         # arq's timeout sits above the job's own deadline: nopoll's always fires first.
-        return func(coroutine, name=name, timeout=rules_for(settings, name).arq_timeout_s)
+        return func(coroutine, name=name, timeout=job_spec(name).rules(settings).arq_timeout_s)
 
     short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
     long = [job(fetch_batch, FETCH_BATCH)]
@@ -138,10 +137,10 @@ def build_workers(
             short,
             JOBS_QUEUE,
             w.max_jobs,
-            rules_for(settings, FETCH_RESPONSE).arq_timeout_s,
+            job_spec(FETCH_RESPONSE).rules(settings).arq_timeout_s,
             HEALTH_CHECK_KEY,
             # nopoll's deadline ends every job before arq's timeout: the lock needs no more
-            claim_ttl_s=rules_for(settings, FETCH_RESPONSE).arq_timeout_s,
+            claim_ttl_s=job_spec(FETCH_RESPONSE).rules(settings).arq_timeout_s,
             **common,
         ),
         _worker(
@@ -149,7 +148,7 @@ def build_workers(
             long,
             BATCHES_QUEUE,
             settings.batch.max_jobs,
-            rules_for(settings, FETCH_BATCH).arq_timeout_s,
+            job_spec(FETCH_BATCH).rules(settings).arq_timeout_s,
             BATCHES_QUEUE + ":health-check",
             # a batch job renews its lock as a lease: a killed worker's batch resumes soon
             claim_ttl_s=settings.batch.lease_s,

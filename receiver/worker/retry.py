@@ -4,9 +4,10 @@ arq fails a job for good, with only a log line, on any exception other than ``Re
 its own timeout, and past ``max_tries``. nopoll's promise is "rows or a dead letter that
 says why", so every job runs under :func:`guarded`:
 
-- a deadline of its own (``worker.response_job_timeout_s``, ``batch.job_timeout_s``) that
-  fires :data:`JOB_GRACE_S` before arq's timeout; past it the job is retried with backoff,
-  and after the last try kept as a dead letter;
+- a deadline of its own (its :data:`~receiver.queue.jobs.JOBS` row: e.g.
+  ``worker.response_job_timeout_s``, ``batch.job_timeout_s``) that fires ``JOB_GRACE_S``
+  before arq's timeout; past it the job is retried with backoff, and after the last try
+  kept as a dead letter;
 - a Redis error or connection loss mid-job is a retry, never a failure (the worker rides
   out the outage and runs the job again);
 - any other exception (a bug, an object nopoll cannot normalize) becomes a dead letter;
@@ -21,70 +22,21 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from receiver.config.settings import RetryConfig, Settings
 from receiver.logs import bind
 from receiver.queue._arq import RETRY_KEY, Retry
 from receiver.queue.deadletter import REPLAY_PREFIX
-from receiver.queue.enqueue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
+from receiver.queue.jobs import job_spec, letter_target
 from receiver.worker.state import WorkerState
 
-__all__ = [
-    "JOB_GRACE_S",
-    "JobRules",
-    "dead_letter",
-    "guarded",
-    "hand_over",
-    "letter_target",
-    "retry_or_give_up",
-    "rules_for",
-]
+__all__ = ["dead_letter", "guarded", "hand_over", "retry_or_give_up"]
 
 log = logging.getLogger("nopoll.worker")
 
-JOB_GRACE_S = 5.0
-"""arq's timeout for a job sits this far above the job's own deadline, so nopoll's
-deadline always fires first and the job is retried or dead-lettered, never dropped."""
-
 _Job = Callable[..., Awaitable[dict[str, Any]]]
-
-
-@dataclass(frozen=True, slots=True)
-class JobRules:
-    """How long one job function may run and how it is retried."""
-
-    function: str
-    deadline_s: float
-    retry: RetryConfig
-
-    @property
-    def arq_timeout_s(self) -> float:
-        return self.deadline_s + JOB_GRACE_S
-
-
-def rules_for(settings: Settings, function: str) -> JobRules:
-    """The deadline and retry rule of ``function`` under ``settings``."""
-    if function == FETCH_BATCH:
-        return JobRules(function, settings.batch.job_timeout_s, settings.fetch_retry)
-    if function == DELIVER:
-        return JobRules(function, settings.worker.response_job_timeout_s, settings.sink_retry)
-    if function == FETCH_RESPONSE:
-        return JobRules(function, settings.worker.response_job_timeout_s, settings.fetch_retry)
-    raise ValueError(f"unknown job function {function!r}")
-
-
-def letter_target(function: str, kwargs: dict[str, Any]) -> tuple[str, str, list[str]]:
-    """(sink, provider, keys) a dead letter of this job is filed under."""
-    if function == DELIVER:
-        envelopes = [e for e in kwargs.get("envelopes") or [] if isinstance(e, dict)]
-        provider = str(envelopes[0].get("provider", "")) if envelopes else ""
-        return str(kwargs.get("sink", "")), provider, [str(e.get("key")) for e in envelopes]
-    key = kwargs.get("response_id") or kwargs.get("batch_id") or ""
-    return "fetch", str(kwargs.get("provider", "")), [str(key)]
 
 
 async def dead_letter(
@@ -107,7 +59,7 @@ async def dead_letter(
         )
     except (RedisError, OSError) as exc:
         log.warning("cannot keep a dead letter now (%s); running the job again later", exc)
-        raise Retry(defer=rules_for(state.settings, function).retry.delay(job_try)) from None
+        raise Retry(defer=job_spec(function).rules(state.settings).retry.delay(job_try)) from None
     if not str(ctx.get("job_id") or "").startswith(REPLAY_PREFIX):  # counted when first kept
         state.metrics.dead_letters.labels(sink).inc()
     state.metrics.count_job(function, "dead_letter")
@@ -137,7 +89,7 @@ async def retry_or_give_up(
 ) -> dict[str, Any]:
     """Retry the job with backoff, or keep it as a dead letter after its last try."""
     state: WorkerState = ctx["state"]
-    rules = rules_for(state.settings, function)
+    rules = job_spec(function).rules(state.settings)
     job_try = int(ctx.get("job_try") or 1)
     if job_try >= rules.retry.max_tries:
         return await dead_letter(ctx, function, kwargs, error)
@@ -164,7 +116,7 @@ def guarded(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
 async def _guard(
     ctx: dict[str, Any], function: str, job: _Job, kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    rules = rules_for(ctx["state"].settings, function)
+    rules = job_spec(function).rules(ctx["state"].settings)
     job_try = int(ctx.get("job_try") or 1)
     if job_try > rules.retry.max_tries + 2:
         error = f"job ran {job_try} times without finishing (worker crashes?)"

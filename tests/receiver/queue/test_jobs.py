@@ -4,8 +4,18 @@ written by earlier versions carry."""
 
 from __future__ import annotations
 
+from nopoll.kinds import KINDS, kind_of_job_id
+from receiver.config.settings import Settings
 from receiver.queue.enqueue import BATCHES_QUEUE, JOBS_QUEUE
-from receiver.queue.jobs import DeliverJob, FetchBatch, FetchResponse, fetch_from_job_id
+from receiver.queue.jobs import (
+    JOBS,
+    DeliverJob,
+    FetchBatch,
+    FetchResponse,
+    fetch_from_job_id,
+    letter_target,
+    parse_job_id,
+)
 
 AT = "2026-11-29T10:00:00.000Z"
 COMMON = {"provider", "event_id", "received_at"}
@@ -96,3 +106,54 @@ def test_a_fetch_job_is_known_by_its_id_alone() -> None:
     )
     for other in ("deliver:jsonl:abc", "resp:sim", "resp:sim:", "nothing"):
         assert fetch_from_job_id(other, received_at=AT) is None
+
+
+def test_the_fetch_jobs_agree_with_the_kinds_table() -> None:
+    fetched = {k.job: k for k in KINDS.values() if k.job is not None}
+    assert {name for name, spec in JOBS.items() if spec.kind is not None} == set(fetched)
+    for name, kind in fetched.items():
+        spec = JOBS[name]
+        assert (spec.name, spec.kind, spec.queue) == (name, kind.name, kind.queue)
+        assert (spec.id_prefix, spec.id_field) == (kind.id_prefix, kind.id_field)
+        assert spec.payload.from_kwargs  # a payload class of its own
+        assert getattr(spec.payload, "kind", None) == kind.name
+        assert kind_of_job_id(spec.job_id("sim", "x")) is kind
+
+
+def test_every_job_id_parses_back_to_its_job() -> None:
+    delivery = DeliverJob("jsonl", [{"key": "k"}], "nopoll:batch:x", 3, 3).handoff(defer_s=0)
+    summary = DeliverJob("pg", []).summary("nopoll:batch:x")
+    fetch = FetchResponse(provider="sim", tenant="acme", received_at=AT, response_id="r")
+    for job_id, function, named in (
+        (delivery.job_id, "deliver", "jsonl"),
+        (summary.job_id, "deliver", "pg"),
+        (fetch.job_id, "fetch_response", "sim@acme"),
+        ("batch:sim:b:1", "fetch_batch", "sim"),
+    ):
+        parsed = parse_job_id(job_id)
+        assert parsed is not None
+        assert (parsed.spec.name, parsed.named) == (function, named)
+    assert (delivery.job_id, summary.job_id) == (
+        "deliver:jsonl:nopoll:batch:x:3",
+        "deliver:pg:nopoll:batch:x:summary",
+    )
+    assert parse_job_id("replay:abc") is None
+    assert parse_job_id("resp:") is None
+
+
+def test_a_jobs_rules_and_letter_come_from_its_row() -> None:
+    settings = Settings()
+    assert JOBS["fetch_batch"].rules(settings).deadline_s == settings.batch.job_timeout_s
+    assert JOBS["deliver"].rules(settings).retry == settings.sink_retry
+    assert JOBS["fetch_response"].rules(settings).retry == settings.fetch_retry
+    envelope = {"key": "k1", "provider": "sim"}
+    assert letter_target("deliver", {"sink": "pg", "envelopes": [envelope, "junk"]}) == (
+        "pg",
+        "sim",
+        ["k1"],
+    )
+    fetch = FetchBatch(provider="sim", received_at=AT, batch_id="b").to_kwargs()
+    assert letter_target("fetch_batch", fetch) == ("fetch", "sim", ["b"])
+    # a payload it cannot read is still filed by what its kwargs name
+    unreadable = {"provider": "sim", "response_id": "r", "received_at": AT, "surprise": 1}
+    assert letter_target("fetch_response", unreadable) == ("fetch", "sim", ["r"])
