@@ -19,10 +19,10 @@ from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batches.progress import BatchState
 from receiver.journey.store import envelope_ids
-from receiver.queue.enqueue import DELIVER, put_job
-from receiver.queue.jobs import DeliverJob, rejection_text
+from receiver.queue.enqueue import put_job
+from receiver.queue.jobs import DELIVER, DeliverJob, rejection_text
 from receiver.worker.liveness import ServedAccounts
-from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
+from receiver.worker.retry import dead_letter, hand_over, handles, retry_or_give_up
 from receiver.worker.state import WorkerState
 
 __all__ = ["batch_state_for", "deliver", "queue_retries"]
@@ -69,7 +69,7 @@ def batch_state_for(state: WorkerState, key: str) -> BatchState:
     )
 
 
-@guarded(DELIVER, "sink", "batch_state")
+@handles(DELIVER, "sink", "batch_state")
 async def deliver(
     ctx: dict[str, Any],
     *,

@@ -32,19 +32,20 @@ from receiver.queue._arq import (
     job_serializer,
 )
 from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetters
-from receiver.queue.enqueue import (
+from receiver.queue.enqueue import HEALTH_CHECK_KEY
+from receiver.queue.jobs import (
     BATCHES_QUEUE,
-    DELIVER,
-    FETCH_BATCH,
-    FETCH_RESPONSE,
-    HEALTH_CHECK_KEY,
+    JOBS,
     JOBS_QUEUE,
+    JobSpec,
+    fetch_from_job_id,
+    letter_target,
 )
-from receiver.queue.jobs import fetch_from_job_id, job_spec, letter_target
-from receiver.worker.fetch import deliver, fetch_batch, fetch_response
+from receiver.worker import fetch as _fetch  # noqa: F401  (registers the jobs' handlers)
 from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
 from receiver.worker.poller import WatchPoller
+from receiver.worker.retry import handler_for
 from receiver.worker.state import WorkerState, build_state
 
 __all__ = ["NopollWorker", "Shared", "build_workers", "hand_back", "shutdown", "startup"]
@@ -105,12 +106,17 @@ def build_workers(
     w = settings.worker
     tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
 
-    def job(coroutine: Any, name: str) -> Function:
+    def job(spec: JobSpec) -> Function:
+        coroutine: Any = handler_for(spec.name)  # the one registered for it (retry.handles)
         # arq's timeout sits above the job's own deadline: nopoll's always fires first.
-        return func(coroutine, name=name, timeout=job_spec(name).rules(settings).arq_timeout_s)
+        return func(coroutine, name=spec.name, timeout=spec.rules(settings).arq_timeout_s)
 
-    short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
-    long = [job(fetch_batch, FETCH_BATCH)]
+    def functions(queue: str) -> list[Function]:
+        return [job(spec) for spec in JOBS.values() if spec.queue == queue]
+
+    def timeout_s(queue: str) -> float:
+        return max(s.rules(settings).arq_timeout_s for s in JOBS.values() if s.queue == queue)
+
     # One WorkerState for the process's workers (see startup below), and one
     # liveness: their claims and the watch poller's takes all name this process.
     extra = dict(extra_ctx or {})
@@ -134,21 +140,21 @@ def build_workers(
     return [
         _worker(
             settings,
-            short,
+            functions(JOBS_QUEUE),
             JOBS_QUEUE,
             w.max_jobs,
-            job_spec(FETCH_RESPONSE).rules(settings).arq_timeout_s,
+            timeout_s(JOBS_QUEUE),
             HEALTH_CHECK_KEY,
             # nopoll's deadline ends every job before arq's timeout: the lock needs no more
-            claim_ttl_s=job_spec(FETCH_RESPONSE).rules(settings).arq_timeout_s,
+            claim_ttl_s=timeout_s(JOBS_QUEUE),
             **common,
         ),
         _worker(
             settings,
-            long,
+            functions(BATCHES_QUEUE),
             BATCHES_QUEUE,
             settings.batch.max_jobs,
-            job_spec(FETCH_BATCH).rules(settings).arq_timeout_s,
+            timeout_s(BATCHES_QUEUE),
             BATCHES_QUEUE + ":health-check",
             # a batch job renews its lock as a lease: a killed worker's batch resumes soon
             claim_ttl_s=settings.batch.lease_s,

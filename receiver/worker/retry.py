@@ -32,11 +32,14 @@ from receiver.queue.deadletter import REPLAY_PREFIX
 from receiver.queue.jobs import job_spec, letter_target
 from receiver.worker.state import WorkerState
 
-__all__ = ["dead_letter", "guarded", "hand_over", "retry_or_give_up"]
+__all__ = ["dead_letter", "guarded", "hand_over", "handler_for", "handles", "retry_or_give_up"]
 
 log = logging.getLogger("nopoll.worker")
 
 _Job = Callable[..., Awaitable[dict[str, Any]]]
+
+_HANDLERS: dict[str, _Job] = {}
+"""The handler of each job function of :data:`~receiver.queue.jobs.JOBS`, by name."""
 
 
 async def dead_letter(
@@ -141,3 +144,27 @@ async def _guard(
     except Exception as exc:  # a bug of ours or an object we cannot handle: keep the work
         log.exception("%s failed unexpectedly", function)
         return await dead_letter(ctx, function, kwargs, f"{type(exc).__name__}: {exc}"[:500])
+
+
+def handles(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
+    """Register the decorated coroutine as the handler of ``function`` (a row of
+    :data:`~receiver.queue.jobs.JOBS`), run under :func:`guarded`: what the worker runs
+    for a job of that name (:func:`handler_for`)."""
+    name = job_spec(function).name
+
+    def wrap(job: _Job) -> _Job:
+        if name in _HANDLERS:
+            raise ValueError(f"job {name!r} has a handler already")
+        run = guarded(name, *log_fields)(job)
+        _HANDLERS[name] = run
+        return run
+
+    return wrap
+
+
+def handler_for(function: str) -> _Job:
+    """The handler registered for ``function`` (:func:`handles`)."""
+    try:
+        return _HANDLERS[function]
+    except KeyError:
+        raise ValueError(f"no handler for job {function!r}") from None
