@@ -112,13 +112,8 @@ async def fetch_response(
         if status is not None:
             path = f"responses/{job.response_id}"
             raise ResultNotReady(provider=job.provider, path=path, status=status)
-    except TransientProviderError as exc:
-        await _fetch_failed(ctx, job, exc)
-        error, retry_after_s = str(exc), exc.retry_after_s
-        return await retry_or_give_up(ctx, job.function, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        await _fetch_failed(ctx, job, exc)
-        return await dead_letter(ctx, job.function, job.to_kwargs(), str(exc))
+        return await _provider_failed(ctx, job, exc)
     state: WorkerState = ctx["state"]
     # the fetch event goes with the sinks' (one trip), stamped now
     fetched: dict[str, Any] = {"at": round(time.time(), 3), "kind": job.kind}
@@ -162,6 +157,18 @@ class _Ended:
             status=self.status,
             via="callback",
         )
+
+
+async def _provider_failed(
+    ctx: dict[str, Any], job: FetchJob, exc: ProviderError
+) -> dict[str, Any]:
+    """The provider failed the fetch: the try on the id's journey, then a retry with backoff
+    when the failure is transient, else a dead letter."""
+    await _fetch_failed(ctx, job, exc)
+    if isinstance(exc, TransientProviderError):
+        error, retry_after_s = str(exc), exc.retry_after_s
+        return await retry_or_give_up(ctx, job.function, job.to_kwargs(), error, retry_after_s)
+    return await dead_letter(ctx, job.function, job.to_kwargs(), str(exc))
 
 
 async def _fetch_failed(ctx: dict[str, Any], job: FetchJob, exc: ProviderError) -> None:
@@ -302,14 +309,10 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
         # Another run may own the batch now: this one stops and leaves the job to it.
         log.warning("batch %s/%s: %s; this run stopped", job.provider, job.batch_id, exc)
         return {"lease_lost": True}
-    except TransientProviderError as exc:
-        state.metrics.batches.labels(job.provider, "retry").inc()
-        await _fetch_failed(ctx, job, exc)
-        error, retry_after_s = str(exc), exc.retry_after_s
-        return await retry_or_give_up(ctx, job.function, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        await _fetch_failed(ctx, job, exc)
-        return await dead_letter(ctx, job.function, job.to_kwargs(), str(exc))
+        if isinstance(exc, TransientProviderError):
+            state.metrics.batches.labels(job.provider, "retry").inc()
+        return await _provider_failed(ctx, job, exc)
     except SinkError as exc:
         return await retry_or_give_up(ctx, job.function, job.to_kwargs(), str(exc))
     if not job.from_watch:  # the callback ended its watch, or marks the id landed

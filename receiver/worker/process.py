@@ -31,7 +31,7 @@ from receiver.queue._arq import (
     job_deserializer,
     job_serializer,
 )
-from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetters
+from receiver.queue.deadletter import DeadLetters
 from receiver.queue.enqueue import HEALTH_CHECK_KEY
 from receiver.queue.jobs import (
     BATCHES_QUEUE,
@@ -39,13 +39,12 @@ from receiver.queue.jobs import (
     JOBS_QUEUE,
     JobSpec,
     fetch_from_job_id,
-    letter_target,
 )
 from receiver.worker import fetch as _fetch  # noqa: F401  (registers the jobs' handlers)
 from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
 from receiver.worker.poller import WatchPoller
-from receiver.worker.retry import handler_for
+from receiver.worker.retry import handler_for, keep_letter
 from receiver.worker.state import WorkerState, build_state
 
 __all__ = ["NopollWorker", "Shared", "build_workers", "hand_back", "shutdown", "startup"]
@@ -64,19 +63,10 @@ class NopollWorker(SeamWorker):
         function, kwargs = job.function, job.kwargs
         if function is None or kwargs is None:
             function, kwargs = _from_job_id(job.job_id)
-        sink, provider, keys = letter_target(function, kwargs)
-        letter = await DeadLetters(self.pool).add(
-            sink=sink or "fetch",
-            provider=provider,
-            keys=keys,
-            attempts=job.tries,
-            error=job.reason,
-            function=function,
-            kwargs=kwargs,
-        )
         metrics: Metrics | None = self.ctx.get("metrics")
-        if metrics is not None and not job.job_id.startswith(REPLAY_PREFIX):
-            metrics.dead_letters.labels(sink or "fetch").inc()
+        letters = DeadLetters(self.pool)
+        args = (function, kwargs, job.tries, job.reason)
+        letter = await keep_letter(letters, metrics, job.job_id, *args)
         log.error("dead letter %s: arq gave up on job %s", letter.id, job.job_id)
 
     async def health_checked(self) -> None:

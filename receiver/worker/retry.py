@@ -27,12 +27,21 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from receiver.logs import bind
+from receiver.metrics import Metrics
 from receiver.queue._arq import RETRY_KEY, Retry
-from receiver.queue.deadletter import REPLAY_PREFIX
-from receiver.queue.jobs import job_spec, letter_target
+from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetter, DeadLetters
+from receiver.queue.jobs import job_spec
 from receiver.worker.state import WorkerState
 
-__all__ = ["dead_letter", "guarded", "hand_over", "handler_for", "handles", "retry_or_give_up"]
+__all__ = [
+    "dead_letter",
+    "guarded",
+    "hand_over",
+    "handler_for",
+    "handles",
+    "keep_letter",
+    "retry_or_give_up",
+]
 
 log = logging.getLogger("nopoll.worker")
 
@@ -47,28 +56,40 @@ async def dead_letter(
 ) -> dict[str, Any]:
     """Keep the job's work as a replayable dead letter. When Redis cannot take the letter,
     the job is retried instead (a letter is never dropped for want of a place to keep it)."""
-    sink, provider, keys = letter_target(function, kwargs)
     state: WorkerState = ctx["state"]
     job_try = int(ctx.get("job_try") or 1)
+    job_id = str(ctx.get("job_id") or "")
     try:
-        letter = await state.dead_letters.add(
-            sink=sink,
-            provider=provider,
-            keys=keys,
-            attempts=job_try,
-            error=error,
-            function=function,
-            kwargs=kwargs,
+        letter = await keep_letter(
+            state.dead_letters, state.metrics, job_id, function, kwargs, job_try, error
         )
     except (RedisError, OSError) as exc:
         log.warning("cannot keep a dead letter now (%s); running the job again later", exc)
         raise Retry(defer=job_spec(function).rules(state.settings).retry.delay(job_try)) from None
-    if not str(ctx.get("job_id") or "").startswith(REPLAY_PREFIX):  # counted when first kept
-        state.metrics.dead_letters.labels(sink).inc()
     state.metrics.count_job(function, "dead_letter")
+    keys = letter.keys
     shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
-    log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
+    log.error(
+        "dead letter %s: %s %s after %d tries: %s", letter.id, letter.sink, shown, job_try, error
+    )
     return {"dead_letter": letter.id}
+
+
+async def keep_letter(
+    letters: DeadLetters,
+    metrics: Metrics | None,
+    job_id: str,
+    function: str,
+    kwargs: dict[str, Any],
+    attempts: int,
+    error: str,
+) -> DeadLetter:
+    """Keep a job's work as a dead letter (:meth:`DeadLetters.keep`) and count it, unless it
+    is a replay's (counted when first kept): what a failed job and arq's give-up share."""
+    letter = await letters.keep(function, kwargs, attempts=attempts, error=error)
+    if metrics is not None and not job_id.startswith(REPLAY_PREFIX):
+        metrics.dead_letters.labels(letter.sink).inc()
+    return letter
 
 
 async def hand_over(ctx: dict[str, Any], function: str) -> dict[str, Any]:
