@@ -26,6 +26,10 @@ it again (a retry, a dead letter); a callback's and a poll's leave out the keys 
 carried (see :meth:`FetchJob.callback` and :meth:`FetchJob.polled`), the reader's defaults
 fill them in.
 
+Every payload's kwargs carry its version, ``v`` (:data:`PAYLOAD_VERSION`); one without
+(queued by an older version) reads as version 1, one of a version this code does not read
+raises :class:`PayloadVersionError` and the job is kept as a dead letter naming it.
+
 Every fetch job may also carry ``traceparent`` (the W3C trace context of the callback that
 queued it, :mod:`receiver.tracing`): only while tracing is on, so a worker older than this
 key never sees it unless tracing is turned on before it is upgraded.
@@ -57,6 +61,7 @@ __all__ = [
     "JOBS",
     "JOBS_QUEUE",
     "JOB_GRACE_S",
+    "PAYLOAD_VERSION",
     "CallbackJob",
     "DeliverJob",
     "FetchBatch",
@@ -67,6 +72,7 @@ __all__ = [
     "JobRules",
     "JobSpec",
     "LetterTarget",
+    "PayloadVersionError",
     "QueuedJob",
     "batch_job_id",
     "fetch_from_job_id",
@@ -106,6 +112,35 @@ FETCH_BATCH = _BATCH.job
 """Job: stream a finished batch's rows into the sinks."""
 DELIVER = "deliver"
 """Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
+
+PAYLOAD_VERSION = 1
+"""The version of the payloads this code writes (their kwargs' ``v``) and the newest it
+reads; a payload without ``v`` (queued by an older version) is version 1."""
+_READS_VERSIONS = frozenset({1})
+
+
+class PayloadVersionError(ValueError):
+    """A job's payload is of a version this worker cannot read (queued by a newer one):
+    the job is kept as a dead letter that names the version, to replay once every worker
+    reads it."""
+
+    def __init__(self, function: str, version: object) -> None:
+        super().__init__(
+            f"{function} payload version {version!r} is not one this worker reads "
+            f"(it reads {', '.join(map(str, sorted(_READS_VERSIONS)))}): queued by a newer "
+            "nopoll? replay the dead letter once every worker is upgraded"
+        )
+        self.function = function
+        self.version = version
+
+
+def _unversioned(function: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without their version, once it is one this code reads (none: 1)."""
+    version = kwargs.get("v", 1)
+    if isinstance(version, bool) or version not in _READS_VERSIONS:
+        raise PayloadVersionError(function, version)
+    return {k: v for k, v in kwargs.items() if k != "v"}
+
 
 JOB_GRACE_S = 5.0
 """arq's timeout for a job sits this far above the job's own deadline, so nopoll's
@@ -261,6 +296,9 @@ class DeliverJob:
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> DeliverJob:
+        """The delivery its kwargs describe; :class:`PayloadVersionError` for a version this
+        code does not read."""
+        kwargs = _unversioned(DELIVER, kwargs)
         batch_state = kwargs.get("batch_state")
         part = kwargs.get("part")
         settle = kwargs.get("settle")
@@ -275,6 +313,7 @@ class DeliverJob:
             "batch_state": self.batch_state,
             "part": self.part,
             "settle": self.settle,
+            "v": PAYLOAD_VERSION,
         }
 
     def handoff(self, *, defer_s: float) -> QueuedJob:
@@ -325,8 +364,9 @@ class FetchJob:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Self:
         """The job its kwargs describe, in any of the shapes it is queued in. A key it does
-        not know is an error (the job is kept as a dead letter), as it always was."""
-        return cls(**kwargs)
+        not know is an error (the job is kept as a dead letter), as it always was, and so is
+        a version it does not read (:class:`PayloadVersionError`)."""
+        return cls(**_unversioned(cls.function, kwargs))
 
     def to_kwargs(self) -> dict[str, Any]:
         """The job's kwargs, every key set (what a retry queues and a dead letter replays);
@@ -334,6 +374,7 @@ class FetchJob:
         kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if self.traceparent is None:
             del kwargs["traceparent"]
+        kwargs["v"] = PAYLOAD_VERSION
         return kwargs
 
     def letter_target(self) -> LetterTarget:
@@ -451,7 +492,7 @@ class FetchBatch(FetchJob):
 
     def runner_kwargs(self) -> dict[str, Any]:
         """What :meth:`receiver.batches.runner.BatchRunner.run` needs to know of the job."""
-        return self._kwargs(("event_type", "from_watch", "traceparent"))
+        return self._kwargs(("event_type", "from_watch", "traceparent", "v"))
 
 
 def _fetch_spec(
@@ -576,7 +617,7 @@ def fetch_from_job_id(job_id: str, *, received_at: str) -> tuple[str, dict[str, 
     job = spec.payload.from_kwargs(
         {"provider": parsed.named, id_field: parsed.rest, "received_at": received_at}
     )
-    kept = ("provider", id_field, "event_id", "received_at")
+    kept = ("provider", id_field, "event_id", "received_at", "v")
     return spec.name, {k: v for k, v in job.to_kwargs().items() if k in kept}
 
 

@@ -70,30 +70,16 @@ def batch_state_for(state: WorkerState, key: str) -> BatchState:
 
 
 @handles(DELIVER, "sink", "batch_state")
-async def deliver(
-    ctx: dict[str, Any],
-    *,
-    sink: str,
-    envelopes: list[dict[str, Any]],
-    batch_state: str | None = None,
-    part: int | None = None,
-    settle: int | None = None,
-) -> dict[str, Any]:
-    """Write envelopes to one sink; retry with backoff, then keep as a dead letter.
+async def deliver(ctx: dict[str, Any], **payload: Any) -> dict[str, Any]:
+    """Write envelopes to one sink (a :class:`~receiver.queue.jobs.DeliverJob`'s kwargs);
+    retry with backoff, then keep as a dead letter.
 
     ``part`` is the chunk number S3 names its part file by (None: a plain write).
     ``batch_state`` and ``settle`` name the batch and the pending chunk this delivery
     settles when it succeeds.
     """
-    job = DeliverJob.from_kwargs(
-        {
-            "sink": sink,
-            "envelopes": envelopes,
-            "batch_state": batch_state,
-            "part": part,
-            "settle": settle,
-        }
-    )
+    job = DeliverJob.from_kwargs(payload)
+    sink, envelopes, batch_state, part = job.sink, job.envelopes, job.batch_state, job.part
     settle = job.settle
     kwargs = job.to_kwargs()
     state: WorkerState = ctx["state"]

@@ -30,7 +30,7 @@ from receiver.logs import bind
 from receiver.metrics import Metrics
 from receiver.queue._arq import RETRY_KEY, Retry
 from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetter, DeadLetters
-from receiver.queue.jobs import job_spec
+from receiver.queue.jobs import PayloadVersionError, job_spec
 from receiver.worker.state import WorkerState
 
 __all__ = [
@@ -156,6 +156,8 @@ async def _guard(
             return await retry_or_give_up(ctx, function, kwargs, error)
     except Retry:
         raise
+    except PayloadVersionError as exc:  # queued by a newer version: kept until it is read
+        return await dead_letter(ctx, function, kwargs, str(exc))
     except (RedisError, OSError) as exc:
         # Redis went away mid-job: run it again later. Nothing it did is lost: a rewrite
         # overwrites in sql and s3 (kafka, http and jsonl deliver at least once), and a
