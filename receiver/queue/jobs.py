@@ -1,38 +1,14 @@
 """The jobs: the one :data:`JOBS` table every enqueuer, worker and dead letter reads, and
 the jobs' payloads (the one place their arq kwargs are built and read).
 
-A :class:`JobSpec` row is what arq's own ``func(name, timeout, max_tries)`` declares and
-more: the function's name, its payload class, its queue, its id's format and parser, its
-deadline and retry rule and what its dead letter is filed under. The fetch jobs of the
-result kinds take their name, queue, id prefix and id field from
-:data:`nopoll.kinds.KINDS`. The worker registers a handler for each row's name
-(:mod:`receiver.worker.fetch`).
-
-Queued jobs and dead letters outlive a deploy, so the function names, the keys and the job
-ids never change:
-
-- ``deliver`` (:class:`DeliverJob`): ``sink``, ``envelopes``, ``batch_state``, ``part``,
-  ``settle``; ids ``deliver:<sink>:<uuid>``, a batch chunk's ``deliver:<sink>:<batch state
-  key>:<part>``, a summary's ``deliver:<sink>:<batch state key>:summary``.
-  :meth:`DeliverJob.from_kwargs` also reads the jobs queued before ``settle`` existed.
-- ``fetch_response`` (:class:`FetchResponse`): ``provider``, ``event_id``, ``received_at``,
-  ``tenant``, ``response_id``; id ``resp:<provider>:<response id>``.
-- ``fetch_batch`` (:class:`FetchBatch`): the same with ``batch_id``, ``event_type`` and
-  ``from_watch`` in place of ``response_id``; id ``batch:<provider>:<batch id>``.
-
-A fetch job's id names the provider as :func:`~receiver.config.accounts.scoped` does
-(``provider@tenant`` for another tenant). Its kwargs carry every key when a worker queues
-it again (a retry, a dead letter); a callback's and a poll's leave out the keys they never
-carried (see :meth:`FetchJob.callback` and :meth:`FetchJob.polled`), the reader's defaults
-fill them in.
-
-Every payload's kwargs carry its version, ``v`` (:data:`PAYLOAD_VERSION`); one without
-(queued by an older version) reads as version 1, one of a version this code does not read
-raises :class:`PayloadVersionError` and the job is kept as a dead letter naming it.
-
-Every fetch job may also carry ``traceparent`` (the W3C trace context of the callback that
-queued it, :mod:`receiver.tracing`): only while tracing is on, so a worker older than this
-key never sees it unless tracing is turned on before it is upgraded.
+A :class:`JobSpec` row is what arq's ``func(name, timeout, max_tries)`` declares and more:
+name, payload class, queue, id format and parser, deadline, retry rule, dead-letter
+target. The fetch jobs take their name, queue, id prefix and id field from
+:data:`nopoll.kinds.KINDS`; the worker registers a handler per row
+(:func:`receiver.worker.retry.handles`). Queued jobs and dead letters outlive a deploy:
+names, keys and ids never change, and every payload carries its version ``v``
+(:data:`PAYLOAD_VERSION`). The kwargs, ids and versions of each job: docs/architecture.md
+("Jobs").
 """
 
 from __future__ import annotations
