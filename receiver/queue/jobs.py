@@ -1,14 +1,14 @@
-"""The jobs: the one :data:`JOBS` table every enqueuer, worker and dead letter reads, and
-the jobs' payloads (the one place their arq kwargs are built and read).
+"""The jobs: the one :data:`JOBS` table, and each job's payload, the one place its arq
+kwargs are built and read.
 
-A :class:`JobSpec` row is what arq's ``func(name, timeout, max_tries)`` declares and more:
-name, payload class, queue, id format and parser, deadline, retry rule, dead-letter
-target. The fetch jobs take their name, queue, id prefix and id field from
-:data:`nopoll.kinds.KINDS`; the worker registers a handler per row
-(:func:`receiver.worker.retry.handles`). Queued jobs and dead letters outlive a deploy:
-names, keys and ids never change, and every payload carries its version ``v``
-(:data:`PAYLOAD_VERSION`). The kwargs, ids and versions of each job: docs/architecture.md
-("Jobs").
+A :class:`JobSpec` row (arq's ``func(name, timeout, max_tries)``, and more) holds a job's
+name, payload class, queue, id format and parser, deadline, retry rule and dead-letter
+target; the fetch jobs take their name, queue, id prefix and id field from
+:data:`nopoll.kinds.KINDS`. Queued jobs and dead letters outlive a deploy, so names, keys
+and ids never change; every payload carries its version ``v`` (:data:`PAYLOAD_VERSION`).
+
+See docs/architecture.md (jobs) for each job's kwargs and id, docs/reliability.md
+(payload versions).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """What every worker job shares: its own deadline, its retry rule, and its dead letter.
 
-arq fails a job for good, with only a log line, on any exception other than ``Retry``, on
-its own timeout, and past ``max_tries``. nopoll's promise is "rows or a dead letter that
-says why", so every job runs under :func:`guarded`:
+arq fails a job for good, with only a log line, on any exception but ``Retry``, on its
+own timeout and past ``max_tries``; nopoll promises rows or a dead letter that says why.
+So every job runs under :func:`guarded`: a deadline :data:`JOB_GRACE_S` before arq's,
+Redis errors retried, any other exception a dead letter, and a job that never finishes
+a dead letter after ``max_tries + 2`` runs.
 
-- a deadline of its own (its :data:`~receiver.queue.jobs.JOBS` row: e.g.
-  ``worker.response_job_timeout_s``, ``batch.job_timeout_s``) that fires ``JOB_GRACE_S``
-  before arq's timeout; past it the job is retried with backoff, and after the last try
-  kept as a dead letter;
-- a Redis error or connection loss mid-job is a retry, never a failure (the worker rides
-  out the outage and runs the job again);
-- any other exception (a bug, an object nopoll cannot normalize) becomes a dead letter;
-- a job that keeps being run without finishing (a worker killed every time) becomes a
-  dead letter after ``max_tries + 2`` runs.
+See docs/reliability.md (how it works, retries and their bound).
 """
 
 from __future__ import annotations
