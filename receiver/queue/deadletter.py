@@ -21,9 +21,10 @@ import orjson
 from redis.asyncio import Redis
 
 from nopoll.envelope import DEFAULT_TENANT
-from receiver.journey.store import JourneyStore, envelope_ids
+from receiver.journey.store import JourneyStore
 from receiver.providers.client import provider_said
-from receiver.queue.enqueue import DELIVER, PUT_JOB_LUA, QueuedJob
+from receiver.queue.enqueue import PUT_JOB_LUA
+from receiver.queue.jobs import QueuedJob, journeys_of, letter_target
 
 __all__ = ["REPLAY_PREFIX", "DeadLetter", "DeadLetters", "journeys_of", "letter_tenant"]
 
@@ -110,19 +111,6 @@ def _cut(error: str) -> str:
     return error[: _ERROR_CHARS - len(tail) - 1] + "\u2026" + tail
 
 
-def journeys_of(function: str, kwargs: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The journeys a letter's work belongs to: ``(provider, tenant, id)`` of a fetch's
-    object, or of a delivery's envelopes (a batch row's is its batch's)."""
-    if function == DELIVER:
-        envelopes = kwargs.get("envelopes") or []
-        return envelope_ids(e for e in envelopes if isinstance(e, dict))
-    object_id = kwargs.get("response_id") or kwargs.get("batch_id")
-    provider = kwargs.get("provider")
-    if not (isinstance(object_id, str) and isinstance(provider, str)):
-        return []
-    return [(provider, str(kwargs.get("tenant") or DEFAULT_TENANT), object_id)]
-
-
 class DeadLetters:
     """The dead-letter store on the shared Redis. With a ``journey`` store, each letter kept
     or replayed is also an event on the journeys of its work."""
@@ -153,12 +141,27 @@ class DeadLetters:
             function=function,
             kwargs=kwargs,
         )
+        return await self._put(letter)
+
+    async def keep(
+        self, function: str, kwargs: dict[str, Any], *, attempts: int, error: str
+    ) -> DeadLetter:
+        """Keep the failed work of a job, filed under what its :data:`~receiver.queue.jobs.JOBS`
+        row says of it (:meth:`~receiver.queue.jobs.JobSpec.letter_target`; ``fetch`` when
+        no sink is named)."""
+        sink, provider, keys = letter_target(function, kwargs)
+        filed = (sink or "fetch", provider, keys, attempts, _cut(error), function, kwargs)
+        return await self._put(DeadLetter(uuid.uuid4().hex, *filed))
+
+    async def _put(self, letter: DeadLetter) -> DeadLetter:
+        """Store ``letter`` (and its event on its work's journeys)."""
+        sink = letter.sink
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(_DATA, letter.id, orjson.dumps(asdict(letter)).decode())
             pipe.zadd(_INDEX, {letter.id: letter.created_at})
             pipe.hincrby(_BY_SINK, sink, 1)
             if self._journey is not None:
-                for p, tenant, object_id in journeys_of(function, kwargs):
+                for p, tenant, object_id in journeys_of(letter.function, letter.kwargs):
                     self._journey.add_to(
                         pipe,
                         p,

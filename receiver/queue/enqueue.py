@@ -15,16 +15,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum
 from hashlib import blake2b
 from typing import Any
 
 from redis.asyncio import Redis
 
-from nopoll.envelope import DEFAULT_TENANT
 from receiver.journey.store import PUSH_LUA, callback_head, hook_key, journey_key
 from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
+from receiver.queue.jobs import (
+    BATCHES_QUEUE,
+    DELIVER,
+    FETCH_BATCH,
+    FETCH_RESPONSE,
+    JOBS_QUEUE,
+    CallbackJob,
+    QueuedJob,
+    batch_job_id,
+    queue_for,
+    response_job_id,
+)
 from receiver.queue.trips import SharedTrips, TripsBusy
 
 __all__ = [
@@ -47,29 +57,9 @@ __all__ = [
     "response_job_id",
 ]
 
-JOBS_QUEUE = "nopoll:jobs"
-"""Short jobs: fetching single responses and re-delivering to sinks."""
 HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
 """Written by workers every ``worker.health_check_interval_s`` (arq's health check)."""
-BATCHES_QUEUE = "nopoll:batches"
-"""Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
 SEEN_PREFIX = "nopoll:seen:"
-
-FETCH_RESPONSE = "fetch_response"
-"""Job: fetch one finished response and fan it out."""
-FETCH_BATCH = "fetch_batch"
-"""Job: stream a finished batch's rows into the sinks."""
-DELIVER = "deliver"
-"""Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
-_QUEUE_OF = {FETCH_RESPONSE: JOBS_QUEUE, DELIVER: JOBS_QUEUE, FETCH_BATCH: BATCHES_QUEUE}
-
-
-def queue_for(function: str) -> str:
-    """The queue whose workers run ``function`` (a job on another queue would never run)."""
-    try:
-        return _QUEUE_OF[function]
-    except KeyError:
-        raise ValueError(f"unknown job function {function!r}") from None
 
 
 PUT_JOB_LUA = """
@@ -198,49 +188,6 @@ class EnqueueOutcome(IntEnum):
     """A job for the same result is queued or running; this event rides on it."""
 
 
-@dataclass(frozen=True, slots=True)
-class CallbackJob:
-    """One verified callback that asks for a fetch."""
-
-    provider: str
-    """The dedupe scope: the provider, ``provider@tenant`` for other tenants."""
-    webhook_id: str
-    function: str
-    job_id: str
-    kwargs: dict[str, Any]
-    queue: str = JOBS_QUEUE
-    object_id: str = ""
-    """The response or batch the callback is about (its journey's id)."""
-    event_type: str = ""
-    tenant: str = DEFAULT_TENANT
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedJob:
-    """A job to put on its function's queue, in arq's own format
-    (:func:`receiver.queue._arq.job_payload`)."""
-
-    function: str
-    job_id: str
-    kwargs: dict[str, Any]
-    defer_s: float = 0.0
-    job_try: int | None = None
-
-    @property
-    def queue(self) -> str:
-        return queue_for(self.function)
-
-    def keys(self) -> list[str]:
-        """KEYS for :data:`PUT_JOB_LUA`'s ``put_job``: job key, result key, queue."""
-        return [JOB_KEY + self.job_id, RESULT_KEY + self.job_id, self.queue]
-
-    def args(self, expiry_ms: int) -> list[Any]:
-        """ARGV for ``put_job``: payload, expiry, score, job id."""
-        now_ms = int(time.time() * 1000)
-        payload = job_payload(self.function, self.kwargs, self.job_try, now_ms)
-        return [payload, expiry_ms, now_ms + int(self.defer_s * 1000), self.job_id]
-
-
 _PUT_ONE = (
     PUT_JOB_LUA + "return put_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])"
 )
@@ -249,16 +196,6 @@ _PUT_ONE = (
 async def put_job(redis: Redis, job: QueuedJob, *, expiry_ms: int) -> bool:
     """Queue ``job`` on its function's queue unless a job with its id exists; True if queued."""
     return bool(await redis.eval(_PUT_ONE, 3, *job.keys(), *job.args(expiry_ms)))  # type: ignore[misc]
-
-
-def response_job_id(provider: str, response_id: str) -> str:
-    """The arq job id of a single-response fetch: one pending fetch per response."""
-    return f"resp:{provider}:{response_id}"
-
-
-def batch_job_id(provider: str, batch_id: str) -> str:
-    """The arq job id of a batch fetch: one pending fetch per batch."""
-    return f"batch:{provider}:{batch_id}"
 
 
 class Enqueuer:

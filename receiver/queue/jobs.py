@@ -1,45 +1,249 @@
-"""The jobs' payloads: the one place their arq kwargs are built and read.
+"""The jobs: the one :data:`JOBS` table, and each job's payload, the one place its arq
+kwargs are built and read.
 
-:class:`DeliverJob` (``deliver``), :class:`FetchResponse` (``fetch_response``) and
-:class:`FetchBatch` (``fetch_batch``) each build and read their kwargs and job id.
-Queued jobs and dead letters outlive a deploy, so function names, keys and ids never
-change, and the readers fill in what older or shorter payloads leave out
-(:meth:`FetchJob.callback`, :meth:`FetchJob.polled`). ``traceparent`` is carried only
-while tracing is on.
+A :class:`JobSpec` row (arq's ``func(name, timeout, max_tries)``, and more) holds a job's
+name, payload class, queue, id format and parser, deadline, retry rule and dead-letter
+target; the fetch jobs take their name, queue, id prefix and id field from
+:data:`nopoll.kinds.KINDS`. Queued jobs and dead letters outlive a deploy, so names, keys
+and ids never change; every payload carries its version ``v`` (:data:`PAYLOAD_VERSION`).
 
-See docs/architecture.md (jobs) for each job's kwargs and id.
+See docs/architecture.md (jobs) for each job's kwargs and id, docs/reliability.md
+(payload versions).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, Self
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope, now_rfc3339
 from nopoll.exceptions import SinkRowsRejected
+from nopoll.kinds import KINDS, Kind
 from receiver.config.accounts import scoped
-from receiver.queue.enqueue import (
-    DELIVER,
-    FETCH_BATCH,
-    FETCH_RESPONSE,
-    CallbackJob,
-    QueuedJob,
-    batch_job_id,
-    queue_for,
-    response_job_id,
-)
+from receiver.config.sections import RetryConfig
+from receiver.config.settings import Settings
+from receiver.journey.store import envelope_ids
+from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
 
 __all__ = [
+    "BATCHES_QUEUE",
+    "DELIVER",
+    "FETCH_BATCH",
+    "FETCH_RESPONSE",
+    "JOBS",
+    "JOBS_QUEUE",
+    "JOB_GRACE_S",
+    "PAYLOAD_VERSION",
+    "CallbackJob",
     "DeliverJob",
     "FetchBatch",
     "FetchJob",
     "FetchResponse",
+    "JobId",
+    "JobPayload",
+    "JobRules",
+    "JobSpec",
+    "LetterTarget",
+    "PayloadVersionError",
+    "QueuedJob",
+    "batch_job_id",
     "fetch_from_job_id",
+    "job_spec",
+    "journeys_of",
+    "letter_target",
+    "parse_job_id",
+    "queue_for",
     "rejection_text",
+    "response_job_id",
 ]
+
+
+class _Fetch(NamedTuple):
+    job: str
+    queue: str
+    id_prefix: str
+    id_field: str
+
+
+def _fetch_of(kind: Kind) -> _Fetch:
+    """What :data:`~nopoll.kinds.KINDS` says of the job that fetches ``kind``."""
+    info = KINDS[kind]
+    if info.job is None or info.queue is None or info.id_prefix is None or info.id_field is None:
+        raise ValueError(f"kind {kind!r} has no fetch job")
+    return _Fetch(info.job, info.queue, info.id_prefix, info.id_field)
+
+
+_RESPONSE, _BATCH = _fetch_of("response"), _fetch_of("batch")
+JOBS_QUEUE = _RESPONSE.queue
+"""Short jobs: fetching single responses and re-delivering to sinks."""
+BATCHES_QUEUE = _BATCH.queue
+"""Long jobs: streaming a batch's rows (their long timeout must not lock short jobs)."""
+FETCH_RESPONSE = _RESPONSE.job
+"""Job: fetch one finished response and fan it out."""
+FETCH_BATCH = _BATCH.job
+"""Job: stream a finished batch's rows into the sinks."""
+DELIVER = "deliver"
+"""Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
+
+PAYLOAD_VERSION = 1
+"""The version of the payloads this code writes (their kwargs' ``v``) and the newest it
+reads; a payload without ``v`` (queued by an older version) is version 1."""
+_READS_VERSIONS = frozenset({1})
+
+
+class PayloadVersionError(ValueError):
+    """A job's payload is of a version this worker cannot read (queued by a newer one):
+    the job is kept as a dead letter that names the version, to replay once every worker
+    reads it."""
+
+    def __init__(self, function: str, version: object) -> None:
+        super().__init__(
+            f"{function} payload version {version!r} is not one this worker reads "
+            f"(it reads {', '.join(map(str, sorted(_READS_VERSIONS)))}): queued by a newer "
+            "nopoll? replay the dead letter once every worker is upgraded"
+        )
+        self.function = function
+        self.version = version
+
+
+def _unversioned(function: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without their version, once it is one this code reads (none: 1)."""
+    version = kwargs.get("v", 1)
+    if isinstance(version, bool) or version not in _READS_VERSIONS:
+        raise PayloadVersionError(function, version)
+    return {k: v for k, v in kwargs.items() if k != "v"}
+
+
+JOB_GRACE_S = 5.0
+"""arq's timeout for a job sits this far above the job's own deadline, so nopoll's
+deadline always fires first and the job is retried or dead-lettered, never dropped."""
+
+
+class LetterTarget(NamedTuple):
+    """What a job's dead letter is filed under."""
+
+    sink: str
+    """The sink that failed, or ``fetch`` for a fetch."""
+    provider: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRules:
+    """How long one job function may run and how it is retried."""
+
+    function: str
+    deadline_s: float
+    retry: RetryConfig
+
+    @property
+    def arq_timeout_s(self) -> float:
+        return self.deadline_s + JOB_GRACE_S
+
+
+class JobPayload(Protocol):
+    """A job's kwargs as one typed object (one dataclass per job function)."""
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Self: ...
+
+    def to_kwargs(self) -> dict[str, Any]: ...
+
+    def letter_target(self) -> LetterTarget: ...
+
+    def journeys(self) -> list[tuple[str, str, str]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job function: everything about it but its code (see the module docs)."""
+
+    name: str
+    """The arq function's name (what queued jobs and dead letters carry)."""
+    payload: type[JobPayload]
+    queue: str
+    """The queue whose workers run it (a job on another queue would never run)."""
+    id_prefix: str
+    """The first part of its job ids, ``<prefix>:<named>:<rest>``."""
+    id_names: Literal["account", "sink"]
+    """What the second part of its ids names: a provider account or a sink."""
+    deadline_s: Callable[[Settings], float]
+    """Its own deadline under the settings (arq's timeout is :data:`JOB_GRACE_S` above)."""
+    retry: Callable[[Settings], RetryConfig]
+    """Its retry rule under the settings."""
+    letter_sink: str | None = None
+    """The sink its dead letters are filed under; None: the sink its payload names."""
+    kind: Kind | None = None
+    """The result kind it fetches (None: not a fetch)."""
+    id_field: str | None = None
+    """The kwarg holding the id of the object it fetches."""
+
+    def rules(self, settings: Settings) -> JobRules:
+        """Its deadline and retry rule under ``settings``."""
+        return JobRules(self.name, self.deadline_s(settings), self.retry(settings))
+
+    def job_id(self, named: str, rest: str) -> str:
+        """Its job id for ``named`` (the account or sink) and the rest."""
+        return f"{self.id_prefix}:{named}:{rest}"
+
+    def letter_target(self, kwargs: Mapping[str, Any]) -> LetterTarget:
+        """What a dead letter of a job with these kwargs is filed under: as its payload
+        says, or, when the payload cannot be read (a key or a version it does not know),
+        by the sink, provider and id the kwargs name."""
+        try:
+            return self.payload.from_kwargs(kwargs).letter_target()
+        except (TypeError, KeyError, ValueError):
+            pass
+        sink = self.letter_sink if self.letter_sink is not None else kwargs.get("sink")
+        keys = [str(kwargs.get(self.id_field) or "")] if self.id_field is not None else []
+        return LetterTarget(str(sink or ""), str(kwargs.get("provider", "")), keys)
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackJob:
+    """One verified callback that asks for a fetch."""
+
+    provider: str
+    """The dedupe scope: the provider, ``provider@tenant`` for other tenants."""
+    webhook_id: str
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    queue: str = JOBS_QUEUE
+    object_id: str = ""
+    """The response or batch the callback is about (its journey's id)."""
+    event_type: str = ""
+    tenant: str = DEFAULT_TENANT
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job to put on its function's queue, in arq's own format
+    (:func:`receiver.queue._arq.job_payload`)."""
+
+    function: str
+    job_id: str
+    kwargs: dict[str, Any]
+    defer_s: float = 0.0
+    job_try: int | None = None
+
+    @property
+    def queue(self) -> str:
+        return queue_for(self.function)
+
+    def keys(self) -> list[str]:
+        """KEYS for :data:`PUT_JOB_LUA`'s ``put_job``: job key, result key, queue."""
+        return [JOB_KEY + self.job_id, RESULT_KEY + self.job_id, self.queue]
+
+    def args(self, expiry_ms: int) -> list[Any]:
+        """ARGV for ``put_job``: payload, expiry, score, job id."""
+        now_ms = int(time.time() * 1000)
+        payload = job_payload(self.function, self.kwargs, self.job_try, now_ms)
+        return [payload, expiry_ms, now_ms + int(self.defer_s * 1000), self.job_id]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +272,9 @@ class DeliverJob:
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> DeliverJob:
+        """The delivery its kwargs describe; :class:`PayloadVersionError` for a version this
+        code does not read."""
+        kwargs = _unversioned(DELIVER, kwargs)
         batch_state = kwargs.get("batch_state")
         part = kwargs.get("part")
         settle = kwargs.get("settle")
@@ -82,27 +289,41 @@ class DeliverJob:
             "batch_state": self.batch_state,
             "part": self.part,
             "settle": self.settle,
+            "v": PAYLOAD_VERSION,
         }
 
     def handoff(self, *, defer_s: float) -> QueuedJob:
         """This delivery as a job of its own; a batch chunk's has one id per (sink, chunk)."""
+        spec = JOBS[DELIVER]
         job_id = (
-            f"deliver:{self.sink}:{self.batch_state}:{self.part}"
+            spec.job_id(self.sink, f"{self.batch_state}:{self.part}")
             if self.batch_state is not None and self.part is not None
-            else f"deliver:{self.sink}:{uuid.uuid4().hex}"
+            else spec.job_id(self.sink, uuid.uuid4().hex)
         )
         return QueuedJob(DELIVER, job_id, self.to_kwargs(), defer_s=defer_s, job_try=2)
 
     def summary(self, state_key: str) -> QueuedJob:
         """The job that writes a batch summary to this sink (one id per sink)."""
         kwargs = {k: v for k, v in self.to_kwargs().items() if k != "settle"}
-        return QueuedJob(DELIVER, f"deliver:{self.sink}:{state_key}:summary", kwargs)
+        return QueuedJob(DELIVER, JOBS[DELIVER].job_id(self.sink, f"{state_key}:summary"), kwargs)
+
+    def letter_target(self) -> LetterTarget:
+        """Filed under its sink, the provider of its first envelope and their keys."""
+        envelopes = [e for e in self.envelopes if isinstance(e, dict)]
+        provider = str(envelopes[0].get("provider", "")) if envelopes else ""
+        return LetterTarget(self.sink, provider, [str(e.get("key")) for e in envelopes])
+
+    def journeys(self) -> list[tuple[str, str, str]]:
+        """``(provider, tenant, id)`` of its envelopes' journeys (a row's is its batch's)."""
+        return envelope_ids(e for e in self.envelopes if isinstance(e, dict))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FetchJob:
     """What every fetch job is queued with: the callback (or poll) that caused it."""
 
+    kind: ClassVar[Kind]
+    """The result kind it fetches."""
     function: ClassVar[str]
     id_field: ClassVar[str]
     """The key the fetched object's id goes in."""
@@ -119,8 +340,9 @@ class FetchJob:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Self:
         """The job its kwargs describe, in any of the shapes it is queued in. A key it does
-        not know is an error (the job is kept as a dead letter), as it always was."""
-        return cls(**kwargs)
+        not know is an error (the job is kept as a dead letter), as it always was, and so is
+        a version it does not read (:class:`PayloadVersionError`)."""
+        return cls(**_unversioned(cls.function, kwargs))
 
     def to_kwargs(self) -> dict[str, Any]:
         """The job's kwargs, every key set (what a retry queues and a dead letter replays);
@@ -128,7 +350,16 @@ class FetchJob:
         kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if self.traceparent is None:
             del kwargs["traceparent"]
+        kwargs["v"] = PAYLOAD_VERSION
         return kwargs
+
+    def letter_target(self) -> LetterTarget:
+        """Filed under ``fetch``, its provider and the object's id."""
+        return LetterTarget("fetch", self.provider, [self.object_id])
+
+    def journeys(self) -> list[tuple[str, str, str]]:
+        """``(provider, tenant, id)`` of the journey of the object it fetches."""
+        return [(self.provider, self.tenant, self.object_id)]
 
     @property
     def object_id(self) -> str:
@@ -204,8 +435,9 @@ class FetchJob:
 class FetchResponse(FetchJob):
     """The payload of a ``fetch_response`` job."""
 
+    kind: ClassVar[Kind] = "response"
     function: ClassVar[str] = FETCH_RESPONSE
-    id_field: ClassVar[str] = "response_id"
+    id_field: ClassVar[str] = _RESPONSE.id_field
 
     response_id: str
 
@@ -218,8 +450,9 @@ class FetchResponse(FetchJob):
 class FetchBatch(FetchJob):
     """The payload of a ``fetch_batch`` job."""
 
+    kind: ClassVar[Kind] = "batch"
     function: ClassVar[str] = FETCH_BATCH
-    id_field: ClassVar[str] = "batch_id"
+    id_field: ClassVar[str] = _BATCH.id_field
     _callback_leaves_out: ClassVar[tuple[str, ...]] = ("from_watch",)
     _poll_leaves_out: ClassVar[tuple[str, ...]] = ("event_type",)
 
@@ -235,27 +468,133 @@ class FetchBatch(FetchJob):
 
     def runner_kwargs(self) -> dict[str, Any]:
         """What :meth:`receiver.batches.runner.BatchRunner.run` needs to know of the job."""
-        return self._kwargs(("event_type", "from_watch", "traceparent"))
+        return self._kwargs(("event_type", "from_watch", "traceparent", "v"))
 
 
-_BY_ID_PREFIX: dict[str, type[FetchJob]] = {"resp": FetchResponse, "batch": FetchBatch}
-"""A fetch job id's prefix (``resp:<provider>:<id>``, ``batch:<provider>:<id>``)."""
+def _fetch_spec(
+    payload: type[FetchJob],
+    deadline_s: Callable[[Settings], float],
+    retry: Callable[[Settings], RetryConfig],
+) -> JobSpec:
+    """The row of the job that fetches ``payload.kind``: name, queue, id prefix and id
+    field as :data:`~nopoll.kinds.KINDS` has them."""
+    fetch = _fetch_of(payload.kind)
+    return JobSpec(
+        fetch.job,
+        payload,
+        fetch.queue,
+        fetch.id_prefix,
+        "account",
+        deadline_s,
+        retry,
+        letter_sink="fetch",
+        kind=payload.kind,
+        id_field=fetch.id_field,
+    )
+
+
+JOBS: dict[str, JobSpec] = {
+    spec.name: spec
+    for spec in (
+        _fetch_spec(
+            FetchResponse,
+            lambda s: s.worker.response_job_timeout_s,
+            lambda s: s.fetch_retry,
+        ),
+        _fetch_spec(FetchBatch, lambda s: s.batch.job_timeout_s, lambda s: s.fetch_retry),
+        JobSpec(
+            DELIVER,
+            DeliverJob,
+            JOBS_QUEUE,
+            DELIVER,
+            "sink",
+            lambda s: s.worker.response_job_timeout_s,
+            lambda s: s.sink_retry,
+        ),
+    )
+}
+"""Every job function, by name: what the worker registers and everything else reads."""
+
+_BY_ID_PREFIX = {spec.id_prefix: spec for spec in JOBS.values()}
+
+
+def job_spec(function: str) -> JobSpec:
+    """The row of ``function``; ValueError for a function nothing runs."""
+    try:
+        return JOBS[function]
+    except KeyError:
+        raise ValueError(f"unknown job function {function!r}") from None
+
+
+def queue_for(function: str) -> str:
+    """The queue whose workers run ``function`` (a job on another queue would never run)."""
+    return job_spec(function).queue
+
+
+def response_job_id(provider: str, response_id: str) -> str:
+    """The arq job id of a single-response fetch: one pending fetch per response."""
+    return JOBS[FETCH_RESPONSE].job_id(provider, response_id)
+
+
+def batch_job_id(provider: str, batch_id: str) -> str:
+    """The arq job id of a batch fetch: one pending fetch per batch."""
+    return JOBS[FETCH_BATCH].job_id(provider, batch_id)
+
+
+class JobId(NamedTuple):
+    """A job id, parsed: ``<prefix>:<named>:<rest>``."""
+
+    spec: JobSpec
+    named: str
+    """The account (a fetch's) or the sink (a delivery's) the id names."""
+    rest: str
+
+
+def parse_job_id(job_id: str) -> JobId | None:
+    """The job an id belongs to and what it names; None for an id of no job in
+    :data:`JOBS` (a replay's ``replay:<letter>``) or one that names nothing."""
+    prefix, _, rest = job_id.partition(":")
+    named, _, rest = rest.partition(":")
+    spec = _BY_ID_PREFIX.get(prefix)
+    if spec is None or not named:
+        return None
+    return JobId(spec, named, rest)
+
+
+def letter_target(function: str, kwargs: Mapping[str, Any]) -> LetterTarget:
+    """What a dead letter of this job is filed under (a function nothing runs: nothing,
+    the letter is kept all the same)."""
+    spec = JOBS.get(function)
+    if spec is None:
+        return LetterTarget("", "", [])
+    return spec.letter_target(kwargs)
+
+
+def journeys_of(function: str, kwargs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The journeys a job's work belongs to, ``(provider, tenant, id)``: none for a
+    function nothing runs or a payload that cannot be read."""
+    spec = JOBS.get(function)
+    if spec is None:
+        return []
+    try:
+        return spec.payload.from_kwargs(kwargs).journeys()
+    except (TypeError, KeyError, ValueError):
+        return []
 
 
 def fetch_from_job_id(job_id: str, *, received_at: str) -> tuple[str, dict[str, Any]] | None:
     """The function and kwargs of a fetch job known by its id alone (its payload expired or
     cannot be read), as a dead letter keeps them: the provider as the id names it, no
     ``tenant``; None when ``job_id`` is no fetch job's."""
-    prefix, _, rest = job_id.partition(":")
-    provider, _, object_id = rest.partition(":")
-    job_type = _BY_ID_PREFIX.get(prefix)
-    if job_type is None or not object_id:
+    parsed = parse_job_id(job_id)
+    if parsed is None or parsed.spec.id_field is None or not parsed.rest:
         return None
-    job = job_type.from_kwargs(
-        {"provider": provider, job_type.id_field: object_id, "received_at": received_at}
+    spec, id_field = parsed.spec, parsed.spec.id_field
+    job = spec.payload.from_kwargs(
+        {"provider": parsed.named, id_field: parsed.rest, "received_at": received_at}
     )
-    kept = ("provider", job_type.id_field, "event_id", "received_at")
-    return job.function, {k: v for k, v in job.to_kwargs().items() if k in kept}
+    kept = ("provider", id_field, "event_id", "received_at", "v")
+    return spec.name, {k: v for k, v in job.to_kwargs().items() if k in kept}
 
 
 def rejection_text(error: SinkRowsRejected) -> str:

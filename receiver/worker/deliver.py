@@ -19,10 +19,10 @@ from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batches.progress import BatchState
 from receiver.journey.store import envelope_ids
-from receiver.queue.enqueue import DELIVER, put_job
-from receiver.queue.jobs import DeliverJob, rejection_text
+from receiver.queue.enqueue import put_job
+from receiver.queue.jobs import DELIVER, DeliverJob, rejection_text
 from receiver.worker.liveness import ServedAccounts
-from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
+from receiver.worker.retry import dead_letter, hand_over, handles, retry_or_give_up
 from receiver.worker.state import WorkerState
 
 __all__ = ["batch_state_for", "deliver", "queue_retries"]
@@ -69,31 +69,17 @@ def batch_state_for(state: WorkerState, key: str) -> BatchState:
     )
 
 
-@guarded(DELIVER, "sink", "batch_state")
-async def deliver(
-    ctx: dict[str, Any],
-    *,
-    sink: str,
-    envelopes: list[dict[str, Any]],
-    batch_state: str | None = None,
-    part: int | None = None,
-    settle: int | None = None,
-) -> dict[str, Any]:
-    """Write envelopes to one sink; retry with backoff, then keep as a dead letter.
+@handles(DELIVER, "sink", "batch_state")
+async def deliver(ctx: dict[str, Any], **payload: Any) -> dict[str, Any]:
+    """Write envelopes to one sink (a :class:`~receiver.queue.jobs.DeliverJob`'s kwargs);
+    retry with backoff, then keep as a dead letter.
 
     ``part`` is the chunk number S3 names its part file by (None: a plain write).
     ``batch_state`` and ``settle`` name the batch and the pending chunk this delivery
     settles when it succeeds.
     """
-    job = DeliverJob.from_kwargs(
-        {
-            "sink": sink,
-            "envelopes": envelopes,
-            "batch_state": batch_state,
-            "part": part,
-            "settle": settle,
-        }
-    )
+    job = DeliverJob.from_kwargs(payload)
+    sink, envelopes, batch_state, part = job.sink, job.envelopes, job.batch_state, job.part
     settle = job.settle
     kwargs = job.to_kwargs()
     state: WorkerState = ctx["state"]

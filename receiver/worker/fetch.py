@@ -29,13 +29,12 @@ from nopoll.status import unfinished_status
 from receiver.batches.runner import LeaseLost
 from receiver.config.accounts import scoped
 from receiver.providers import Dialect
-from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
 from receiver.tracing import span
-from receiver.watches.store import RECHECK_S, Kind, WatchStore
+from receiver.watches.store import RECHECK_S, WatchStore
 from receiver.worker.deliver import deliver, queue_retries
 from receiver.worker.liveness import ServedAccounts
-from receiver.worker.retry import dead_letter, guarded, hand_over, retry_or_give_up
+from receiver.worker.retry import dead_letter, hand_over, handles, retry_or_give_up
 from receiver.worker.state import WorkerState
 
 __all__ = [
@@ -55,7 +54,8 @@ _Job = Callable[..., Awaitable[dict[str, Any]]]
 def _fetch_job(
     job_type: type[_J],
 ) -> Callable[[Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]], _Job]:
-    """A fetch job: run under :func:`~receiver.worker.retry.guarded` (its log lines carry the
+    """The handler of ``job_type``'s fetch job (:func:`~receiver.worker.retry.handles`), run
+    under :func:`~receiver.worker.retry.guarded` (its log lines carry the
     provider, the object's id and the event), its kwargs read as a ``job_type``, and its
     provider's dialect found first (with the tenant's key): a provider, or tenant account,
     no longer configured makes it a dead letter, unless another live worker serves it
@@ -64,7 +64,7 @@ def _fetch_job(
     function = job_type.function
 
     def wrap(body: Callable[[dict[str, Any], _J, Dialect], Awaitable[dict[str, Any]]]) -> _Job:
-        @guarded(function, "provider", job_type.id_field, "event_id")
+        @handles(function, "provider", job_type.id_field, "event_id")
         @functools.wraps(body)
         async def run(ctx: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
             job = job_type.from_kwargs(kwargs)
@@ -93,7 +93,7 @@ async def fetch_response(
 ) -> dict[str, Any]:
     """Fetch one finished response and fan it out (see module docs)."""
     watches = _watches(ctx)
-    skipped = await _polled_already(ctx, watches, "response", job)
+    skipped = await _polled_already(ctx, watches, job)
     if skipped is not None:
         return skipped
     # a slot of the account's budget within a quarter of the job's time, else a retry later
@@ -104,16 +104,11 @@ async def fetch_response(
         if status is not None:
             path = f"responses/{job.response_id}"
             raise ResultNotReady(provider=job.provider, path=path, status=status)
-    except TransientProviderError as exc:
-        await _fetch_failed(ctx, job, exc)
-        error, retry_after_s = str(exc), exc.retry_after_s
-        return await retry_or_give_up(ctx, FETCH_RESPONSE, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        await _fetch_failed(ctx, job, exc)
-        return await dead_letter(ctx, FETCH_RESPONSE, job.to_kwargs(), str(exc))
+        return await _provider_failed(ctx, job, exc)
     state: WorkerState = ctx["state"]
     # the fetch event goes with the sinks' (one trip), stamped now
-    fetched: dict[str, Any] = {"at": round(time.time(), 3), "kind": "response"}
+    fetched: dict[str, Any] = {"at": round(time.time(), 3), "kind": job.kind}
     fetched.update(status=str(body.get("status") or ""), **{"try": int(ctx.get("job_try") or 1)})
     envelope = envelope_from_response(
         body,
@@ -125,7 +120,7 @@ async def fetch_response(
     # the callback ends its watch (or, not watched yet, the marker says it landed)
     ended = _Ended(watches, job, envelope.status)
     landed = await _land(ctx, envelope, fetched=fetched, ended=ended)
-    state.metrics.count_job(FETCH_RESPONSE, "ok")
+    state.metrics.count_job(job.function, "ok")
     return landed
 
 
@@ -140,7 +135,7 @@ class _Ended:
     def command(self) -> tuple[Any, ...]:
         job = self.job
         return self.watches.finish_command(
-            *(job.provider, "response", job.response_id, "landed"),
+            *(job.provider, job.kind, job.response_id, "landed"),
             tenant=job.tenant,
             status=self.status,
             via="callback",
@@ -149,17 +144,28 @@ class _Ended:
     async def run(self) -> None:
         job = self.job
         await self.watches.finish(
-            *(job.provider, "response", job.response_id, "landed"),
+            *(job.provider, job.kind, job.response_id, "landed"),
             tenant=job.tenant,
             status=self.status,
             via="callback",
         )
 
 
+async def _provider_failed(
+    ctx: dict[str, Any], job: FetchJob, exc: ProviderError
+) -> dict[str, Any]:
+    """The provider failed the fetch: the try on the id's journey, then a retry with backoff
+    when the failure is transient, else a dead letter."""
+    await _fetch_failed(ctx, job, exc)
+    if isinstance(exc, TransientProviderError):
+        error, retry_after_s = str(exc), exc.retry_after_s
+        return await retry_or_give_up(ctx, job.function, job.to_kwargs(), error, retry_after_s)
+    return await dead_letter(ctx, job.function, job.to_kwargs(), str(exc))
+
+
 async def _fetch_failed(ctx: dict[str, Any], job: FetchJob, exc: ProviderError) -> None:
     """The failed try on the id's journey, with the provider's own words (in ``exc``)."""
-    kind = "batch" if isinstance(job, FetchBatch) else "response"
-    fields: dict[str, Any] = {"kind": kind, "try": int(ctx.get("job_try") or 1)}
+    fields: dict[str, Any] = {"kind": job.kind, "try": int(ctx.get("job_try") or 1)}
     if exc.status is not None:
         fields["http"] = exc.status
     if isinstance(exc, ResultNotReady):
@@ -182,11 +188,11 @@ def _watches(ctx: dict[str, Any]) -> WatchStore:
 
 
 async def _polled_already(
-    ctx: dict[str, Any], watches: WatchStore, kind: Kind, job: FetchJob
+    ctx: dict[str, Any], watches: WatchStore, job: FetchJob
 ) -> dict[str, Any] | None:
     """Tell the id's watch a callback arrived. When its poll landed the id already (or is
     landing it), the job's answer (one delivery, not two); else None: fetch it."""
-    provider, object_id = job.provider, job.object_id
+    provider, object_id, kind = job.provider, job.object_id, job.kind
     verdict = await watches.callback_arrived(
         provider, kind, object_id, tenant=job.tenant, recheck_s=_recheck_s(ctx, provider)
     )
@@ -285,7 +291,7 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
     """Stream every row of a finished batch into the sinks (see :mod:`receiver.batches.runner`)."""
     state: WorkerState = ctx["state"]
     if not job.from_watch:  # a poll queued this job itself after claiming the landing
-        skipped = await _polled_already(ctx, _watches(ctx), "batch", job)
+        skipped = await _polled_already(ctx, _watches(ctx), job)
         if skipped is not None:
             return skipped
     lease = ctx.get("leases", {}).get(ctx.get("job_id"))
@@ -295,21 +301,17 @@ async def fetch_batch(ctx: dict[str, Any], job: FetchBatch, dialect: Dialect) ->
         # Another run may own the batch now: this one stops and leaves the job to it.
         log.warning("batch %s/%s: %s; this run stopped", job.provider, job.batch_id, exc)
         return {"lease_lost": True}
-    except TransientProviderError as exc:
-        state.metrics.batches.labels(job.provider, "retry").inc()
-        await _fetch_failed(ctx, job, exc)
-        error, retry_after_s = str(exc), exc.retry_after_s
-        return await retry_or_give_up(ctx, FETCH_BATCH, job.to_kwargs(), error, retry_after_s)
     except ProviderError as exc:
-        await _fetch_failed(ctx, job, exc)
-        return await dead_letter(ctx, FETCH_BATCH, job.to_kwargs(), str(exc))
+        if isinstance(exc, TransientProviderError):
+            state.metrics.batches.labels(job.provider, "retry").inc()
+        return await _provider_failed(ctx, job, exc)
     except SinkError as exc:
-        return await retry_or_give_up(ctx, FETCH_BATCH, job.to_kwargs(), str(exc))
+        return await retry_or_give_up(ctx, job.function, job.to_kwargs(), str(exc))
     if not job.from_watch:  # the callback ended its watch, or marks the id landed
         await _watches(ctx).finish(
-            job.provider, "batch", job.batch_id, "landed", tenant=job.tenant, via="callback"
+            job.provider, job.kind, job.batch_id, "landed", tenant=job.tenant, via="callback"
         )
     done = "already_done" if outcome.already_done else "ok"
     state.metrics.batches.labels(job.provider, done).inc()
-    state.metrics.count_job(FETCH_BATCH, "ok")
+    state.metrics.count_job(job.function, "ok")
     return {"rows": outcome.rows, "skipped_chunks": outcome.chunks_skipped}

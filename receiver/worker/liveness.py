@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
 from receiver.config.settings import Settings
-from receiver.queue.enqueue import BATCHES_QUEUE, JOBS_QUEUE
+from receiver.queue.jobs import JOBS, parse_job_id
 from receiver.redis.connector import RedisConnector
 from receiver.watches.scripts import WATCH_OF
 from receiver.watches.store import held_watches_key
@@ -120,18 +120,15 @@ class ServedAccounts:
 
 
 async def _queued(redis: Redis) -> tuple[set[str], set[str]]:
-    """The accounts and the sinks the first queued jobs name (job ids are
-    ``kind:account:id``, a delivery's ``deliver:sink:...``)."""
-    accounts, sinks = set(), set()
-    for queue in (JOBS_QUEUE, BATCHES_QUEUE):
+    """The accounts and the sinks the first queued jobs name (their ids, read by
+    :func:`~receiver.queue.jobs.parse_job_id`)."""
+    named: dict[str, set[str]] = {"account": set(), "sink": set()}
+    for queue in dict.fromkeys(spec.queue for spec in JOBS.values()):
         for job_id in await redis.zrange(queue, 0, _QUEUED_LOOKED_AT - 1):
-            kind, _, rest = job_id.decode().partition(":")
-            name = rest.partition(":")[0]
-            if kind in ("resp", "batch") and name:
-                accounts.add(name)
-            elif kind == "deliver" and name:
-                sinks.add(name)
-    return accounts, sinks
+            parsed = parse_job_id(job_id.decode())
+            if parsed is not None:
+                named[parsed.spec.id_names].add(parsed.named)
+    return named["account"], named["sink"]
 
 
 _NOW = """

@@ -31,22 +31,21 @@ from receiver.queue._arq import (
     job_deserializer,
     job_serializer,
 )
-from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetters
-from receiver.queue.enqueue import (
+from receiver.queue.deadletter import DeadLetters
+from receiver.queue.enqueue import HEALTH_CHECK_KEY
+from receiver.queue.jobs import (
     BATCHES_QUEUE,
-    DELIVER,
-    FETCH_BATCH,
-    FETCH_RESPONSE,
-    HEALTH_CHECK_KEY,
+    JOBS,
     JOBS_QUEUE,
+    JobSpec,
+    fetch_from_job_id,
 )
-from receiver.queue.jobs import fetch_from_job_id
 from receiver.redis.connector import RedisConnector
-from receiver.worker.fetch import deliver, fetch_batch, fetch_response
+from receiver.worker import fetch as _fetch  # noqa: F401  (registers the jobs' handlers)
 from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
 from receiver.worker.poller import WatchPoller
-from receiver.worker.retry import letter_target, rules_for
+from receiver.worker.retry import handler_for, keep_letter
 from receiver.worker.state import WorkerState, build_state
 
 __all__ = ["NopollWorker", "Shared", "build_workers", "hand_back", "shutdown", "startup"]
@@ -65,19 +64,10 @@ class NopollWorker(SeamWorker):
         function, kwargs = job.function, job.kwargs
         if function is None or kwargs is None:
             function, kwargs = _from_job_id(job.job_id)
-        sink, provider, keys = letter_target(function, kwargs)
-        letter = await DeadLetters(self.pool).add(
-            sink=sink or "fetch",
-            provider=provider,
-            keys=keys,
-            attempts=job.tries,
-            error=job.reason,
-            function=function,
-            kwargs=kwargs,
-        )
         metrics: Metrics | None = self.ctx.get("metrics")
-        if metrics is not None and not job.job_id.startswith(REPLAY_PREFIX):
-            metrics.dead_letters.labels(sink or "fetch").inc()
+        letters = DeadLetters(self.pool)
+        args = (function, kwargs, job.tries, job.reason)
+        letter = await keep_letter(letters, metrics, job.job_id, *args)
         log.error("dead letter %s: arq gave up on job %s", letter.id, job.job_id)
 
     async def health_checked(self) -> None:
@@ -107,12 +97,17 @@ def build_workers(
     w = settings.worker
     tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
 
-    def job(coroutine: Any, name: str) -> Function:
+    def job(spec: JobSpec) -> Function:
+        coroutine: Any = handler_for(spec.name)  # the one registered for it (retry.handles)
         # arq's timeout sits above the job's own deadline: nopoll's always fires first.
-        return func(coroutine, name=name, timeout=rules_for(settings, name).arq_timeout_s)
+        return func(coroutine, name=spec.name, timeout=spec.rules(settings).arq_timeout_s)
 
-    short = [job(fetch_response, FETCH_RESPONSE), job(deliver, DELIVER)]
-    long = [job(fetch_batch, FETCH_BATCH)]
+    def functions(queue: str) -> list[Function]:
+        return [job(spec) for spec in JOBS.values() if spec.queue == queue]
+
+    def timeout_s(queue: str) -> float:
+        return max(s.rules(settings).arq_timeout_s for s in JOBS.values() if s.queue == queue)
+
     # One WorkerState for the process's workers (see startup below), and one
     # liveness: their claims and the watch poller's takes all name this process.
     extra = dict(extra_ctx or {})
@@ -136,21 +131,21 @@ def build_workers(
     return [
         _worker(
             settings,
-            short,
+            functions(JOBS_QUEUE),
             JOBS_QUEUE,
             w.max_jobs,
-            rules_for(settings, FETCH_RESPONSE).arq_timeout_s,
+            timeout_s(JOBS_QUEUE),
             HEALTH_CHECK_KEY,
             # nopoll's deadline ends every job before arq's timeout: the lock needs no more
-            claim_ttl_s=rules_for(settings, FETCH_RESPONSE).arq_timeout_s,
+            claim_ttl_s=timeout_s(JOBS_QUEUE),
             **common,
         ),
         _worker(
             settings,
-            long,
+            functions(BATCHES_QUEUE),
             BATCHES_QUEUE,
             settings.batch.max_jobs,
-            rules_for(settings, FETCH_BATCH).arq_timeout_s,
+            timeout_s(BATCHES_QUEUE),
             BATCHES_QUEUE + ":health-check",
             # a batch job renews its lock as a lease: a killed worker's batch resumes soon
             claim_ttl_s=settings.batch.lease_s,

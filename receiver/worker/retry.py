@@ -16,70 +16,33 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from receiver.config.settings import RetryConfig, Settings
 from receiver.logs import bind
+from receiver.metrics import Metrics
 from receiver.queue._arq import RETRY_KEY, Retry
-from receiver.queue.deadletter import REPLAY_PREFIX
-from receiver.queue.enqueue import DELIVER, FETCH_BATCH, FETCH_RESPONSE
+from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetter, DeadLetters
+from receiver.queue.jobs import PayloadVersionError, job_spec
 from receiver.worker.state import WorkerState
 
 __all__ = [
-    "JOB_GRACE_S",
-    "JobRules",
     "dead_letter",
     "guarded",
     "hand_over",
-    "letter_target",
+    "handler_for",
+    "handles",
+    "keep_letter",
     "retry_or_give_up",
-    "rules_for",
 ]
 
 log = logging.getLogger("nopoll.worker")
 
-JOB_GRACE_S = 5.0
-"""arq's timeout for a job sits this far above the job's own deadline, so nopoll's
-deadline always fires first and the job is retried or dead-lettered, never dropped."""
-
 _Job = Callable[..., Awaitable[dict[str, Any]]]
 
-
-@dataclass(frozen=True, slots=True)
-class JobRules:
-    """How long one job function may run and how it is retried."""
-
-    function: str
-    deadline_s: float
-    retry: RetryConfig
-
-    @property
-    def arq_timeout_s(self) -> float:
-        return self.deadline_s + JOB_GRACE_S
-
-
-def rules_for(settings: Settings, function: str) -> JobRules:
-    """The deadline and retry rule of ``function`` under ``settings``."""
-    if function == FETCH_BATCH:
-        return JobRules(function, settings.batch.job_timeout_s, settings.fetch_retry)
-    if function == DELIVER:
-        return JobRules(function, settings.worker.response_job_timeout_s, settings.sink_retry)
-    if function == FETCH_RESPONSE:
-        return JobRules(function, settings.worker.response_job_timeout_s, settings.fetch_retry)
-    raise ValueError(f"unknown job function {function!r}")
-
-
-def letter_target(function: str, kwargs: dict[str, Any]) -> tuple[str, str, list[str]]:
-    """(sink, provider, keys) a dead letter of this job is filed under."""
-    if function == DELIVER:
-        envelopes = [e for e in kwargs.get("envelopes") or [] if isinstance(e, dict)]
-        provider = str(envelopes[0].get("provider", "")) if envelopes else ""
-        return str(kwargs.get("sink", "")), provider, [str(e.get("key")) for e in envelopes]
-    key = kwargs.get("response_id") or kwargs.get("batch_id") or ""
-    return "fetch", str(kwargs.get("provider", "")), [str(key)]
+_HANDLERS: dict[str, _Job] = {}
+"""The handler of each job function of :data:`~receiver.queue.jobs.JOBS`, by name."""
 
 
 async def dead_letter(
@@ -87,28 +50,40 @@ async def dead_letter(
 ) -> dict[str, Any]:
     """Keep the job's work as a replayable dead letter. When Redis cannot take the letter,
     the job is retried instead (a letter is never dropped for want of a place to keep it)."""
-    sink, provider, keys = letter_target(function, kwargs)
     state: WorkerState = ctx["state"]
     job_try = int(ctx.get("job_try") or 1)
+    job_id = str(ctx.get("job_id") or "")
     try:
-        letter = await state.dead_letters.add(
-            sink=sink,
-            provider=provider,
-            keys=keys,
-            attempts=job_try,
-            error=error,
-            function=function,
-            kwargs=kwargs,
+        letter = await keep_letter(
+            state.dead_letters, state.metrics, job_id, function, kwargs, job_try, error
         )
     except (RedisError, OSError) as exc:
         log.warning("cannot keep a dead letter now (%s); running the job again later", exc)
-        raise Retry(defer=rules_for(state.settings, function).retry.delay(job_try)) from None
-    if not str(ctx.get("job_id") or "").startswith(REPLAY_PREFIX):  # counted when first kept
-        state.metrics.dead_letters.labels(sink).inc()
+        raise Retry(defer=job_spec(function).rules(state.settings).retry.delay(job_try)) from None
     state.metrics.count_job(function, "dead_letter")
+    keys = letter.keys
     shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
-    log.error("dead letter %s: %s %s after %d tries: %s", letter.id, sink, shown, job_try, error)
+    log.error(
+        "dead letter %s: %s %s after %d tries: %s", letter.id, letter.sink, shown, job_try, error
+    )
     return {"dead_letter": letter.id}
+
+
+async def keep_letter(
+    letters: DeadLetters,
+    metrics: Metrics | None,
+    job_id: str,
+    function: str,
+    kwargs: dict[str, Any],
+    attempts: int,
+    error: str,
+) -> DeadLetter:
+    """Keep a job's work as a dead letter (:meth:`DeadLetters.keep`) and count it, unless it
+    is a replay's (counted when first kept): what a failed job and arq's give-up share."""
+    letter = await letters.keep(function, kwargs, attempts=attempts, error=error)
+    if metrics is not None and not job_id.startswith(REPLAY_PREFIX):
+        metrics.dead_letters.labels(letter.sink).inc()
+    return letter
 
 
 async def hand_over(ctx: dict[str, Any], function: str) -> dict[str, Any]:
@@ -132,7 +107,7 @@ async def retry_or_give_up(
 ) -> dict[str, Any]:
     """Retry the job with backoff, or keep it as a dead letter after its last try."""
     state: WorkerState = ctx["state"]
-    rules = rules_for(state.settings, function)
+    rules = job_spec(function).rules(state.settings)
     job_try = int(ctx.get("job_try") or 1)
     if job_try >= rules.retry.max_tries:
         return await dead_letter(ctx, function, kwargs, error)
@@ -159,7 +134,7 @@ def guarded(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
 async def _guard(
     ctx: dict[str, Any], function: str, job: _Job, kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    rules = rules_for(ctx["state"].settings, function)
+    rules = job_spec(function).rules(ctx["state"].settings)
     job_try = int(ctx.get("job_try") or 1)
     if job_try > rules.retry.max_tries + 2:
         error = f"job ran {job_try} times without finishing (worker crashes?)"
@@ -175,6 +150,8 @@ async def _guard(
             return await retry_or_give_up(ctx, function, kwargs, error)
     except Retry:
         raise
+    except PayloadVersionError as exc:  # queued by a newer version: kept until it is read
+        return await dead_letter(ctx, function, kwargs, str(exc))
     except (RedisError, OSError) as exc:
         # Redis went away mid-job: run it again later. Nothing it did is lost: a rewrite
         # overwrites in sql and s3 (kafka, http and jsonl deliver at least once), and a
@@ -184,3 +161,27 @@ async def _guard(
     except Exception as exc:  # a bug of ours or an object we cannot handle: keep the work
         log.exception("%s failed unexpectedly", function)
         return await dead_letter(ctx, function, kwargs, f"{type(exc).__name__}: {exc}"[:500])
+
+
+def handles(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
+    """Register the decorated coroutine as the handler of ``function`` (a row of
+    :data:`~receiver.queue.jobs.JOBS`), run under :func:`guarded`: what the worker runs
+    for a job of that name (:func:`handler_for`)."""
+    name = job_spec(function).name
+
+    def wrap(job: _Job) -> _Job:
+        if name in _HANDLERS:
+            raise ValueError(f"job {name!r} has a handler already")
+        run = guarded(name, *log_fields)(job)
+        _HANDLERS[name] = run
+        return run
+
+    return wrap
+
+
+def handler_for(function: str) -> _Job:
+    """The handler registered for ``function`` (:func:`handles`)."""
+    try:
+        return _HANDLERS[function]
+    except KeyError:
+        raise ValueError(f"no handler for job {function!r}") from None

@@ -10,10 +10,12 @@ from typing import Any
 from receiver.demo.simulator import make_response
 from receiver.metrics import Metrics
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
-from receiver.queue.jobs import FetchBatch, FetchResponse
+from receiver.queue.jobs import JOBS, FetchBatch, FetchResponse
 from receiver.redis import RedisConnector
 from receiver.webhooks.endpoint import _job
 from receiver.worker.fetch import land_response
+from receiver.worker.process import build_workers
+from receiver.worker.retry import handler_for
 from receiver.worker.state import build_state
 
 
@@ -54,3 +56,21 @@ async def test_a_polled_response_lands_in_every_sink(
     assert [(e["key"], e["output_text"], e["event_id"]) for e in lines] == [
         ("resp_polled", "polled", None)
     ]
+
+
+async def test_each_queues_worker_runs_the_registered_handler_of_each_of_its_jobs(
+    make_settings: Any, redis_url: str
+) -> None:
+    settings = make_settings(redis_url=redis_url)
+    workers = build_workers(settings, redis_url, Metrics(), handle_signals=False)
+    try:
+        names = [name for w in workers for name in w.functions]
+        assert sorted(names) == sorted(JOBS)
+        for w in workers:
+            for name, function in w.functions.items():
+                assert JOBS[name].queue == w.queue_name
+                assert function.coroutine is handler_for(name)
+                assert function.timeout_s == JOBS[name].rules(settings).arq_timeout_s
+    finally:
+        for w in workers:
+            await w.pool.aclose()
