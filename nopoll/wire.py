@@ -1,5 +1,5 @@
 """What crosses the wire, shared by the receiver and the sinks: safe ids, the statuses and
-Retry-After that ask for another try, webhook secrets, and a sink's URL as it may be shown."""
+Retry-After that ask for another try, webhook secrets, and a URL as it may be shown."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import email.utils
 import re
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 __all__ = [
     "RETRY_LATER",
@@ -17,6 +17,7 @@ __all__ = [
     "decode_webhook_secret",
     "retry_after_s",
     "safe_id",
+    "url_credentials_masked",
     "url_masked",
     "url_origin",
     "url_secrets",
@@ -122,6 +123,26 @@ def url_masked(url: str) -> str:
     netloc = (f"{_MASK}@" if userinfo else "") + hostport
     path = "/".join(_MASK if segment else "" for segment in parts.path.split("/"))
     return urllib.parse.urlunsplit((parts.scheme, netloc, path, query, ""))
+
+
+def url_credentials_masked(url: str, *, secret_param: Callable[[str], bool] | None = None) -> str:
+    """``url`` with its password, and the values of the query parameters ``secret_param``
+    picks by name (every one without it), replaced by ``***``; its user, host and path
+    kept: a connection URL (Redis, a config value) as a log line shows it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        userinfo, at, host = parts.netloc.rpartition("@")
+    except ValueError:
+        return _MASK
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":" + _MASK
+    query = "&".join(
+        f"{name}={_MASK}"
+        if sep and (secret_param is None or secret_param(name))
+        else f"{name}{sep}{value}"
+        for name, sep, value in (p.partition("=") for p in parts.query.split("&") if p)
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}", query=query))
 
 
 def url_secrets(url: str) -> list[str]:

@@ -190,61 +190,52 @@ class BatchRunner:
     ) -> BatchOutcome:
         attributes = {"nopoll.provider": ctx.provider, "nopoll.batch_id": ctx.batch_id}
         with span("batch", attributes):  # the parent of its chunks' spans
-            return await self._run_traced(dialect, ctx, force, on_progress)
-
-    async def _run_traced(
-        self,
-        dialect: Dialect,
-        ctx: _Context,
-        force: bool,
-        on_progress: Callable[[int], None] | None,
-    ) -> BatchOutcome:
-        sinks = list(self.fanout.sinks)
-        outcome = BatchOutcome()
-        if force:
-            await ctx.state.reset(sinks)
-        progress = await ctx.state.load(sinks)
-        if progress.done:
-            outcome.already_done = True
-            return outcome
-        batch = self.settings.batch
-        bounds = await ctx.state.begin(ChunkBounds(batch.chunk_size, batch.chunk_bytes))
-        # rows in no stable order: a chunk number names other rows this time, skip none
-        committed = progress.committed if dialect.stable_chunks else dict.fromkeys(sinks, -1)
-        fetch = BatchFetch(
-            batch_id=ctx.batch_id,
-            chunk_size=bounds.rows,
-            chunk_bytes=bounds.bytes,
-            skip_before=min(committed.values(), default=-1) + 1,
-        )
-        outcome.chunks_skipped = fetch.skip_before
-        writers = {
-            s: SinkWriter(
-                s,
-                committed[s],
-                ctx.state,
-                settings=self.settings,
-                fanout=self.fanout,
-                dead_letters=self.dead_letters,
-                metrics=self.metrics,
+            sinks = list(self.fanout.sinks)
+            outcome = BatchOutcome()
+            if force:
+                await ctx.state.reset(sinks)
+            progress = await ctx.state.load(sinks)
+            if progress.done:
+                outcome.already_done = True
+                return outcome
+            batch = self.settings.batch
+            bounds = await ctx.state.begin(ChunkBounds(batch.chunk_size, batch.chunk_bytes))
+            # rows in no stable order: a chunk number names other rows this time, skip none
+            committed = progress.committed if dialect.stable_chunks else dict.fromkeys(sinks, -1)
+            fetch = BatchFetch(
+                batch_id=ctx.batch_id,
+                chunk_size=bounds.rows,
+                chunk_bytes=bounds.bytes,
+                skip_before=min(committed.values(), default=-1) + 1,
             )
-            for s in sinks
-        }
-        started = time.monotonic()
-        await self._stream(dialect, fetch, ctx, writers, outcome, on_progress)
-        await self._summarize(dialect, fetch, ctx, outcome)
-        outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
-        await ctx.state.finish()
-        await self._trail(ctx, outcome, writers)
-        log.info(
-            "batch %s/%s: %d rows delivered in %.1f s (%s)",
-            ctx.provider,
-            ctx.batch_id,
-            outcome.rows,
-            time.monotonic() - started,
-            ", ".join(f"{n} {status}" for status, n in sorted(outcome.by_status.items())),
-        )
-        return outcome
+            outcome.chunks_skipped = fetch.skip_before
+            writers = {
+                s: SinkWriter(
+                    s,
+                    committed[s],
+                    ctx.state,
+                    settings=self.settings,
+                    fanout=self.fanout,
+                    dead_letters=self.dead_letters,
+                    metrics=self.metrics,
+                )
+                for s in sinks
+            }
+            started = time.monotonic()
+            await self._stream(dialect, fetch, ctx, writers, outcome, on_progress)
+            await self._summarize(dialect, fetch, ctx, outcome)
+            outcome.handed_off = {s: w.handed_off for s, w in writers.items() if w.handed_off}
+            await ctx.state.finish()
+            await self._trail(ctx, outcome, writers)
+            log.info(
+                "batch %s/%s: %d rows delivered in %.1f s (%s)",
+                ctx.provider,
+                ctx.batch_id,
+                outcome.rows,
+                time.monotonic() - started,
+                ", ".join(f"{n} {status}" for status, n in sorted(outcome.by_status.items())),
+            )
+            return outcome
 
     async def _trail(
         self, ctx: _Context, outcome: BatchOutcome, writers: dict[str, SinkWriter]

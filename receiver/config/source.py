@@ -15,7 +15,6 @@ import difflib
 import os
 import re
 import types
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, Union, get_args, get_origin
@@ -24,6 +23,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError, ValidationInfo
 
 from nopoll.exceptions import ConfigError, SinkUnavailable
+from nopoll.wire import url_credentials_masked
 from sinks.registry import sink_class
 
 __all__ = [
@@ -44,7 +44,6 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_NAME = re.compile(
     r"secret|passw|token|api_?key|credential|authorization|(^|_)keys?$", re.IGNORECASE
 )
-_MASK = "***"
 
 Loc = tuple[str | int, ...]
 """A place in the config: ``("providers", "x", "webhook_secrets", 0)``."""
@@ -70,18 +69,7 @@ def left_unset(text: str, info: ValidationInfo) -> bool:
 def redact_url(url: str) -> str:
     """``url`` with its password, and the values of secret-looking query parameters,
     replaced by ``***``: a URL as it may be shown."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        userinfo, at, host = parts.netloc.rpartition("@")
-    except ValueError:
-        return _MASK
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":" + _MASK
-    query = "&".join(
-        f"{name}={_MASK}" if sep and _SECRET_NAME.search(name) else f"{name}{sep}{value}"
-        for name, sep, value in (p.partition("=") for p in parts.query.split("&") if p)
-    )
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}", query=query))
+    return url_credentials_masked(url, secret_param=lambda name: bool(_SECRET_NAME.search(name)))
 
 
 def _secret_reference(loc: Loc, template: str, name: str) -> bool:

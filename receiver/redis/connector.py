@@ -5,7 +5,6 @@ of its role. The URL stays inside; logs and the start-up summary get :attr:`mask
 
 from __future__ import annotations
 
-import urllib.parse
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from pydantic import SecretStr
 from redis.asyncio import ConnectionPool, Redis
 
 from nopoll.exceptions import ConfigError
+from nopoll.wire import url_credentials_masked
 from receiver.redis.config import RedisConfig, RedisRole
 from receiver.redis.schemes import PoolFactory, pool_factory
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisConnector"]
 
-_MASK = "***"
 _HEALTH_CHECK_S = {"api": 30}
 """Roles whose idle connections are PINGed before use after this many seconds."""
 
@@ -51,7 +50,7 @@ class RedisConnector:
     @property
     def masked_url(self) -> str:
         """The URL as it may be shown: its password and every query value masked."""
-        return _masked(self._url.get_secret_value())
+        return url_credentials_masked(self._url.get_secret_value())
 
     def __repr__(self) -> str:
         return f"RedisConnector({self.masked_url!r})"
@@ -96,18 +95,3 @@ def _factory(url: str) -> PoolFactory:
         return pool_factory(url)
     except ValueError as exc:
         raise ConfigError(f"redis.url: {exc}") from None
-
-
-def _masked(url: str) -> str:
-    try:
-        parts = urllib.parse.urlsplit(url)
-        userinfo, at, host = parts.netloc.rpartition("@")
-    except ValueError:
-        return _MASK
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":" + _MASK
-    query = "&".join(
-        f"{name}{sep}{_MASK if sep else ''}"
-        for name, sep, _ in (p.partition("=") for p in parts.query.split("&") if p)
-    )
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}", query=query))

@@ -13,9 +13,11 @@ docs/capacity.md.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from redis.asyncio import Redis
 
@@ -44,6 +46,8 @@ __all__ = [
 RECHECK_S = 900.0
 """A callback's job that has not landed its watched id this long after it started (its
 retries ran out: a dead letter) hands the id back to polling."""
+
+_P = ParamSpec("_P")
 
 
 def watch_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
@@ -130,6 +134,18 @@ class Watch:
             "tenant": self.tenant,
             "last_status": self.status,
         }
+
+
+def _sent_alone(
+    command: Callable[Concatenate[WatchStore, _P], tuple[Any, ...]],
+) -> Callable[Concatenate[WatchStore, _P], Coroutine[Any, Any, None]]:
+    """The store method that sends ``command``'s command alone, with its arguments."""
+
+    @functools.wraps(command)
+    async def send(store: WatchStore, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        await store._run(command(store, *args, **kwargs))
+
+    return send
 
 
 class WatchStore:
@@ -288,26 +304,6 @@ class WatchStore:
             )
         )
 
-    async def finish(
-        self,
-        provider: str,
-        kind: str,
-        object_id: str,
-        state: str,
-        *,
-        tenant: str = DEFAULT_TENANT,
-        status: str | None = None,
-        via: str = "",
-    ) -> None:
-        """``tenant``'s watch ended: ``landed`` (with the object's final ``status`` when
-        known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
-        if a callback left one, says ``state``."""
-        await self._run(
-            self.finish_command(
-                provider, kind, object_id, state, tenant=tenant, status=status, via=via
-            )
-        )
-
     def finish_command(
         self,
         provider: str,
@@ -319,8 +315,11 @@ class WatchStore:
         status: str | None = None,
         via: str = "",
     ) -> tuple[Any, ...]:
-        """:meth:`finish` as a command, to send with others in the store's shared trips (its
-        reply an error or not, nothing else); :meth:`finish` sends it alone."""
+        """``tenant``'s watch ended: ``landed`` (with the object's final ``status`` when
+        known) or ``expired``; kept a dedupe window for lookups. Not watched: its marker,
+        if a callback left one, says ``state``. As a command, to send with others in the
+        store's shared trips (its reply an error or not, nothing else); :meth:`finish`
+        sends it alone."""
         return self._command(
             *_transition(lua.FINISH, provider, kind, object_id, tenant),
             state,
@@ -329,6 +328,9 @@ class WatchStore:
             status or "",
             via,
         )
+
+    finish = _sent_alone(finish_command)
+    """:meth:`finish_command` sent alone (its arguments, its docs)."""
 
     async def end(self, watch: Watch, state: str, *, via: str = "") -> None:
         """:meth:`finish` for a watch taken by a poll (wherever its keys are)."""

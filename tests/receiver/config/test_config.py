@@ -8,7 +8,7 @@ import pytest
 
 from nopoll.exceptions import ConfigError
 from receiver.cli import main
-from receiver.config.settings import load_settings
+from receiver.config.settings import load_settings, redact_url
 
 HEAD = """
 redis_url: ${REDIS_URL:-redis://127.0.0.1:6379/1}
@@ -458,3 +458,26 @@ def test_a_redis_url_of_an_unknown_scheme_is_refused_without_printing_it(tmp_pat
         with pytest.raises(ConfigError, match=r"redis\.url.*http://") as caught:
             load_settings(write(tmp_path, spelling + REDIS_TAIL), env=env)
         assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "redis://u:pw@h:6379/0?password=p&db=3&flag",
+            "redis://u:***@h:6379/0?password=***&db=3&flag",
+        ),
+        ("https://user@h.example/p?token=t&x=1", "https://user@h.example/p?token=***&x=1"),
+        (
+            "postgresql://a:b:c@h/db?sslmode=require&api_key=k",
+            "postgresql://a:***@h/db?sslmode=require&api_key=***",
+        ),
+        ("redis://h:notaport/0?secret=s", "redis://h:notaport/0?secret=***"),
+        ("http://[::1", "***"),
+        ("no url", "no url"),
+    ],
+)
+def test_redact_url_masks_the_password_and_secret_looking_query_values(
+    url: str, shown: str
+) -> None:
+    assert redact_url(url) == shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pydantic import SecretStr
 
 from receiver.redis import ROLES, RedisConfig, RedisConnector, RedisTimeouts
@@ -42,6 +43,25 @@ def test_the_url_never_prints() -> None:
     shown = redis.masked_url + repr(redis) + str(redis) + repr(redis.config)
     assert "hunter2" not in shown and "hunter3" not in shown
     assert redis.masked_url == "redis://nopoll:***@127.0.0.1:6379/3?password=***"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "redis://u:pw@h:6379/0?password=p&db=3&flag",
+            "redis://u:***@h:6379/0?password=***&db=***&flag",
+        ),
+        (
+            "rediss://user@h.example/1?ssl_cert_reqs=none",
+            "rediss://user@h.example/1?ssl_cert_reqs=***",
+        ),
+        ("unix://:pw@/tmp/redis.sock?db=2", "unix://:***@/tmp/redis.sock?db=***"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_the_masked_url_masks_the_password_and_every_query_value(url: str, shown: str) -> None:
+    assert RedisConnector.from_url(url).masked_url == shown
 
 
 def test_arq_settings_name_the_same_redis() -> None:
