@@ -55,6 +55,7 @@ __all__ = [
     "QueuedJob",
     "batch_job_id",
     "fetch_from_job_id",
+    "fetch_payload",
     "job_spec",
     "journeys_of",
     "letter_target",
@@ -591,6 +592,17 @@ def job_spec(function: str) -> JobSpec:
         return JOBS[function]
     except KeyError:
         raise ValueError(f"unknown job function {function!r}") from None
+
+
+def fetch_payload(kind: str) -> type[FetchJob]:
+    """The payload class of the job that fetches ``kind``; ValueError for a kind no job
+    fetches (a batch row comes with its batch)."""
+    info = KINDS.get(kind)
+    spec = JOBS.get(info.job) if info is not None and info.job is not None else None
+    payload = spec.payload if spec is not None else None
+    if payload is None or not issubclass(payload, FetchJob):
+        raise ValueError(f"no job fetches a {kind!r}")
+    return payload
 
 
 def poll_job(kind: str) -> JobSpec | None:

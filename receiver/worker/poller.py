@@ -27,7 +27,7 @@ from receiver.logs import bind
 from receiver.providers.budget import NoRequestSlot
 from receiver.providers.ratelimit import RateLimiter
 from receiver.queue.enqueue import put_job
-from receiver.queue.jobs import FetchJob, JobSpec, Poll, QueuedJob, poll_job
+from receiver.queue.jobs import Poll, QueuedJob, fetch_payload, poll_job
 from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
 from receiver.worker.state import WorkerState
@@ -197,7 +197,7 @@ class WatchPoller:
             await self._again(watch, config, next_interval_s(config.watch, watch.polls), status)
             return
         metrics.watch_polls.labels(watch.provider, "terminal").inc()
-        await self._land(watch, spec, obj, poll.final(dialect, obj))
+        await self._land(watch, poll, obj, poll.final(dialect, obj))
 
     async def _again(
         self, watch: Watch, config: ProviderConfig, in_s: float, status: str | None
@@ -217,9 +217,7 @@ class WatchPoller:
         """End the watch (``expired``) as a dead letter saying ``error``; its replay fetches
         the id once."""
         # A replay of this letter must end the watch the way a callback would: landed.
-        spec = poll_job(watch.kind)
-        assert spec is not None  # only a watch of a kind a job polls was polled
-        job = _fetch_job(spec, watch, now_rfc3339(), from_watch=False)
+        job = _fetch_job(watch, now_rfc3339(), from_watch=False)
         letter = await self.state.dead_letters.add(
             sink="watch",
             provider=watch.provider,
@@ -233,14 +231,14 @@ class WatchPoller:
         self.state.metrics.dead_letters.labels("watch").inc()
         log.warning("watch %s %s ended: dead letter %s: %s", watch.kind, watch.id, letter.id, error)
 
-    async def _land(self, watch: Watch, spec: JobSpec, obj: dict[str, Any], status: str) -> None:
+    async def _land(self, watch: Watch, poll: Poll, obj: dict[str, Any], status: str) -> None:
         """Deliver a terminal object (``status``: its final status) once: unless a
         callback's job got there first."""
         if not await self.store.claim_landing(watch, status, lease_s=self.lease_s):
             return
         started = time.monotonic()
         received_at = now_rfc3339()
-        if spec.poll is not None and spec.poll.lands_polled:
+        if poll.lands_polled:
             await land_response(
                 self.state,
                 watch.provider,
@@ -250,7 +248,7 @@ class WatchPoller:
                 tenant=watch.tenant,
             )
         else:
-            job = _fetch_job(spec, watch, received_at, from_watch=True)
+            job = _fetch_job(watch, received_at, from_watch=True)
             await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
         await self.store.end(watch, "landed", via="poll")
         self.state.metrics.watch_landing_seconds.labels(watch.provider).observe(
@@ -259,13 +257,11 @@ class WatchPoller:
         log.info("watch %s %s/%s: %s, landed", watch.kind, watch.provider, watch.id, status)
 
 
-def _fetch_job(spec: JobSpec, watch: Watch, received_at: str, *, from_watch: bool) -> QueuedJob:
-    """The fetch job (``spec``'s) that lands ``watch``'s object: queued by a poll that
+def _fetch_job(watch: Watch, received_at: str, *, from_watch: bool) -> QueuedJob:
+    """The fetch job that lands ``watch``'s object: queued by a poll that
     claimed the landing (``from_watch``), or kept in an expired watch's dead letter, whose
     replay then turns the watch pending and, once fetched, landed (as a callback would)."""
-    payload = spec.payload
-    assert issubclass(payload, FetchJob)  # a job with a poll is a fetch job
-    return payload.of_watch(
+    return fetch_payload(watch.kind).of_watch(
         watch.provider,
         watch.id,
         received_at=received_at,
