@@ -76,10 +76,10 @@ async def read_sink_health(redis: Redis) -> dict[str, Any]:
 
 
 def _long_queue_gauge(queue: str) -> str:
-    """The gauge of a long-jobs queue, named for the kinds its jobs fetch
-    (``nopoll_batch_queue_jobs``)."""
-    names = [spec.kind or spec.name for spec in JOBS.values() if spec.queue == queue]
-    return f"nopoll_{'_'.join(names)}_queue_jobs"
+    """The gauge of a long-jobs queue, named for the kind its first job fetches
+    (``nopoll_batch_queue_jobs``): a job added to the queue later leaves the name as it is."""
+    first = next(spec for spec in JOBS.values() if spec.queue == queue)
+    return f"nopoll_{first.kind or first.name}_queue_jobs"
 
 
 _LONG_QUEUES = {
