@@ -30,6 +30,7 @@ from receiver.auth import TokenBook, bearer_auth
 from receiver.config.accounts import DEFAULT_TENANT
 from receiver.config.settings import Settings
 from receiver.console import Console
+from receiver.queue.jobs import poll_job
 from receiver.responses import ERROR_RESPONSE, json_answer, json_error
 from receiver.watches.store import WatchStore, register_many
 
@@ -139,6 +140,8 @@ class _AdminApi:
             return body
         if (problem := account_problem(self.settings, body.provider, body.tenant)) is not None:
             return problem
+        if poll_job(body.kind) is None:  # watchable, but no fetch job says how to poll it
+            return json_error(400, f"kind: a {body.kind} cannot be polled (no job polls it)")
         provider = self.settings.providers[body.provider]
         try:
             done = await register_many(

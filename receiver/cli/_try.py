@@ -21,6 +21,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from nopoll.exceptions import ConfigError
+from nopoll.kinds import KINDS
 from receiver.cli._common import add_config_option, config_path
 from receiver.config.dialects import DIALECTS
 from receiver.config.settings import load_settings
@@ -228,7 +229,9 @@ def _signing_key(secret: str) -> str | bytes:
 
 def _row_hint(settings: Settings, provider: str, kind: str, object_id: str) -> str | None:
     """Where to look for the row: the query for the first ``sql`` sink, if any."""
-    where = f"key = '{object_id}'" if kind == "response" else f"batch_id = '{object_id}'"
+    # a summary's own row and its rows' all name the batch; a single result is its own key
+    column = "batch_id" if KINDS[kind].summary else "key"
+    where = f"{column} = '{object_id}'"
     for sink in settings.sinks.values():
         if sink.type != "sql":
             continue
@@ -259,7 +262,7 @@ def _explain(
     code, state = response.status_code, payload.get("status")
     lands = (
         "its rows, then its summary, land in your sinks"
-        if kind == "batch"
+        if KINDS[kind].summary
         else "its row lands in your sinks"
     )
     if code == 202 and state == "queued":

@@ -25,7 +25,8 @@ from starlette.responses import Response
 from receiver.fanout.fanout import FanOut
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
 from receiver.queue.deadletter import DeadLetters
-from receiver.queue.enqueue import BATCHES_QUEUE, HEALTH_CHECK_KEY, JOBS_QUEUE
+from receiver.queue.enqueue import HEALTH_CHECK_KEY, JOBS_QUEUE
+from receiver.queue.jobs import JOBS
 from receiver.responses import json_answer
 from receiver.watches.store import WatchStore
 
@@ -74,20 +75,37 @@ async def read_sink_health(redis: Redis) -> dict[str, Any]:
     return out
 
 
+def _long_queue_gauge(queue: str) -> str:
+    """The gauge of a long-jobs queue, named for the kind its first job fetches
+    (``nopoll_batch_queue_jobs``): a job added to the queue later leaves the name as it is."""
+    first = next(spec for spec in JOBS.values() if spec.queue == queue)
+    return f"nopoll_{first.kind or first.name}_queue_jobs"
+
+
+_LONG_QUEUES = {
+    queue: _long_queue_gauge(queue)
+    for queue in dict.fromkeys(spec.queue for spec in JOBS.values())
+    if queue != JOBS_QUEUE
+}
+"""Every queue of :data:`~receiver.queue.jobs.JOBS` but the short jobs', with its gauge."""
+
+
 async def queue_depths(redis: Redis) -> dict[str, float]:
-    """Ready and deferred short jobs (due now vs. waiting for a retry time), batch jobs."""
+    """Ready and deferred short jobs (due now vs. waiting for a retry time), and the jobs on
+    each other queue of :data:`~receiver.queue.jobs.JOBS` (the batches')."""
     now_ms = int(time.time() * 1000)
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zcount(JOBS_QUEUE, "-inf", now_ms)
         pipe.zcard(JOBS_QUEUE)
-        pipe.zcard(BATCHES_QUEUE)
+        for queue in _LONG_QUEUES:
+            pipe.zcard(queue)
         pipe.zrangebyscore(JOBS_QUEUE, "-inf", now_ms, start=0, num=1, withscores=True)
         pipe.exists(HEALTH_CHECK_KEY)
-        ready, total, batches, oldest, heartbeat = await pipe.execute()
+        ready, total, *long_jobs, oldest, heartbeat = await pipe.execute()
     return {
         "nopoll_queue_ready_jobs": float(ready),
         "nopoll_queue_deferred_jobs": float(total - ready),
-        "nopoll_batch_queue_jobs": float(batches),
+        **{gauge: float(n) for gauge, n in zip(_LONG_QUEUES.values(), long_jobs, strict=True)},
         # how long the oldest job due now has waited for a worker (0: none waits)
         "nopoll_queue_oldest_ready_age_seconds": max(0.0, (now_ms - oldest[0][1]) / 1000)
         if oldest

@@ -16,17 +16,19 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, Self
 
 from nopoll.envelope import DEFAULT_TENANT, Envelope, now_rfc3339
 from nopoll.exceptions import SinkRowsRejected
 from nopoll.kinds import KINDS, Kind
+from nopoll.status import unfinished_status
 from receiver.config.accounts import scoped
 from receiver.config.sections import RetryConfig
 from receiver.config.settings import Settings
 from receiver.journey.store import envelope_ids
+from receiver.providers import Dialect
 from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
 
 __all__ = [
@@ -49,13 +51,16 @@ __all__ = [
     "JobSpec",
     "LetterTarget",
     "PayloadVersionError",
+    "Poll",
     "QueuedJob",
     "batch_job_id",
     "fetch_from_job_id",
+    "fetch_payload",
     "job_spec",
     "journeys_of",
     "letter_target",
     "parse_job_id",
+    "poll_job",
     "queue_for",
     "rejection_text",
     "response_job_id",
@@ -145,6 +150,22 @@ class JobRules:
         return self.deadline_s + JOB_GRACE_S
 
 
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """How the watch poller polls an object its fetch job fetches: one GET through the
+    dialect, what the object says while it is not finished, its final status."""
+
+    get: Callable[[Dialect, str, float], Awaitable[dict[str, Any]]]
+    """One GET of the object (id, the wait for the account's slot), through the rate limit."""
+    pending: Callable[[Dialect, dict[str, Any]], str | None]
+    """Its status while not finished (at most 64 characters); None once it is."""
+    final: Callable[[Dialect, dict[str, Any]], str]
+    """A finished object's final status."""
+    lands_polled: bool = False
+    """The poller lands the object it polled (a response: no second GET); False: it queues
+    the fetch job, ``from_watch`` (a batch's rows take a long job)."""
+
+
 class JobPayload(Protocol):
     """A job's kwargs as one typed object (one dataclass per job function)."""
 
@@ -181,6 +202,8 @@ class JobSpec:
     """The result kind it fetches (None: not a fetch)."""
     id_field: str | None = None
     """The kwarg holding the id of the object it fetches."""
+    poll: Poll | None = None
+    """How a watch of its kind is polled; None: its kind cannot be watched."""
 
     def rules(self, settings: Settings) -> JobRules:
         """Its deadline and retry rule under ``settings``."""
@@ -418,6 +441,17 @@ class FetchJob:
             tenant,
         )
 
+    @classmethod
+    def of_watch(
+        cls, provider: str, object_id: str, *, received_at: str, tenant: str, from_watch: bool
+    ) -> QueuedJob:
+        """The job that lands a watched object, as :meth:`polled`: queued by a poll that
+        claimed the landing (``from_watch``, where the job has the field), or kept in an
+        expired watch's dead letter, whose replay lands it as a callback's job would."""
+        more = {"from_watch": from_watch} if "from_watch" in cls.__dataclass_fields__ else {}
+        kwargs = {"provider": provider, cls.id_field: object_id, "received_at": received_at}
+        return cls.from_kwargs({**kwargs, "tenant": tenant, **more}).polled()
+
     def polled(self) -> QueuedJob:
         """This job as the watch poller queues (or keeps in an expired watch's dead letter)
         it: without the keys of ``_poll_leaves_out``."""
@@ -475,10 +509,18 @@ def _fetch_spec(
     payload: type[FetchJob],
     deadline_s: Callable[[Settings], float],
     retry: Callable[[Settings], RetryConfig],
+    poll: Poll | None = None,
 ) -> JobSpec:
     """The row of the job that fetches ``payload.kind``: name, queue, id prefix and id
     field as :data:`~nopoll.kinds.KINDS` has them."""
     fetch = _fetch_of(payload.kind)
+    if (
+        poll is not None
+        and not poll.lands_polled
+        and "from_watch" not in payload.__dataclass_fields__
+    ):
+        # the job a poll queues must know the poll claimed the landing, or it skips it
+        raise ValueError(f"{fetch.job}: a poll that queues it needs a from_watch field")
     return JobSpec(
         fetch.job,
         payload,
@@ -490,7 +532,30 @@ def _fetch_spec(
         letter_sink="fetch",
         kind=payload.kind,
         id_field=fetch.id_field,
+        poll=poll,
     )
+
+
+async def _get_response(dialect: Dialect, response_id: str, wait_s: float) -> dict[str, Any]:
+    return await dialect.fetch_response(response_id, wait_s=wait_s)
+
+
+async def _get_batch(dialect: Dialect, batch_id: str, wait_s: float) -> dict[str, Any]:
+    # one try: every request a watch makes goes through the rate limit
+    return await dialect.fetch_batch_object(batch_id, attempts=1, wait_s=wait_s)
+
+
+_POLL_RESPONSE = Poll(
+    _get_response,
+    lambda dialect, obj: unfinished_status(obj),
+    lambda dialect, obj: str(dialect.object_status(obj)),
+    lands_polled=True,
+)
+_POLL_BATCH = Poll(
+    _get_batch,
+    lambda dialect, obj: dialect.batch_pending(obj),
+    lambda dialect, obj: dialect.batch_facts(obj).status,
+)
 
 
 JOBS: dict[str, JobSpec] = {
@@ -500,8 +565,11 @@ JOBS: dict[str, JobSpec] = {
             FetchResponse,
             lambda s: s.worker.response_job_timeout_s,
             lambda s: s.fetch_retry,
+            _POLL_RESPONSE,
         ),
-        _fetch_spec(FetchBatch, lambda s: s.batch.job_timeout_s, lambda s: s.fetch_retry),
+        _fetch_spec(
+            FetchBatch, lambda s: s.batch.job_timeout_s, lambda s: s.fetch_retry, _POLL_BATCH
+        ),
         JobSpec(
             DELIVER,
             DeliverJob,
@@ -524,6 +592,27 @@ def job_spec(function: str) -> JobSpec:
         return JOBS[function]
     except KeyError:
         raise ValueError(f"unknown job function {function!r}") from None
+
+
+def fetch_payload(kind: str) -> type[FetchJob]:
+    """The payload class of the job that fetches ``kind``; ValueError for a kind no job
+    fetches (a batch row comes with its batch)."""
+    info = KINDS.get(kind)
+    spec = JOBS.get(info.job) if info is not None and info.job is not None else None
+    payload = spec.payload if spec is not None else None
+    if payload is None or not issubclass(payload, FetchJob):
+        raise ValueError(f"no job fetches a {kind!r}")
+    return payload
+
+
+def poll_job(kind: str) -> JobSpec | None:
+    """The fetch job whose :class:`Poll` polls a watch of ``kind``; None when nothing can
+    poll it (a kind that is not watchable, or has no fetch job that says how)."""
+    info = KINDS.get(kind)
+    if info is None or not info.watchable or info.job is None:
+        return None
+    spec = JOBS.get(info.job)
+    return spec if spec is not None and spec.poll is not None else None
 
 
 def queue_for(function: str) -> str:

@@ -30,7 +30,7 @@ from receiver.metrics import Metrics
 from receiver.providers import dialect_type
 from receiver.providers.base import BadCallback, Callback, standard_callback
 from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
-from receiver.queue.jobs import FetchBatch, FetchResponse
+from receiver.queue.jobs import fetch_payload
 from receiver.redis.link import RedisLink
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span, traceparent
@@ -239,11 +239,11 @@ class WebhookEndpoint:
 def _job(
     provider: str, webhook_id: str, callback: Callback, tenant: str = DEFAULT_TENANT
 ) -> CallbackJob:
-    """The fetch job a callback asks for: a response's on the short queue, a batch's on
-    the batch queue. Another tenant's job ids and webhook-ids are its own (:func:`scoped`)."""
+    """The fetch job a callback asks for, on its job's queue (a response's on the short
+    queue, a batch's on the batch queue). Another tenant's job ids and webhook-ids are its
+    own (:func:`scoped`)."""
     context = traceparent()  # None unless tracing is on: then the job continues this trace
-    job = FetchResponse if callback.kind is KINDS["response"] else FetchBatch
-    return job.callback(
+    return fetch_payload(callback.kind.name).callback(
         provider,
         callback.object_id,
         webhook_id,

@@ -22,13 +22,12 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
-from nopoll.status import unfinished_status
 from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
 from receiver.providers.budget import NoRequestSlot
 from receiver.providers.ratelimit import RateLimiter
 from receiver.queue.enqueue import put_job
-from receiver.queue.jobs import FetchBatch, FetchJob, FetchResponse
+from receiver.queue.jobs import Poll, QueuedJob, fetch_payload, poll_job
 from receiver.watches.store import Watch, WatchStore
 from receiver.worker.fetch import land_response
 from receiver.worker.state import WorkerState
@@ -152,6 +151,12 @@ class WatchPoller:
         dialect = self.state.dialect(watch.provider, watch.tenant)
         if config is None or dialect is None:
             return  # the provider (or tenant) left the config: the watch stays for a later one
+        spec = poll_job(watch.kind)
+        if spec is None or spec.poll is None:  # registration refuses these: none polls it
+            log.warning("watch %s %s ended: no job polls a %s", watch.kind, watch.id, watch.kind)
+            await self.store.end(watch, "expired")
+            return
+        poll: Poll = spec.poll
         limiter = self.limiters[watch.provider]
         try:
             waited = await limiter.acquire(limit_s=self.lease_s / 3)
@@ -163,13 +168,8 @@ class WatchPoller:
             metrics.rate_limit_wait_seconds.labels(watch.provider).inc(waited)
         wait_s = max(0.0, self.lease_s / 3 - waited)  # for the account's slot, what is left
         try:
-            if watch.kind == "response":
-                obj = await dialect.fetch_response(watch.id, wait_s=wait_s)
-                status = unfinished_status(obj)
-            else:
-                # one try: every request a watch makes goes through the rate limit
-                obj = await dialect.fetch_batch_object(watch.id, attempts=1, wait_s=wait_s)
-                status = dialect.batch_pending(obj)
+            obj = await poll.get(dialect, watch.id, wait_s)
+            status = poll.pending(dialect, obj)
         except NoRequestSlot as exc:  # the account's budget had none in time: no poll made
             in_s = max(1.0, exc.retry_after_s or 0.0)
             await self.store.reschedule(watch, in_s=in_s, status=watch.status, polled=False)
@@ -197,8 +197,7 @@ class WatchPoller:
             await self._again(watch, config, next_interval_s(config.watch, watch.polls), status)
             return
         metrics.watch_polls.labels(watch.provider, "terminal").inc()
-        final = str(dialect.object_status(obj)) if watch.kind == "response" else None
-        await self._land(watch, obj, final or dialect.batch_facts(obj).status)
+        await self._land(watch, poll, obj, poll.final(dialect, obj))
 
     async def _again(
         self, watch: Watch, config: ProviderConfig, in_s: float, status: str | None
@@ -218,7 +217,7 @@ class WatchPoller:
         """End the watch (``expired``) as a dead letter saying ``error``; its replay fetches
         the id once."""
         # A replay of this letter must end the watch the way a callback would: landed.
-        job = _fetch_job(watch, received_at=now_rfc3339(), from_watch=False).polled()
+        job = _fetch_job(watch, now_rfc3339(), from_watch=False)
         letter = await self.state.dead_letters.add(
             sink="watch",
             provider=watch.provider,
@@ -232,14 +231,14 @@ class WatchPoller:
         self.state.metrics.dead_letters.labels("watch").inc()
         log.warning("watch %s %s ended: dead letter %s: %s", watch.kind, watch.id, letter.id, error)
 
-    async def _land(self, watch: Watch, obj: dict[str, Any], status: str) -> None:
+    async def _land(self, watch: Watch, poll: Poll, obj: dict[str, Any], status: str) -> None:
         """Deliver a terminal object (``status``: its final status) once: unless a
         callback's job got there first."""
         if not await self.store.claim_landing(watch, status, lease_s=self.lease_s):
             return
         started = time.monotonic()
         received_at = now_rfc3339()
-        if watch.kind == "response":
+        if poll.lands_polled:
             await land_response(
                 self.state,
                 watch.provider,
@@ -249,7 +248,7 @@ class WatchPoller:
                 tenant=watch.tenant,
             )
         else:
-            job = _fetch_job(watch, received_at=received_at, from_watch=True).polled()
+            job = _fetch_job(watch, received_at, from_watch=True)
             await put_job(self.state.redis, job, expiry_ms=self.state.settings.job_expiry_s * 1000)
         await self.store.end(watch, "landed", via="poll")
         self.state.metrics.watch_landing_seconds.labels(watch.provider).observe(
@@ -258,20 +257,13 @@ class WatchPoller:
         log.info("watch %s %s/%s: %s, landed", watch.kind, watch.provider, watch.id, status)
 
 
-def _fetch_job(watch: Watch, *, received_at: str, from_watch: bool) -> FetchJob:
-    """The fetch job that lands ``watch``'s object: queued by a poll that claimed the
-    landing (``from_watch``), or kept in an expired watch's dead letter, whose replay
-    then turns the watch pending and, once fetched, landed (as a callback would)."""
-    if watch.kind == "response":
-        return FetchResponse(
-            provider=watch.provider,
-            response_id=watch.id,
-            received_at=received_at,
-            tenant=watch.tenant,
-        )
-    return FetchBatch(
-        provider=watch.provider,
-        batch_id=watch.id,
+def _fetch_job(watch: Watch, received_at: str, *, from_watch: bool) -> QueuedJob:
+    """The fetch job that lands ``watch``'s object: queued by a poll that
+    claimed the landing (``from_watch``), or kept in an expired watch's dead letter, whose
+    replay then turns the watch pending and, once fetched, landed (as a callback would)."""
+    return fetch_payload(watch.kind).of_watch(
+        watch.provider,
+        watch.id,
         received_at=received_at,
         tenant=watch.tenant,
         from_watch=from_watch,

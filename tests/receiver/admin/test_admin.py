@@ -3,9 +3,12 @@ registration, listing, ending, and a 4xx that names the field for every bad inpu
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 
+from receiver.queue.jobs import FETCH_BATCH, JOBS
 from tests.receiver.helpers import ADMIN_TOKEN as TOKEN
 from tests.servers import running_api
 
@@ -65,6 +68,17 @@ async def test_register_list_and_end_watches(admin):
     assert (await admin.delete("/admin/v1/watches/sim/response/r1")).status_code == 204
     gone = await admin.delete("/admin/v1/watches/sim/response/r1")
     assert gone.status_code == 404 and gone.json() == {"error": "no such watch"}
+
+
+async def test_a_kind_no_job_polls_is_refused_at_registration(admin, monkeypatch):
+    spec = JOBS[FETCH_BATCH]
+    monkeypatch.setitem(JOBS, FETCH_BATCH, dataclasses.replace(spec, poll=None))
+    r = await admin.post(
+        "/admin/v1/watches", json={"provider": "sim", "kind": "batch", "ids": ["b1"]}
+    )
+    assert r.status_code == 400, r.text
+    assert r.json() == {"error": "kind: a batch cannot be polled (no job polls it)"}
+    assert (await admin.get("/admin/v1/watches")).json()["watches"] == []
 
 
 @pytest.mark.parametrize(

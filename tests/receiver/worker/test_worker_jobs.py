@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nopoll.kinds import KINDS
 from receiver.demo.simulator import make_response
 from receiver.metrics import Metrics
+from receiver.providers.base import Callback
 from receiver.queue.enqueue import FETCH_BATCH, FETCH_RESPONSE
 from receiver.queue.jobs import JOBS, FetchBatch, FetchResponse
 from receiver.redis import RedisConnector
@@ -20,8 +22,8 @@ from receiver.worker.state import build_state
 
 
 def test_the_jobs_read_the_kwargs_the_api_queues() -> None:
-    response = _job("sim", "msg_1", "response.completed", "resp_1")
-    batch = _job("sim", "msg_2", "batch.completed", "batch_1")
+    response = _job("sim", "msg_1", Callback("response.completed", KINDS["response"], "resp_1"))
+    batch = _job("sim", "msg_2", Callback("batch.completed", KINDS["batch"], "batch_1"))
     assert (response.function, batch.function) == (FETCH_RESPONSE, FETCH_BATCH)
     job = FetchResponse.from_kwargs(response.kwargs)
     assert (job.provider, job.response_id, job.event_id) == ("sim", "resp_1", "msg_1")
@@ -62,7 +64,9 @@ async def test_each_queues_worker_runs_the_registered_handler_of_each_of_its_job
     make_settings: Any, redis_url: str
 ) -> None:
     settings = make_settings(redis_url=redis_url)
-    workers = build_workers(settings, redis_url, Metrics(), handle_signals=False)
+    workers = build_workers(
+        settings, RedisConnector.from_url(redis_url), Metrics(), handle_signals=False
+    )
     try:
         names = [name for w in workers for name in w.functions]
         assert sorted(names) == sorted(JOBS)
