@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from nopoll.kinds import KINDS
 from receiver import tracing
+from receiver.providers.base import Callback
 from receiver.queue.jobs import FetchBatch, FetchResponse
 from receiver.webhooks.endpoint import _job
 from tests.traces import in_memory_traces, named, traceparent_of
@@ -17,16 +19,18 @@ def test_off_no_traceparent_in_the_job_kwargs() -> None:
     with tracing.span("anything") as current:
         assert current is None
     for event in ("response.completed", "batch.completed"):
-        job = _job("sim", "msg_1", event, "obj_1")
+        job = _job("sim", "msg_1", Callback(event, KINDS[event.split(".")[0]], "obj_1"))
         assert "traceparent" not in job.kwargs
-    retry = FetchResponse.from_kwargs(_job("sim", "msg_1", "response.completed", "r").kwargs)
+    retry = FetchResponse.from_kwargs(
+        _job("sim", "msg_1", Callback("response.completed", KINDS["response"], "r")).kwargs
+    )
     assert "traceparent" not in retry.to_kwargs()
 
 
 def test_on_the_job_carries_the_current_span_and_round_trips() -> None:
     with in_memory_traces() as spans:
         with tracing.span("webhook", kind="server"):
-            job = _job("sim", "msg_1", "batch.completed", "batch_1")
+            job = _job("sim", "msg_1", Callback("batch.completed", KINDS["batch"], "batch_1"))
         [webhook] = named(spans, "webhook")
         assert job.kwargs["traceparent"] == traceparent_of(webhook)
         again = FetchBatch.from_kwargs(job.kwargs)
