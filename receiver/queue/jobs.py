@@ -225,6 +225,20 @@ class JobSpec:
         keys = [str(kwargs.get(self.id_field) or "")] if self.id_field is not None else []
         return LetterTarget(str(sink or ""), str(kwargs.get("provider", "")), keys)
 
+    def journeys(self, kwargs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        """The journeys a job with these kwargs belongs to: as its payload says, or, when
+        the payload cannot be read (an older or shorter letter), the provider, tenant and
+        id the kwargs name; none when they name no object."""
+        try:
+            return self.payload.from_kwargs(kwargs).journeys()
+        except (TypeError, KeyError, ValueError):
+            pass
+        object_id = kwargs.get(self.id_field) if self.id_field is not None else None
+        provider = kwargs.get("provider")
+        if not (isinstance(object_id, str) and object_id and isinstance(provider, str)):
+            return []
+        return [(provider, str(kwargs.get("tenant") or DEFAULT_TENANT), object_id)]
+
 
 @dataclass(frozen=True, slots=True)
 class CallbackJob:
@@ -663,12 +677,7 @@ def journeys_of(function: str, kwargs: Mapping[str, Any]) -> list[tuple[str, str
     """The journeys a job's work belongs to, ``(provider, tenant, id)``: none for a
     function nothing runs or a payload that cannot be read."""
     spec = JOBS.get(function)
-    if spec is None:
-        return []
-    try:
-        return spec.payload.from_kwargs(kwargs).journeys()
-    except (TypeError, KeyError, ValueError):
-        return []
+    return [] if spec is None else spec.journeys(kwargs)
 
 
 def fetch_from_job_id(job_id: str, *, received_at: str) -> tuple[str, dict[str, Any]] | None:

@@ -183,3 +183,17 @@ def test_a_payload_of_a_future_version_is_refused_by_name() -> None:
         with pytest.raises(PayloadVersionError, match=r"payload version (99|'2')") as caught:
             job_type.from_kwargs(kwargs)
         assert caught.value.version == kwargs["v"]
+
+
+def test_a_letter_of_a_shorter_payload_still_names_its_journey() -> None:
+    # a dead letter kept before every field was carried (no received_at, no v) is still
+    # on the journey of the object it names; one that names no object is on none
+    from receiver.queue.jobs import journeys_of
+
+    short = {"provider": "sim", "response_id": "resp_1", "tenant": "team-a"}
+    assert journeys_of("fetch_response", short) == [("sim", "team-a", "resp_1")]
+    assert journeys_of("fetch_batch", {"provider": "sim", "batch_id": "b_1"}) == [
+        ("sim", "default", "b_1")
+    ]
+    assert journeys_of("fetch_response", {"provider": "sim"}) == []
+    assert journeys_of("no_such_job", short) == []
