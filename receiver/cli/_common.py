@@ -111,8 +111,15 @@ def run_on_deployment(
     from nopoll.exceptions import NopollError
 
     redis, where = deployment_redis(args, settings)
+
+    async def run() -> int:
+        try:
+            return await work(args, settings, redis, where)
+        finally:  # every pool the command made is closed on this loop, before it ends
+            await redis.aclose()
+
     try:
-        return run_async(work(args, settings, redis, where))
+        return run_async(run())
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise NopollError(f"lost {where}: {unreachable(exc)}") from None
 
