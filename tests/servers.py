@@ -221,7 +221,8 @@ async def running_api(
 ) -> AsyncIterator[tuple[str, Metrics]]:
     """nopoll's app under a real uvicorn server on 127.0.0.1; yields (base URL, metrics)."""
     metrics = Metrics()
-    redis = RedisConnector.from_url(redis_url).client("api")
+    connector = RedisConnector.from_url(redis_url)
+    redis = connector.client("api")
     app = create_app(
         settings,
         redis=redis,
@@ -243,14 +244,14 @@ async def running_api(
         server.should_exit = True
         await asyncio.wait_for(task, 15)
         await redis.aclose()
+        await connector.aclose()
 
 
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> AsyncIterator[Any]:
     """nopoll's arq workers (short jobs and batches) running in this event loop."""
-    workers = build_workers(
-        settings, RedisConnector.from_url(redis_url), Metrics(), handle_signals=False, extra_ctx=ctx
-    )
+    connector = RedisConnector.from_url(redis_url)
+    workers = build_workers(settings, connector, Metrics(), handle_signals=False, extra_ctx=ctx)
     tasks = [asyncio.create_task(w.async_run()) for w in workers]
     try:
         yield workers
@@ -271,3 +272,4 @@ async def running_worker(settings: Settings, redis_url: str, **ctx: Any) -> Asyn
             raise AssertionError("worker did not stop within 15 s:\n" + "\n".join(stacks))
         for worker in workers:
             await worker.close()
+        await connector.aclose()  # every pool the workers' connector made, on this loop
