@@ -213,26 +213,29 @@ class JobSpec:
         """Its job id for ``named`` (the account or sink) and the rest."""
         return f"{self.id_prefix}:{named}:{rest}"
 
+    def read(self, kwargs: Mapping[str, Any]) -> JobPayload | None:
+        """Its payload from these kwargs; None when they cannot be read (a key or a version
+        it does not know, a field an older or shorter letter lacks)."""
+        try:
+            return self.payload.from_kwargs(kwargs)
+        except (TypeError, KeyError, ValueError):
+            return None
+
     def letter_target(self, kwargs: Mapping[str, Any]) -> LetterTarget:
         """What a dead letter of a job with these kwargs is filed under: as its payload
-        says, or, when the payload cannot be read (a key or a version it does not know),
-        by the sink, provider and id the kwargs name."""
-        try:
-            return self.payload.from_kwargs(kwargs).letter_target()
-        except (TypeError, KeyError, ValueError):
-            pass
+        says, or, when it cannot be read, by the sink, provider and id the kwargs name."""
+        if (payload := self.read(kwargs)) is not None:
+            return payload.letter_target()
         sink = self.letter_sink if self.letter_sink is not None else kwargs.get("sink")
         keys = [str(kwargs.get(self.id_field) or "")] if self.id_field is not None else []
         return LetterTarget(str(sink or ""), str(kwargs.get("provider", "")), keys)
 
     def journeys(self, kwargs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         """The journeys a job with these kwargs belongs to: as its payload says, or, when
-        the payload cannot be read (an older or shorter letter), the provider, tenant and
-        id the kwargs name; none when they name no object."""
-        try:
-            return self.payload.from_kwargs(kwargs).journeys()
-        except (TypeError, KeyError, ValueError):
-            pass
+        it cannot be read, the provider, tenant and id the kwargs name; none when they name
+        no object."""
+        if (payload := self.read(kwargs)) is not None:
+            return payload.journeys()
         object_id = kwargs.get(self.id_field) if self.id_field is not None else None
         provider = kwargs.get("provider")
         if not (isinstance(object_id, str) and object_id and isinstance(provider, str)):
