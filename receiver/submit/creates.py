@@ -477,8 +477,11 @@ class Submitter:
             return
         response_id = created_id(status, content)
         if response_id is not None:
-            created.append((number, response_id))
             result.submitted += 1
+            if self.idempotent:  # recorded with its block: a rerun's create replays the id
+                created.append((number, response_id))
+            else:  # recorded at once: a kill leaves in doubt only the creates in flight
+                await self._record(digest, [(number, response_id)], result)
         else:
             await self._not_created(digest, number)
             reason = error or (

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from receiver.submit.creates import file_digest, record_key, sending_key
 from tests.e2e.helpers import (
     SIGNED,
     nopoll_submit,
@@ -384,7 +385,7 @@ async def test_sference_creates_some_done_some_not_are_reported_in_doubt_never_d
 
 
 async def test_sigkill_mid_submit_at_sference_then_a_rerun_creates_no_duplicate(
-    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+    procs, tmp_path, provider_sim, redis_url, redis_sync_client, pg_url, pg_table
 ):
     """The run is killed with creates in flight (done at sference, never answered): the
     rerun finds each line marked as sent and settles it against the stream first."""
@@ -401,6 +402,12 @@ async def test_sigkill_mid_submit_at_sference_then_a_rerun_creates_no_duplicate(
     await wait_for(halfway, timeout=60)
     killed.send_signal(signal.SIGKILL)
     killed.wait(10)
+    # what the killed run leaves in doubt (marked as sent, no answer recorded) is at most
+    # what it had in flight: every answer that came was recorded at once
+    digest = file_digest(source)
+    sending = set(redis_sync_client.hkeys(sending_key("sim", digest)))
+    recorded = set(redis_sync_client.hkeys(record_key("sim", digest)))
+    assert len(sending - recorded) <= 20, (len(sending), len(recorded))
     procs.start("worker", "--config", str(config))
     done = await asyncio.to_thread(
         nopoll_submit, procs, config, source, "--wait", "--settle-after", "0.5"
