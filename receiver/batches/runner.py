@@ -35,6 +35,7 @@ from receiver.fanout.fanout import FanOut
 from receiver.journey.store import JourneyStore
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
+from receiver.queue._arq import settle_cancelled
 from receiver.queue.deadletter import DeadLetters
 from receiver.tracing import span
 
@@ -433,25 +434,16 @@ class BatchRunner:
         await asyncio.gather(*tasks)
 
 
-_STOP_CHECK_S = 0.5
-_STOP_CHECKS = 240
-"""How often, and how many times, :func:`stop_task` looks whether its cancel was lost."""
+_STOP_WAIT_S = 120.0
+"""How long :func:`stop_task` waits for a run it cancelled."""
 
 
 async def stop_task(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait until it is done. On Python 3.11 a cancel that races an
-    ``asyncio.timeout`` inside the task (the sinks' queue puts have one) can be taken for
-    the timeout's own and lost: the batch would then run on without its lease. The cancel
-    is sent again whenever the task no longer counts one pending (``cancelling() == 0``);
-    never while it is still acting on one, so its clean-up (the budget's bytes given back)
-    is not cut short. Gives up waiting after two minutes; the task is then still
+    """Cancel ``task`` and wait until it is done, sending the cancel again where Python 3.11
+    lost it (:func:`~receiver.queue._arq.settle_cancelled`): a batch whose lease is lost
+    must not run on without it. Gives up waiting after two minutes; the task is then still
     cancelled."""
-    for _ in range(_STOP_CHECKS):
-        if task.done():
-            return
-        if task.cancelling() == 0:
-            task.cancel()
-        await asyncio.wait([task], timeout=_STOP_CHECK_S)
+    await settle_cancelled([task], _STOP_WAIT_S)
 
 
 def _stopping() -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from receiver.batches.runner import stop_task
+from receiver.queue._arq import settle_cancelled
 
 
 async def _loses_cancels(lost: int, steps: list[str]) -> str:
@@ -58,3 +59,31 @@ async def test_a_run_busy_with_its_cancel_is_not_cancelled_again_mid_clean_up() 
         await stop_task(task)
     assert task.cancelled()
     assert cleaned == ["done"]
+
+
+async def test_a_task_that_never_stops_is_left_after_the_limit_and_said(caplog) -> None:
+    """A worker's close waits for its cancelled jobs this way: bounded, never forever (a
+    job that kept losing its cancel once hung a test's worker close for two minutes)."""
+    lost: list[str] = []
+    done = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not done.is_set():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                assert task is not None
+                task.uncancel()
+                lost.append("lost")
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    async with asyncio.timeout(10):
+        await settle_cancelled([task], 1.2)
+    assert not task.done() and len(lost) >= 2  # each lost cancel was sent again
+    assert "1 job(s) still running 1 s after they were cancelled" in caplog.text
+    done.set()
+    task.cancel()
+    await asyncio.wait([task], timeout=5)
+    assert task.done()
