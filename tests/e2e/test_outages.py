@@ -7,6 +7,7 @@ should be), so a restart brings back exactly what was acknowledged.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -161,7 +162,10 @@ async def test_worker_refuses_a_redis_that_may_evict_jobs(procs, tmp_path, provi
         sim = provider_sim()
         config = write_config(tmp_path, sim.base_url, redis_url=evicting.url)
         worker = procs.start("worker", "--config", str(config))
-        code = await asyncio.to_thread(worker.wait, 30)
+        try:
+            code = await asyncio.to_thread(worker.wait, 60)
+        except subprocess.TimeoutExpired:  # say where it stood (twice in CI, never alone)
+            pytest.fail("the worker did not exit within 60 s; its log:\n" + procs.logs())
         logs = procs.logs()
         assert code == 2, logs
         assert "maxmemory-policy is 'allkeys-lru'" in logs and "noeviction" in logs
