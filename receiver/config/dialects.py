@@ -40,6 +40,10 @@ class DialectInfo:
     takes_webhook_secrets: bool = True
     """A provider of it may have ``webhook_secrets`` (one whose API has no callbacks at all
     takes none)."""
+    completion_webhooks: bool = False
+    """A create may carry ``metadata.completion_webhook`` and ``metadata.webhook_token``:
+    the provider then POSTs the finished Response object there with ``Authorization:
+    Bearer <token>`` (best effort), see :mod:`receiver.webhooks.push`."""
     takes_api_version: bool = False
     """``api_version`` is a setting of its providers (a version header)."""
     single_responses: bool = True
@@ -73,7 +77,10 @@ DIALECTS: dict[str, DialectInfo] = {
         sends_callbacks=True,
     ),
     "sail": DialectInfo(
-        "receiver.providers.sail:SailDialect", f"{_PROFILES}:SAIL", sends_callbacks=False
+        "receiver.providers.sail:SailDialect",
+        f"{_PROFILES}:SAIL",
+        sends_callbacks=False,
+        completion_webhooks=True,
     ),
     # Valar: 60 requests a minute per organization, summed over its API keys (Valar's
     # published limits page, limits.mdx at commit c6185994 of valarhq/docs; see docs/providers.md)
@@ -81,6 +88,7 @@ DIALECTS: dict[str, DialectInfo] = {
         "receiver.providers.valar:ValarDialect",
         f"{_PROFILES}:VALAR",
         sends_callbacks=False,
+        completion_webhooks=True,
         rate_limit_rps=1.0,
     ),
     "anthropic": DialectInfo(

@@ -63,6 +63,18 @@ class WatchConfig(ConfigModel):
         return self
 
 
+class CompletionWebhookConfig(ConfigModel):
+    """Completion webhooks of a provider that pushes finished responses (Sail, Valar): with
+    ``public_url`` set, nopoll's creates ask the provider to POST each finished response to
+    nopoll (see docs/watches.md#completion-webhooks)."""
+
+    enabled: bool = True
+    """Ask for them (only where ``public_url`` is set); False: every result is polled."""
+    trust_body: bool = False
+    """Land the pushed Response object as it came; False: fetch it by id from ``base_url``
+    (one GET per result, the provider's own answer)."""
+
+
 class RetryConfig(ConfigModel):
     """A job's retries: ``max_tries`` tries, waiting with :class:`~receiver.backoff.Backoff`
     (full jitter up to ``base_delay_s * 2**(try-1)``, capped at ``max_delay_s``)."""

@@ -41,6 +41,7 @@ from receiver.config.sections import (
     MAX_RATE_LIMIT_RPS,
     ApiConfig,
     BatchConfig,
+    CompletionWebhookConfig,
     ConfigModel,
     HttpConfig,
     OtelConfig,
@@ -76,6 +77,7 @@ from sinks.registry import sink_class, validate_sink_config
 __all__ = [
     "ApiConfig",
     "BatchConfig",
+    "CompletionWebhookConfig",
     "ConsumerToken",
     "HttpConfig",
     "OtelConfig",
@@ -139,6 +141,8 @@ class ProviderConfig(ConfigModel):
     GETs, result streams, creates) summed over every process. Left out: the dialect's
     documented limit (:attr:`DialectInfo.rate_limit_rps`); ``null``: no budget."""
     watch: WatchConfig = Field(default_factory=WatchConfig)
+    completion_webhook: CompletionWebhookConfig = Field(default_factory=CompletionWebhookConfig)
+    """Sail and Valar: completion webhooks, asked for when ``public_url`` is set."""
 
     @field_validator("base_url")
     @classmethod
@@ -166,6 +170,11 @@ class ProviderConfig(ConfigModel):
             raise ValueError(
                 f"webhook_secrets: the {self.dialect} dialect sends no callbacks (its "
                 "results are polled); leave webhook_secrets out"
+            )
+        if "completion_webhook" in self.model_fields_set and not info.completion_webhooks:
+            having = [name for name, row in DIALECTS.items() if row.completion_webhooks]
+            raise ValueError(
+                f"completion_webhook: only the {' and '.join(having)} dialects push completions"
             )
         if self.api_version is not None and not info.takes_api_version:
             having = [name for name, row in DIALECTS.items() if row.takes_api_version]
