@@ -34,6 +34,7 @@ __all__ = [
     "envelope_from_response",
     "envelope_from_row",
     "now_rfc3339",
+    "redact_push",
     "response_output_text",
     "row_key",
 ]
@@ -177,6 +178,22 @@ def _error(value: Any) -> dict[str, Any] | None:
     return {"code": value.get("code"), "message": value.get("message")}
 
 
+PUSH_KEYS = frozenset({"completion_webhook", "webhook_token"})
+"""The create metadata that asks a provider for a completion webhook (Sail, Valar): the
+token is a secret and the URL may be a tenant's endpoint address, so neither is kept."""
+REDACTED = "[redacted]"
+
+
+def redact_push(response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` with the values of its metadata's :data:`PUSH_KEYS` replaced by
+    :data:`REDACTED` (the object itself when it has none: the common case costs a lookup)."""
+    metadata = response.get("metadata")
+    if not isinstance(metadata, dict) or PUSH_KEYS.isdisjoint(metadata):
+        return response
+    kept = {k: REDACTED if k in PUSH_KEYS else v for k, v in metadata.items()}
+    return {**response, "metadata": kept}
+
+
 def envelope_from_response(
     response: dict[str, Any],
     *,
@@ -185,7 +202,9 @@ def envelope_from_response(
     event_id: str | None = None,
     tenant: str = DEFAULT_TENANT,
 ) -> Envelope:
-    """Normalize a Responses API object into a ``response`` envelope."""
+    """Normalize a Responses API object into a ``response`` envelope (completion-webhook
+    metadata redacted: :func:`redact_push`)."""
+    response = redact_push(response)
     status = final_status(response.get("status")) or "failed"
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None

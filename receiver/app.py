@@ -22,6 +22,7 @@ from receiver.config.settings import Settings
 from receiver.fanout.health import metrics_page as _metrics_page
 from receiver.fanout.health import readiness_page as _readiness
 from receiver.metrics import Metrics
+from receiver.providers.push import PushTokens
 from receiver.queue.enqueue import Enqueuer
 from receiver.responses import json_answer, json_error
 from receiver.results.routes import results_routes
@@ -96,4 +97,5 @@ def create_app(
         exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_left},
     )
     bounded = BoundedBodies(starlette, _body_cap, ReadDeadlines(settings.api.body_timeout_s))
-    return WebhookDispatch(WebhookEndpoint(settings, enqueuer, metrics), starlette, bounded)
+    webhooks = WebhookEndpoint(settings, enqueuer, metrics, PushTokens(redis))
+    return WebhookDispatch(webhooks, starlette, bounded)

@@ -40,6 +40,7 @@ __all__ = [
     "JOBS_QUEUE",
     "JOB_GRACE_S",
     "PAYLOAD_VERSION",
+    "PUSHED_VERSION",
     "CallbackJob",
     "DeliverJob",
     "FetchBatch",
@@ -95,9 +96,13 @@ DELIVER = "deliver"
 """Job: write envelopes to one sink (a retry, a hand-off, a batch summary, a replay)."""
 
 PAYLOAD_VERSION = 1
-"""The version of the payloads this code writes (their kwargs' ``v``) and the newest it
-reads; a payload without ``v`` (queued by an older version) is version 1."""
-_READS_VERSIONS = frozenset({1})
+"""The version of the payloads this code writes (their kwargs' ``v``); a payload without
+``v`` (queued by an older version) is version 1."""
+PUSHED_VERSION = 2
+"""A ``fetch_response`` payload that carries a trusted completion webhook's object
+(``pushed``): a worker that reads only version 1 keeps it as a dead letter naming the
+version, never lands it without the object."""
+_READS_VERSIONS = frozenset({PAYLOAD_VERSION, PUSHED_VERSION})
 
 
 class PayloadVersionError(ValueError):
@@ -491,6 +496,17 @@ class FetchResponse(FetchJob):
     id_field: ClassVar[str] = _RESPONSE.id_field
 
     response_id: str
+    pushed: dict[str, Any] | None = None
+    """A trusted completion webhook's Response object (``completion_webhook.trust_body``):
+    landed as it came, no GET; None (and left out of the kwargs): fetched by id."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        kwargs = FetchJob.to_kwargs(self)
+        if self.pushed is None:
+            del kwargs["pushed"]
+        else:
+            kwargs["v"] = PUSHED_VERSION
+        return kwargs
 
     @property
     def job_id(self) -> str:

@@ -23,18 +23,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nopoll.exceptions import VerificationError
 from nopoll.kinds import KINDS
-from receiver.config.accounts import DEFAULT_TENANT
+from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import Settings
 from receiver.logs import Throttle
 from receiver.metrics import Metrics
 from receiver.providers import dialect_type
 from receiver.providers.base import BadCallback, Callback, standard_callback
+from receiver.providers.push import PushTokens
 from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
 from receiver.queue.jobs import fetch_payload
 from receiver.redis.link import RedisLink
 from receiver.tracing import enabled as tracing_enabled
 from receiver.tracing import span, traceparent
 from receiver.webhooks.limits import WebhookLimits, client_address
+from receiver.webhooks.push import PUSH_ID_PREFIX, bearer_token, push_callback, takes_pushes
 from receiver.webhooks.tenants import TENANT_PREFIX, TenantEndpoint, TenantEndpoints
 from receiver.webhooks.verify import Verifier
 from receiver.webhooks.wire import (
@@ -61,7 +63,9 @@ class WebhookEndpoint:
     """ASGI endpoint for ``POST /webhooks/{provider}``: verify, parse, enqueue, answer.
     :meth:`tenant` serves a tenant's ``POST /webhooks/t/{token}`` the same way."""
 
-    def __init__(self, settings: Settings, enqueuer: Enqueuer, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, enqueuer: Enqueuer, metrics: Metrics, push_tokens: PushTokens
+    ) -> None:
         self._verifiers = {
             name: Verifier(cfg.secret_keys(), cfg.tolerance_s)
             for name, cfg in settings.providers.items()
@@ -74,6 +78,13 @@ class WebhookEndpoint:
         }
         # Configured, but sends no callbacks (results come by polling): a clear 404.
         self._no_callbacks = {n for n, cfg in settings.providers.items() if not cfg.webhook_secrets}
+        # Pushes completions (a bearer token, not a signature): trusted bodies land as sent
+        self._pushes = {
+            name: cfg.completion_webhook.trust_body
+            for name, cfg in settings.providers.items()
+            if takes_pushes(settings, name)
+        }
+        self._push_tokens = push_tokens
         self._enqueuer = enqueuer
         self._max_body = settings.max_body_bytes
         self._too_large = f"body is larger than {settings.max_body_bytes} bytes"
@@ -84,7 +95,7 @@ class WebhookEndpoint:
         self._tenants = TenantEndpoints(settings)
         self._accepted = {
             p: metrics.callbacks.labels(p, "accepted")
-            for p in (*self._verifiers, *self._tenants.providers)
+            for p in (*self._verifiers, *self._tenants.providers, *self._pushes)
         }
         self._link = RedisLink("api")
         self._rejections = Throttle(log)
@@ -172,6 +183,8 @@ class WebhookEndpoint:
                 self._limits.check_client(client_address(scope))
             self._limits.check_provider(provider)
         if verifier is None:
+            if provider in self._pushes:
+                return await self._push(provider, tenant, scope, receive)
             if tenant != DEFAULT_TENANT:
                 reason = "this endpoint takes no callbacks (no webhook_secrets)"
             elif provider in self._no_callbacks:
@@ -217,6 +230,43 @@ class WebhookEndpoint:
             log.debug("callback %s: %s %s %s", webhook_id, event_type, object_id, status)
         return 202, {"status": status, "id": object_id}
 
+    async def _push(
+        self, provider: str, tenant: str, scope: Scope, receive: Receive
+    ) -> tuple[int, dict[str, Any]]:
+        """A completion webhook (:mod:`receiver.webhooks.push`): the account's bearer token,
+        then the body under the callbacks' limits, deduped by its response id."""
+        token = bearer_token(scope["headers"])
+        if token is None:
+            error = "a completion webhook needs one Authorization: Bearer <webhook_token> header"
+            raise Reply(401, {"error": error}, then=Then.DRAIN_AND_CLOSE)
+        _, declared = callback_headers(scope["headers"])
+        try:
+            genuine = await self._push_tokens.check(scoped(provider, tenant), token)
+        except (RedisError, OSError) as exc:
+            self._link.lost(exc)
+            down = {"error": "queue unavailable, retry later"}
+            raise Reply(503, down, "unavailable", then=Then.DRAIN_AND_CLOSE) from None
+        if not genuine:
+            error = "the bearer token is not the webhook_token nopoll gave this endpoint"
+            raise Reply(401, {"error": error}, then=Then.DRAIN_AND_CLOSE)
+        body = await read_body(receive, declared, self._max_body, self._too_large, self._deadlines)
+        try:
+            pushed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise Reply(400, {"error": "body is not UTF-8 JSON"}) from None
+        try:
+            callback = push_callback(pushed)
+        except BadCallback as exc:
+            raise Reply(400, {"error": str(exc)}) from None
+        push_id = PUSH_ID_PREFIX + callback.object_id
+        trusted = pushed if self._pushes[provider] else None
+        outcome = await self._enqueue(_job(provider, push_id, callback, tenant, pushed=trusted))
+        if outcome is EnqueueOutcome.DUPLICATE:
+            raise Reply(200, {"status": "duplicate"}, "duplicate")
+        self._accepted[provider].inc()
+        status = "queued" if outcome is EnqueueOutcome.ENQUEUED else "already_queued"
+        return 202, {"status": status, "id": callback.object_id}
+
     async def _enqueue(self, job: CallbackJob) -> EnqueueOutcome:
         """Queue the job durably; Redis down, or a flood already waiting for it, is a 503."""
         started = time.perf_counter()
@@ -237,12 +287,19 @@ class WebhookEndpoint:
 
 
 def _job(
-    provider: str, webhook_id: str, callback: Callback, tenant: str = DEFAULT_TENANT
+    provider: str,
+    webhook_id: str,
+    callback: Callback,
+    tenant: str = DEFAULT_TENANT,
+    *,
+    pushed: dict[str, Any] | None = None,
 ) -> CallbackJob:
     """The fetch job a callback asks for, on its job's queue (a response's on the short
     queue, a batch's on the batch queue). Another tenant's job ids and webhook-ids are its
-    own (:func:`scoped`)."""
+    own (:func:`scoped`). ``pushed``: a trusted completion webhook's object, landed as it
+    came (no GET)."""
     context = traceparent()  # None unless tracing is on: then the job continues this trace
+    more = {"pushed": pushed} if pushed is not None else {}
     return fetch_payload(callback.kind.name).callback(
         provider,
         callback.object_id,
@@ -250,6 +307,7 @@ def _job(
         tenant=tenant,
         event_type=callback.event_type,
         traceparent=context,
+        **more,
     )
 
 
