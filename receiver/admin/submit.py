@@ -98,15 +98,24 @@ def submit_endpoint(settings: Settings, redis: Redis) -> Callable[[Request], Awa
 async def _run(settings: Settings, redis: Redis, body: SubmitRequest) -> Response:
     from receiver.providers.budget import account_budget
     from receiver.providers.client import ProviderClient
+    from receiver.providers.push import PushTokens
     from receiver.submit.batch import submit_batch
     from receiver.submit.creates import Submitter
+    from receiver.webhooks.push import push_target
 
     config = tenant_provider(settings, body.tenant, body.provider)
     assert config is not None  # checked: a known tenant with an account there
     budget = account_budget(redis, body.provider, body.tenant, config)
     client = ProviderClient(body.provider, config, settings.http, budget=budget)
+    push = await push_target(settings, PushTokens(redis), body.provider, body.tenant)
     submitter = Submitter(
-        body.provider, config, client, redis, concurrency=body.concurrency, tenant=body.tenant
+        body.provider,
+        config,
+        client,
+        redis,
+        concurrency=body.concurrency,
+        tenant=body.tenant,
+        push=push,
     )
     try:
         if body.batch is not None:

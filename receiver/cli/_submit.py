@@ -28,9 +28,11 @@ async def _submit(
 ) -> int:
     from receiver.providers.budget import account_budget
     from receiver.providers.client import ProviderClient
+    from receiver.providers.push import PushTokens
     from receiver.queue._arq import arq_pool
     from receiver.submit.creates import Submitter, file_digest
     from receiver.watches.store import WatchStore
+    from receiver.webhooks.push import push_target
 
     provider = provider_for(settings, args.provider, args.tenant)
     if not provider.dialect_info.single_responses and not args.batch:
@@ -53,6 +55,11 @@ async def _submit(
     started = time.monotonic()
     try:
         await reach(redis, where)  # before anything is created at the provider
+        push = (
+            None
+            if args.poll
+            else await push_target(settings, PushTokens(redis), args.provider, args.tenant)
+        )
         submitter_for = functools.partial(
             Submitter,
             args.provider,
@@ -62,6 +69,7 @@ async def _submit(
             tenant=args.tenant,
             poll=args.poll,
             settle_after_s=args.settle_after,
+            push=push,
         )
         if args.batch:
             return await _batch(args, submitter_for(), path, digest, settings)

@@ -32,6 +32,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from receiver.config.dialects import DIALECTS
 from receiver.demo.batches import SimBatch
 from receiver.demo.ids import prefixed_id, uuid7
 from receiver.demo.profiles import PROFILES, SimProfile
@@ -52,7 +53,9 @@ class CreateSettings:
     it creates nothing, in ``after`` it creates and the retry gets the stored answer (at a
     provider without idempotency the retry creates again), in ``mixed`` half the keys do
     one and half the other. With ``webhook_url`` and ``webhook_secret``, each created
-    response is announced once complete."""
+    response is announced once complete. A dialect with completion webhooks (Sail, Valar)
+    POSTs each finished response whose create named ``metadata.completion_webhook`` there,
+    with ``Authorization: Bearer <metadata.webhook_token>``; ``push_drop`` of them are lost."""
 
     dialect: str = "openai"  # the API it speaks (a name in PROFILES)
     complete_after_s: float = 0.0  # a created response or batch runs this long
@@ -67,6 +70,9 @@ class CreateSettings:
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_attempts: int = 4  # tries per callback, with backoff
     webhook_concurrency: int = 16  # callbacks in flight at most
+    push_drop: float = 0.0  # the share of completion webhooks never sent (by a hash of the id)
+    push_attempts: int = 4  # a completion webhook's tries: Sail and Valar retry 3 times
+    push_timeout_s: float = 30.0  # each try's ceiling, as both providers document
     batch_options: dict[str, Any] = field(default_factory=dict)  # SimBatch options for all
     log_size: int = 200_000  # create requests and callback deliveries remembered
 
@@ -161,7 +167,8 @@ class Creations:
         self._responses: dict[str, CreatedResponse] = {}
         self._files: dict[str, list[tuple[str, str, str]]] = {}
         self._streams: dict[str, SimStream] = {}
-        self._ready: asyncio.Queue[str] | None = None
+        self._ready: asyncio.Queue[tuple[str, bool]] | None = None
+        """(response id, pushed) of each finished response to announce."""
         self._tasks: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
 
@@ -356,13 +363,27 @@ class Creations:
             rid, now, after = self._new_id("resp"), time.time(), self.settings.complete_after
             delay = after(rid) if after is not None else self.settings.complete_after_s
             self._responses[rid] = CreatedResponse(model, text, metadata, now, now + delay)
-            if self.settings.webhook_url is not None and self._ready is not None:
-                asyncio.get_running_loop().call_later(delay, self._ready.put_nowait, rid)
+            pushed = self._pushes(rid, metadata)
+            if (self.settings.webhook_url is not None or pushed) and self._ready is not None:
+                item = (rid, pushed)
+                asyncio.get_running_loop().call_later(delay, self._ready.put_nowait, item)
             made = self.response(rid)
             assert made is not None
             return profile.shape_response(made[0], profile.response_statuses[0])
 
         return create
+
+    def _pushes(self, rid: str, metadata: dict[str, Any]) -> bool:
+        """The response is pushed when finished: its dialect has completion webhooks, its
+        create named an http(s) ``completion_webhook`` (another is ignored, as documented),
+        and it is not one of the ``push_drop`` share that is lost."""
+        url = metadata.get("completion_webhook")
+        if not DIALECTS[self.settings.dialect].completion_webhooks or not isinstance(url, str):
+            return False
+        if not url.startswith(("http://", "https://")):
+            return False
+        share = int.from_bytes(hashlib.sha256(rid.encode()).digest()[:4], "big") / 2**32
+        return share >= self.settings.push_drop
 
     def _stream(self, body: dict[str, Any]) -> _Create:
         profile = self.settings.profile
@@ -522,10 +543,16 @@ class Creations:
 
     async def _deliver(self) -> None:
         """POST a signed ``response.completed`` event for each response that completes,
-        retrying a failure a bounded number of times with the same webhook-id."""
+        retrying a failure a bounded number of times with the same webhook-id (or, pushed,
+        the finished Response object with the create's bearer token)."""
         while self._ready is not None:
-            rid, msg_id = await self._ready.get(), f"msg_{uuid.uuid4().hex}"
+            (rid, pushed), msg_id = await self._ready.get(), f"msg_{uuid.uuid4().hex}"
             client = self._client = self._client or httpx.AsyncClient(timeout=5, trust_env=False)
+            if pushed:
+                attempts, status = await self._push(client, rid)
+                with self._lock:
+                    self.deliveries.append((rid, attempts, status))
+                continue
             attempts, status = 0, None
             while attempts < self.settings.webhook_attempts and not 200 <= (status or 0) < 300:
                 url, secret = self.settings.webhook_url, self.settings.webhook_secret
@@ -538,3 +565,27 @@ class Creations:
                     status = answer.status_code
             with self._lock:
                 self.deliveries.append((rid, attempts, status))
+
+    async def _push(self, client: httpx.AsyncClient, rid: str) -> tuple[int, int | None]:
+        """One completion webhook: the finished Response object, as ``GET`` answers it, to
+        its create's URL with its token; a non-2xx or a failed try is tried again, up to
+        ``push_attempts`` tries in all. (tries, last status or None)."""
+        made = self.response(rid)
+        if made is None:
+            return 0, None
+        body, created = made
+        url, token = created.metadata["completion_webhook"], created.metadata.get("webhook_token")
+        headers = {"content-type": "application/json"}
+        if isinstance(token, str) and token:
+            headers["authorization"] = f"Bearer {token}"
+        content = orjson.dumps(self.settings.profile.shape_response(body, None))
+        attempts, status = 0, None
+        while attempts < self.settings.push_attempts and not 200 <= (status or 0) < 300:
+            await asyncio.sleep(min(2.0, 0.05 * 2**attempts) if attempts else 0)
+            attempts, status = attempts + 1, None
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await client.post(
+                    url, content=content, headers=headers, timeout=self.settings.push_timeout_s
+                )
+                status = answer.status_code
+        return attempts, status

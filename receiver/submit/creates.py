@@ -31,6 +31,7 @@ from receiver.config.settings import ProviderConfig
 from receiver.providers import Dialect, dialect_type
 from receiver.providers.base import batch_label
 from receiver.providers.client import ProviderClient, error_reason, provider_said
+from receiver.providers.push import PushTarget
 from receiver.watches.store import WatchStore
 
 __all__ = [
@@ -191,6 +192,7 @@ class Submitter:
         tenant: str = DEFAULT_TENANT,
         poll: bool = False,
         settle_after_s: float = 10.0,
+        push: PushTarget | None = None,
     ) -> None:
         self.name = name
         self.tenant = tenant
@@ -204,9 +206,12 @@ class Submitter:
         self.max_tries = max(1, max_tries)
         self.backoff = backoff or Backoff(0.5, 30.0, 300.0)
         self.on_progress = on_progress
-        self.expect_callback = bool(config.webhook_secrets) and not poll
+        self.push = None if poll else push
+        """Where each create asks the provider to push its finished response (Sail, Valar
+        with ``public_url`` set), unless ``poll``."""
+        self.expect_callback = (bool(config.webhook_secrets) or self.push is not None) and not poll
         """Watches first polled ``reconcile_after_s`` after they were registered, if no
-        callback came (a provider with webhook secrets, unless ``poll``)."""
+        callback came (a provider with webhook secrets or pushes, unless ``poll``)."""
         self._custom_ids: dict[str, int] = {}
         """custom_id → the line that used it first (this run)."""
         self.refused: QuotaExceeded | None = None
@@ -467,6 +472,8 @@ class Submitter:
         )
         if self.group is not None:
             body = self.dialect.in_group(body, self.group)
+        if self.push is not None:
+            body = self.push.asked(body)
         await self._mark_sending(digest, [number])  # just before it leaves
         try:
             status, content, error = await self.post(

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from receiver.providers import dialect_type
+from receiver.providers.push import PushTarget
 from receiver.submit.batch import build_batch
 from receiver.submit.creates import create_body
 from tests.contracts import sail, sference, valar
@@ -34,6 +35,18 @@ def test_a_submitted_line_is_a_create_body_the_contract_takes(dialect):
     assert error is None and custom_id == "q-1"
     parsed = parse(RESPONSE_MODELS[dialect], orjson.dumps(body))
     assert parsed.background is True
+
+
+@pytest.mark.parametrize("dialect", ["sail", "valar"])
+def test_a_line_asking_for_a_completion_webhook_is_a_body_the_contract_takes(dialect):
+    body, _, _ = create_body(LINE)
+    assert body is not None
+    target = PushTarget("https://nopoll.example.com/webhooks/sail", "t0ken-" + "x" * 40)
+    parsed = parse(RESPONSE_MODELS[dialect], orjson.dumps(target.asked(body)))
+    assert parsed.metadata is not None
+    assert parsed.metadata.completion_webhook == target.url
+    assert parsed.metadata.webhook_token == target.token
+    assert parsed.metadata.model_extra == {"custom_id": "q-1"}  # the line's own kept
 
 
 def _batch_body(dialect: str, name: str = "batch.jsonl") -> bytes:
