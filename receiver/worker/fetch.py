@@ -283,7 +283,7 @@ def _log_landed(
     env: Envelope, shares: Mapping[str, Sequence[Envelope]], failures: Mapping[str, SinkError]
 ) -> None:
     """One line per result: where it landed, and which sinks retry it on their own."""
-    where = f"response {env.provider}/{env.key}"
+    where = f"{env.kind} {env.provider}/{env.key}"
     landed = ", ".join(sorted(n for n in shares if n not in failures))
     if not failures:
         log.info("%s landed (%s) in %s", where, env.status, landed)

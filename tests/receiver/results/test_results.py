@@ -12,6 +12,7 @@ import pytest
 from redis import asyncio as redis_asyncio
 
 from nopoll.client import Results, ResultsError
+from nopoll.kinds import kind_names
 from sinks.results import CHANNEL
 from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, with_tokens
 from tests.servers import redis_via_proxy, running_api
@@ -220,7 +221,7 @@ async def test_one_public_openapi_document_for_v1_and_admin(results_settings, re
     assert doc["paths"]["/v1/results/stream"]["get"]["security"] == [{"consumer": []}]
     assert set(doc["components"]["securitySchemes"]) == {"bearer", "consumer"}
     envelope_schema = doc["components"]["schemas"]["Envelope"]
-    assert envelope_schema["properties"]["kind"]["enum"] == ["response", "batch_row", "batch"]
+    assert envelope_schema["properties"]["kind"]["enum"] == list(kind_names())
     assert "tenant" in envelope_schema["required"]
     assert "secret" not in r.text.lower() and TOKEN not in r.text
 
