@@ -34,6 +34,7 @@ from starlette.responses import Response
 
 from receiver.config.dialects import DIALECTS
 from receiver.demo.batches import SimBatch
+from receiver.demo.feed import FeedEvents
 from receiver.demo.ids import prefixed_id, uuid7
 from receiver.demo.profiles import PROFILES, SimProfile
 from receiver.demo.responses import make_response, send_callback
@@ -167,6 +168,8 @@ class Creations:
         self._responses: dict[str, CreatedResponse] = {}
         self._files: dict[str, list[tuple[str, str, str]]] = {}
         self._streams: dict[str, SimStream] = {}
+        self.feed = FeedEvents()
+        """The completion feed of what was created (a dialect with one: sference)."""
         self._ready: asyncio.Queue[tuple[str, bool]] | None = None
         """(response id, pushed) of each finished response to announce."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -363,6 +366,15 @@ class Creations:
             rid, now, after = self._new_id("resp"), time.time(), self.settings.complete_after
             delay = after(rid) if after is not None else self.settings.complete_after_s
             self._responses[rid] = CreatedResponse(model, text, metadata, now, now + delay)
+            if DIALECTS[self.settings.dialect].completion_feed:
+                self.feed.add(
+                    rid,
+                    stream_id=metadata.get("stream_id"),
+                    custom_id=metadata.get("custom_id"),
+                    completes_at=now + delay,
+                    model=model,
+                    text=text,
+                )
             pushed = self._pushes(rid, metadata)
             if (self.settings.webhook_url is not None or pushed) and self._ready is not None:
                 item = (rid, pushed)

@@ -240,6 +240,27 @@ class _Routes:
         body = {"object": "list", "data": data, "has_more": len(made) > limit}
         return json_answer(body)
 
+    async def list_events(self, request: Request) -> Response:
+        """``GET /v1/responses/events``: sference's completion feed (``StreamEventListResponse``,
+        :mod:`receiver.demo.feed`)."""
+        self._count(request)
+        profile = self.profile
+        if (refused := self._streams_refused(request)) is not None:
+            return refused
+        limit = _int_param(request, "limit", 20, 1, 10_000)
+        wait_ms = _int_param(request, "wait_ms", 0, 0, 10**9)
+        if limit is None or wait_ms is None:
+            return _error(profile, 400, "limit and wait_ms: must be integers, limit at least 1")
+        query = request.query_params
+        data, more = await self.creates.feed.wait_page(
+            query.get("stream_id") or None,
+            limit=min(limit, 1000),
+            starting_after=query.get("starting_after") or None,
+            ending_before=query.get("ending_before") or None,
+            wait_ms=wait_ms,
+        )
+        return json_answer({"object": "list", "data": data, "has_more": more})
+
     def _batch(self, request: Request) -> SimBatch | Response:
         """The batch of the path, or the answer that refuses the request."""
         self._count(request)
@@ -477,6 +498,7 @@ class ProviderSimulator:
                     for kind in ("responses", "files", "batches", "streams")
                 ),
                 Route("/v1/responses", routes.list_responses, methods=["GET"]),
+                Route("/v1/responses/events", routes.list_events, methods=["GET"]),
                 Route("/v1/responses/{rid}", routes.get_response),
                 Route("/v1/batches", routes.list_batches, methods=["GET"]),
                 Route("/v1/batches/{bid}", routes.get_batch),
