@@ -40,6 +40,9 @@ class DialectInfo:
     takes_webhook_secrets: bool = True
     """A provider of it may have ``webhook_secrets`` (one whose API has no callbacks at all
     takes none)."""
+    completion_feed: bool = False
+    """Its API has an account-wide completion feed (sference's ``GET /responses/events``):
+    nopoll follows it instead of polling each id (:mod:`receiver.worker.feed`)."""
     completion_webhooks: bool = False
     """A create may carry ``metadata.completion_webhook`` and ``metadata.webhook_token``:
     the provider then POSTs the finished Response object there with ``Authorization:
@@ -75,6 +78,7 @@ DIALECTS: dict[str, DialectInfo] = {
         "receiver.providers.sference:SferenceDialect",
         f"{_PROFILES}:SFERENCE",
         sends_callbacks=True,
+        completion_feed=True,
     ),
     "sail": DialectInfo(
         "receiver.providers.sail:SailDialect",

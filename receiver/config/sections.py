@@ -75,6 +75,23 @@ class CompletionWebhookConfig(ConfigModel):
     (one GET per result, the provider's own answer)."""
 
 
+class FeedConfig(ConfigModel):
+    """A provider's completion feed (sference's ``GET /responses/events``): one worker at
+    a time follows each account's feed and lands what it names (see
+    docs/watches.md#the-completion-feed)."""
+
+    enabled: bool = True
+    """Follow it; False: results come by callbacks and polls only."""
+    wait_ms: int = Field(default=20_000, ge=0, le=30_000)
+    """How long one request waits for new completions (a long poll; sference caps it at
+    30 s). Kept below ``http.read_timeout_s``."""
+    limit: int = Field(default=100, ge=1, le=1000)
+    """Completions asked for per request."""
+    lease_s: float = Field(default=10.0, ge=2.0, le=300.0)
+    """A feed's holder renews its hold this often times three; a holder silent this long
+    (killed) leaves the feed to another worker."""
+
+
 class RetryConfig(ConfigModel):
     """A job's retries: ``max_tries`` tries, waiting with :class:`~receiver.backoff.Backoff`
     (full jitter up to ``base_delay_s * 2**(try-1)``, capped at ``max_delay_s``)."""

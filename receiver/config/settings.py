@@ -43,6 +43,7 @@ from receiver.config.sections import (
     BatchConfig,
     CompletionWebhookConfig,
     ConfigModel,
+    FeedConfig,
     HttpConfig,
     OtelConfig,
     RetryConfig,
@@ -79,6 +80,7 @@ __all__ = [
     "BatchConfig",
     "CompletionWebhookConfig",
     "ConsumerToken",
+    "FeedConfig",
     "HttpConfig",
     "OtelConfig",
     "ProviderConfig",
@@ -143,6 +145,8 @@ class ProviderConfig(ConfigModel):
     watch: WatchConfig = Field(default_factory=WatchConfig)
     completion_webhook: CompletionWebhookConfig = Field(default_factory=CompletionWebhookConfig)
     """Sail and Valar: completion webhooks, asked for when ``public_url`` is set."""
+    feed: FeedConfig = Field(default_factory=FeedConfig)
+    """sference: its completion feed, followed by the workers (on by default)."""
 
     @field_validator("base_url")
     @classmethod
@@ -176,12 +180,20 @@ class ProviderConfig(ConfigModel):
             raise ValueError(
                 f"completion_webhook: only the {' and '.join(having)} dialects push completions"
             )
+        if "feed" in self.model_fields_set and not info.completion_feed:
+            having = [name for name, row in DIALECTS.items() if row.completion_feed]
+            raise ValueError(f"feed: only the {' and '.join(having)} dialect has one")
         if self.api_version is not None and not info.takes_api_version:
             having = [name for name, row in DIALECTS.items() if row.takes_api_version]
             raise ValueError(f"api_version: only the {' and '.join(having)} dialect has one")
         if "rate_limit_rps" not in self.model_fields_set:  # the provider's documented limit
             object.__setattr__(self, "rate_limit_rps", info.rate_limit_rps)
         return self
+
+    @property
+    def follows_feed(self) -> bool:
+        """Its dialect has a completion feed and ``feed.enabled``."""
+        return DIALECTS[self.dialect].completion_feed and self.feed.enabled
 
     @property
     def dialect_info(self) -> DialectInfo:

@@ -16,11 +16,11 @@ import re
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import orjson
 
-from nopoll.envelope import BatchFacts, BatchRow, BodyFields, body_fields
+from nopoll.envelope import BatchFacts, BatchRow, BodyFields, Envelope, body_fields
 from nopoll.exceptions import ProviderError
 from nopoll.kinds import KindInfo, kind_of_event
 from nopoll.status import FINAL, pending_status, row_status, unknown_status
@@ -34,7 +34,10 @@ __all__ = [
     "BatchFetch",
     "Callback",
     "ChunkCut",
+    "CompletionFeed",
     "Dialect",
+    "FeedEvent",
+    "FeedPage",
     "IdempotentCreates",
     "RequestStatusDialect",
     "ResponsesDialect",
@@ -104,6 +107,72 @@ class Callback:
     event_type: str
     kind: KindInfo
     object_id: str
+
+
+class FeedEvent(Protocol):
+    """One completion a feed names (:class:`CompletionFeed`)."""
+
+    @property
+    def completion_id(self) -> str:
+        """The feed's cursor up to and with this event."""
+        ...
+
+    @property
+    def response_id(self) -> str | None:
+        """The response it finished; None for a completion that is no single response."""
+        ...
+
+    @property
+    def status(self) -> str | None:
+        """nopoll's final status; None for one it does not know as final."""
+        ...
+
+    @property
+    def completed_at(self) -> float | None:
+        """When it finished (Unix time), if the event says."""
+        ...
+
+    @property
+    def whole(self) -> bool:
+        """It carries the whole result: :meth:`envelope` lands it with no GET."""
+        ...
+
+    def envelope(self, provider: str, *, tenant: str, received_at: str) -> Envelope:
+        """The ``response`` envelope of a :attr:`whole` event."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FeedPage:
+    """One answer of a completion feed: its events in completion order (the last one's id
+    is the next cursor), and whether more wait."""
+
+    events: list[FeedEvent]
+    has_more: bool
+    skipped: int = 0
+    """Items that were no usable event (no id to be a cursor)."""
+
+
+@runtime_checkable
+class CompletionFeed(Protocol):
+    """A dialect whose API has an account-wide completion feed (its row's
+    ``completion_feed``): :mod:`receiver.worker.feed` follows it."""
+
+    async def feed_page(
+        self,
+        *,
+        stream_id: str | None,
+        after: str | None,
+        limit: int,
+        wait_ms: int,
+        wait_s: float | None = None,
+        before: str | None = None,
+    ) -> FeedPage:
+        """The completions after the cursor ``after`` (None: the newest, or those before
+        ``before``, paging back), of the stream ``stream_id`` (None: the account's requests
+        outside streams), waiting up to ``wait_ms`` for one; ``wait_s``: the wait for the
+        account's slot."""
+        ...
 
 
 class BadCallback(ValueError):

@@ -7,7 +7,11 @@ sference documents no idempotency (:attr:`idempotent_creates` is False): single 
 each get a stream of their own (``metadata.stream_id``) so that their ids can be listed
 when an answer was lost, and a lost batch create is looked for in ``GET /batches``.
 
-See docs/providers.md (sference) and docs/submit.md.
+Its completion feed (``GET /responses/events``, :meth:`SferenceDialect.feed_page`) names
+each finished response of the account, or of one stream; :class:`CompletionEvent` reads
+one event, and its envelope where the event carries the whole result.
+
+See docs/providers.md (sference), docs/watches.md (the completion feed) and docs/submit.md.
 """
 
 from __future__ import annotations
@@ -15,18 +19,22 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
 
-from nopoll.envelope import BatchFacts, BatchRow
+from nopoll.envelope import BatchFacts, BatchRow, Envelope, body_fields, now_rfc3339
 from nopoll.exceptions import ProviderError
 from nopoll.status import UNFINISHED, final_status, row_status, unknown_status
 from nopoll.wire import safe_id
 from receiver.providers.base import (
     BatchFetch,
     Chunk,
+    FeedEvent,
+    FeedPage,
     ResponsesDialect,
     chunk_rows,
     line_object,
@@ -35,7 +43,7 @@ from receiver.providers.base import (
 from receiver.providers.batch_input import BatchInput
 from receiver.providers.client import error_reason
 
-__all__ = ["SferenceDialect", "parse_line"]
+__all__ = ["CompletionEvent", "SferenceDialect", "parse_line"]
 
 
 def parse_line(index: int, line: bytes, *, cancelled: bool = False) -> BatchRow:
@@ -55,6 +63,85 @@ def parse_line(index: int, line: bytes, *, cancelled: bool = False) -> BatchRow:
     if error is None and body is None and not isinstance(raw, str):
         error = {"code": "no_result", "message": "the line has no result_json and no error_json"}
     return BatchRow(index, custom_id, status, body=body, error=error)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionEvent:
+    """One event of the completion feed (``StreamInferenceCompletionEvent``)."""
+
+    completion_id: str
+    response_id: str | None
+    """None for a completion that is no single response (a batch's row)."""
+    custom_id: str | None
+    status: str | None
+    """nopoll's final status, None for a status it does not know as final."""
+    raw: dict[str, Any]
+
+    @classmethod
+    def read(cls, obj: Any) -> CompletionEvent | None:
+        """The event, or None when it has no usable ``completion_id`` (it cannot be a
+        cursor, so it is skipped)."""
+        if not isinstance(obj, dict) or not safe_id(obj.get("completion_id")):
+            return None
+        rid, cid = obj.get("response_id"), obj.get("custom_id")
+        return cls(
+            obj["completion_id"],
+            rid if safe_id(rid) else None,
+            cid if isinstance(cid, str) and cid else None,
+            final_status(obj.get("status")),
+            obj,
+        )
+
+    @property
+    def completed_at(self) -> float | None:
+        return _unix(self.raw.get("completed_at"))
+
+    @property
+    def whole(self) -> bool:
+        """It carries the whole result: final, a response's, and its ``result`` an object
+        with the output (a chat completion's ``choices``, a Responses ``output``), or it
+        failed with an ``error``."""
+        if self.status is None or self.response_id is None:
+            return False
+        result, error = self.raw.get("result"), self.raw.get("error")
+        if self.status == "completed":
+            return isinstance(result, dict) and ("choices" in result or "output" in result)
+        return isinstance(error, dict) or isinstance(result, dict)
+
+    def envelope(self, provider: str, *, tenant: str, received_at: str) -> Envelope:
+        """The ``response`` envelope of a :attr:`whole` event (``body``: the event)."""
+        assert self.response_id is not None and self.status is not None
+        result = self.raw.get("result")
+        fields = body_fields(result if isinstance(result, dict) else None)
+        error = self.raw.get("error")
+        metadata: dict[str, Any] = {"completion_id": self.completion_id}
+        if self.custom_id is not None:
+            metadata["custom_id"] = self.custom_id
+        if _count(self.raw.get("cost_micros")) is not None:
+            metadata["cost_micros"] = self.raw["cost_micros"]
+        text = fields.output_text
+        return Envelope(
+            provider=provider,
+            tenant=tenant,
+            kind="response",
+            key=self.response_id,
+            response_id=self.response_id,
+            custom_id=self.custom_id,
+            status=self.status,
+            usable=self.status == "completed"
+            or (self.status == "incomplete" and fields.incomplete_reason == "max_output_tokens"),
+            incomplete_reason=fields.incomplete_reason,
+            model=fields.model,
+            output_text=text,
+            input_tokens=_first_count(self.raw.get("prompt_tokens"), fields.input_tokens),
+            output_tokens=_first_count(self.raw.get("completion_tokens"), fields.output_tokens),
+            error=_error_of(error) if self.status != "completed" else None,
+            metadata=metadata,
+            event_id=f"feed:{self.completion_id}",
+            received_at=received_at,
+            fetched_at=now_rfc3339(),
+            body=self.raw,
+        )
 
 
 class SferenceDialect(ResponsesDialect):
@@ -155,6 +242,42 @@ class SferenceDialect(ResponsesDialect):
     def _batch_head(self, batch: BatchInput, name: str, digest: str) -> bytes:
         return b'{"window":"24h","requests":['
 
+    async def feed_page(
+        self,
+        *,
+        stream_id: str | None,
+        after: str | None,
+        limit: int,
+        wait_ms: int,
+        wait_s: float | None = None,
+        before: str | None = None,
+    ) -> FeedPage:
+        """``GET /responses/events``: the completions after the cursor ``after`` (a
+        ``completion_id``), of the stream ``stream_id`` (None: of the account's requests
+        outside streams), waiting up to ``wait_ms`` for one. After a cursor the events are
+        in the feed's own order, oldest first, and the next cursor is the last one's id;
+        without one (the newest completions, or with ``before`` those before it,
+        ``ending_before``, in an order the contract leaves open) they are put in completion
+        order, and the next cursor is the newest. ``wait_s``: the wait for the account's
+        slot."""
+        query: dict[str, str | int] = {"limit": limit, "wait_ms": wait_ms}
+        if after is not None:
+            query["starting_after"] = after
+        elif before is not None:
+            query["ending_before"] = before
+        if stream_id is not None:
+            query["stream_id"] = stream_id
+        answer = await self.client.get_json(
+            f"responses/events?{urlencode(query)}", attempts=1, wait_s=wait_s
+        )
+        data = answer.get("data")
+        items = data if isinstance(data, list) else []
+        events = [e for e in map(CompletionEvent.read, items) if e is not None]
+        if after is None:
+            events.sort(key=lambda e: (e.completed_at or 0.0, e.completion_id))
+        found: list[FeedEvent] = list(events)
+        return FeedPage(found, answer.get("has_more") is True, len(items) - len(events))
+
     def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
         """The status, ``request_count`` as ``request_counts.total``, the prompt and
         completion token totals as the summary's tokens, and ``total_tokens`` and
@@ -202,3 +325,15 @@ def _unix(value: Any) -> float | None:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _first_count(*values: Any) -> int | None:
+    return next((v for v in map(_count, values) if v is not None), None)
+
+
+def _error_of(error: Any) -> dict[str, Any] | None:
+    """An event's ``error`` as the envelope's ``{code, message}``."""
+    if not isinstance(error, dict):
+        return None
+    code, message = error.get("code") or error.get("type"), error.get("message")
+    return {"code": str(code) if code is not None else None, "message": message}

@@ -57,8 +57,8 @@ async def watch_batch(submitter: Submitter, batch_id: str) -> None:
         "batch",
         [batch_id],
         first_poll_in_s=watch.reconcile_after_s
-        if submitter.expect_callback
+        if submitter.batch_expects_callback
         else watch.first_poll_s,
-        expect_callback=submitter.expect_callback,
+        expect_callback=submitter.batch_expects_callback,
         tenant=submitter.tenant,
     )

@@ -28,6 +28,7 @@ from nopoll.wire import RETRY_LATER, safe_id
 from receiver.backoff import Backoff
 from receiver.config.accounts import DEFAULT_TENANT, scoped
 from receiver.config.settings import ProviderConfig
+from receiver.feeds.store import FeedStore
 from receiver.providers import Dialect, dialect_type
 from receiver.providers.base import batch_label
 from receiver.providers.client import ProviderClient, error_reason, provider_said
@@ -209,9 +210,14 @@ class Submitter:
         self.push = None if poll else push
         """Where each create asks the provider to push its finished response (Sail, Valar
         with ``public_url`` set), unless ``poll``."""
-        self.expect_callback = (bool(config.webhook_secrets) or self.push is not None) and not poll
-        """Watches first polled ``reconcile_after_s`` after they were registered, if no
-        callback came (a provider with webhook secrets or pushes, unless ``poll``)."""
+        told = bool(config.webhook_secrets) or self.push is not None or config.follows_feed
+        self.expect_callback = told and not poll
+        """Response watches first polled ``reconcile_after_s`` after they were registered,
+        if no callback came (a provider with webhook secrets, pushes or a completion feed,
+        unless ``poll``)."""
+        self.batch_expects_callback = bool(config.webhook_secrets) and not poll
+        """The same for a batch's watch: only signed callbacks announce batches (no
+        provider pushes them, and the feeds name single completions)."""
         self._custom_ids: dict[str, int] = {}
         """custom_id → the line that used it first (this run)."""
         self.refused: QuotaExceeded | None = None
@@ -337,13 +343,16 @@ class Submitter:
         key = record_key(self.scope, digest)
         known = await self.redis.hget(key, GROUP_FIELD)  # type: ignore[misc]
         if known is not None:
-            return str(known.decode())
-        group = await self.dialect.submit_group(batch_label(self.scope, digest))
-        if group is not None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, GROUP_FIELD, group)
-                pipe.expire(key, RECORD_TTL_S)
-                await pipe.execute()
+            group: str | None = str(known.decode())
+        else:
+            group = await self.dialect.submit_group(batch_label(self.scope, digest))
+            if group is not None:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hset(key, GROUP_FIELD, group)
+                    pipe.expire(key, RECORD_TTL_S)
+                    await pipe.execute()
+        if group is not None and self.config.follows_feed:  # its completions land from there
+            await FeedStore(self.redis).follow_stream(self.scope, group)
         return group
 
     async def _mark_sending(self, digest: str, numbers: list[int]) -> None:

@@ -48,6 +48,8 @@ RECHECK_S = 900.0
 retries ran out: a dead letter) hands the id back to polling."""
 
 _P = ParamSpec("_P")
+_WAITING = frozenset({b"pending", b"polling", b"callback"})
+"""The states of a watch whose result has not landed (nor expired)."""
 
 
 def watch_key(provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT) -> str:
@@ -364,6 +366,19 @@ class WatchStore:
         """``tenant``'s watch of the id, or None."""
         raw = await self.redis.hgetall(watch_key(provider, kind, object_id, tenant))  # type: ignore[misc]
         return _watch(provider, kind, object_id, tenant, raw) if raw else None
+
+    async def waiting(
+        self, provider: str, kind: str, ids: list[str], tenant: str = DEFAULT_TENANT
+    ) -> set[str]:
+        """Those of ``ids`` that ``tenant`` watches and that have not landed or expired
+        (one round trip)."""
+        if not ids:
+            return set()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for object_id in ids:
+                pipe.hget(watch_key(provider, kind, object_id, tenant), "state")
+            states = await pipe.execute()
+        return {i for i, s in zip(ids, states, strict=True) if s in _WAITING}
 
     async def delete(
         self, provider: str, kind: str, object_id: str, tenant: str = DEFAULT_TENANT

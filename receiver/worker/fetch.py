@@ -41,6 +41,7 @@ __all__ = [
     "deliver",
     "fetch_batch",
     "fetch_response",
+    "land_event",
     "land_response",
 ]
 
@@ -136,12 +137,15 @@ def _trusted(job: FetchResponse) -> dict[str, Any] | None:
 
 
 class _Ended:
-    """A callback's result landed: its watch ends ``landed`` (see :func:`_land`)."""
+    """A callback's (or the feed's) result landed: its watch ends ``landed`` (see
+    :func:`_land`)."""
 
-    __slots__ = ("job", "status", "watches")
+    __slots__ = ("job", "status", "via", "watches")
 
-    def __init__(self, watches: WatchStore, job: FetchResponse, status: str) -> None:
-        self.watches, self.job, self.status = watches, job, status
+    def __init__(
+        self, watches: WatchStore, job: FetchResponse, status: str, via: str = "callback"
+    ) -> None:
+        self.watches, self.job, self.status, self.via = watches, job, status, via
 
     def command(self) -> tuple[Any, ...]:
         job = self.job
@@ -149,7 +153,7 @@ class _Ended:
             *(job.provider, job.kind, job.response_id, "landed"),
             tenant=job.tenant,
             status=self.status,
-            via="callback",
+            via=self.via,
         )
 
     async def run(self) -> None:
@@ -158,8 +162,26 @@ class _Ended:
             *(job.provider, job.kind, job.response_id, "landed"),
             tenant=job.tenant,
             status=self.status,
-            via="callback",
+            via=self.via,
         )
+
+
+async def land_event(
+    state: WorkerState, envelope: Envelope, *, completion_id: str, via: str = "feed"
+) -> None:
+    """Land a result a completion feed carried whole (no GET), ending its watch as a
+    callback's result does; the feed's event goes on the id's journey."""
+    assert envelope.response_id is not None
+    job = FetchResponse(
+        provider=envelope.provider,
+        response_id=envelope.response_id,
+        event_id=envelope.event_id,
+        received_at=envelope.received_at,
+        tenant=envelope.tenant,
+    )
+    fetched = {"at": round(time.time(), 3), "kind": job.kind, "via": via, "id": completion_id}
+    ended = _Ended(_watches({"state": state}), job, envelope.status, via)
+    await _land({"state": state}, envelope, fetched=fetched, ended=ended)
 
 
 async def _provider_failed(

@@ -42,8 +42,9 @@ from receiver.queue.jobs import (
 )
 from receiver.redis.connector import RedisConnector
 from receiver.worker import fetch as _fetch  # noqa: F401  (registers the jobs' handlers)
+from receiver.worker.feed import FeedFollower, feed_accounts
 from receiver.worker.gc_policy import GcPolicy
-from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key
+from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key, new_worker_id
 from receiver.worker.poller import WatchPoller
 from receiver.worker.retry import handler_for, keep_letter
 from receiver.worker.state import WorkerState, build_state
@@ -217,6 +218,8 @@ class Shared:
     """The cyclic GC's settings while the state is open (:mod:`receiver.worker.gc_policy`)."""
     poller: asyncio.Task[None] | None = None
     """The process's watch poller (:mod:`receiver.worker.poller`), started with the state."""
+    feeds: asyncio.Task[None] | None = None
+    """The process's offer to follow the completion feeds (:mod:`receiver.worker.feed`)."""
     liveness: Liveness | None = None
     """The process's heartbeat and the accounts it serves (:mod:`receiver.worker.liveness`),
     beating while the state is open."""
@@ -243,6 +246,9 @@ async def startup(ctx: dict[str, Any]) -> None:
             owner = shared.liveness.worker_id if shared.liveness is not None else None
             poller = WatchPoller(shared.state, owner=owner)
             shared.poller = asyncio.create_task(poller.run(), name="watch poller")
+            if feed_accounts(shared.state):
+                follower = FeedFollower(shared.state, owner=owner or new_worker_id())
+                shared.feeds = asyncio.create_task(follower.run(), name="completion feeds")
 
 
 async def hand_back(shared: Shared) -> None:
@@ -260,12 +266,13 @@ async def hand_back(shared: Shared) -> None:
 
 
 async def _stop_poller(shared: Shared) -> None:
-    """Cancel the watch poller and wait for it. The cancel is repeated: a library that
-    turns a cancel into a connection error (seen with a Redis read cut short at start-up)
-    would otherwise leave the poller waiting for its next round and the process never
-    exiting."""
-    if shared.poller is not None:
-        task = shared.poller
+    """Cancel the watch poller and the feed follower (which gives its feeds up) and wait
+    for them. The cancel is repeated: a library that turns a cancel into a connection error
+    (seen with a Redis read cut short at start-up) would otherwise leave the poller waiting
+    for its next round and the process never exiting."""
+    for task in (shared.poller, shared.feeds):
+        if task is None:
+            continue
         for _ in range(60):  # 30 s at most; a poll ends within its HTTP timeout anyway
             task.cancel()
             await asyncio.wait({task}, timeout=0.5)
@@ -273,7 +280,7 @@ async def _stop_poller(shared: Shared) -> None:
                 break
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: the poller logged what it hit
-        shared.poller = None
+    shared.poller = shared.feeds = None
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
