@@ -22,8 +22,10 @@ from nopoll.envelope import DEFAULT_TENANT
 from nopoll.kinds import DEFAULT_KIND, KINDS, WATCHABLE_KINDS
 from receiver.activity import last_hour, processes, tokens_by_hour
 from receiver.batches.progress import BATCH_INDEX_KEY
+from receiver.config.accounts import scoped, tenant_providers
 from receiver.config.settings import Settings
 from receiver.fanout.health import queue_depths, sink_states
+from receiver.feeds.store import FeedStore
 from receiver.journey.store import JourneyStore
 from receiver.queue.deadletter import DeadLetter, DeadLetters
 from receiver.watches.store import WatchStore, due_key, read_member
@@ -78,7 +80,30 @@ class Console:
             "tokens": await tokens_by_hour(self.redis, now)
             if tenant is None
             else {"hours": [], "models": {}},
+            "feeds": await self.feeds(tenant),
         }
+
+    async def feeds(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Each followed completion feed's holder, cursors, lag and count landed (``tenant``
+        given: that tenant's accounts only)."""
+        accounts = [
+            (name, DEFAULT_TENANT)
+            for name, cfg in self.settings.providers.items()
+            if cfg.follows_feed
+        ]
+        accounts += [
+            (provider, team)
+            for (team, provider), cfg in tenant_providers(self.settings).items()
+            if cfg.follows_feed
+        ]
+        store, now = FeedStore(self.redis), time.time()
+        shown = []
+        for provider, team in accounts:
+            if tenant is not None and team != tenant:
+                continue
+            state = await store.state(scoped(provider, team))
+            shown.append({"provider": provider, "tenant": team, **state.to_dict(now)})
+        return shown
 
     async def tenant_counts(self) -> dict[str, dict[str, int]]:
         """Per tenant (every configured one, and any other that has something kept):

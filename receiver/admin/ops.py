@@ -1,6 +1,7 @@
 """The operator's part of the admin API: what ``/ui`` shows, as JSON.
 
-``GET /admin/v1/overview``, ``GET /admin/v1/batches``, ``GET /admin/v1/deadletters``
+``GET /admin/v1/overview``, ``GET /admin/v1/batches``, ``GET /admin/v1/feeds``,
+``GET /admin/v1/deadletters``
 (paginated: ``offset``, ``limit``, ``sink``) and ``POST /admin/v1/deadletters/replay``
 (``{"ids": [...]}``, ``{"sink": "warehouse"}`` or ``{"all": true}``). They read and act
 through :class:`receiver.console.Console`, as the status page does.
@@ -63,6 +64,9 @@ def ops_routes(console: Console, admins: Sequence[Middleware]) -> list[BaseRoute
     async def batches(request: Request) -> Response:
         return json_answer(200, await console.batches())
 
+    async def feeds(request: Request) -> Response:
+        return json_answer(200, {"feeds": await console.feeds()})
+
     async def letters(request: Request) -> Response:
         q = request.query_params
         page = page_params(q, "offset", 0, 50)
@@ -87,6 +91,7 @@ def ops_routes(console: Console, admins: Sequence[Middleware]) -> list[BaseRoute
     return [
         Route("/admin/v1/overview", guarded(overview), methods=["GET"], middleware=admins),
         Route("/admin/v1/batches", guarded(batches), methods=["GET"], middleware=admins),
+        Route("/admin/v1/feeds", guarded(feeds), methods=["GET"], middleware=admins),
         Route("/admin/v1/deadletters", guarded(letters), methods=["GET"], middleware=admins),
         Route("/admin/v1/deadletters/replay", guarded(replay), methods=["POST"], middleware=admins),
     ]
@@ -114,6 +119,13 @@ OPS_OPENAPI: dict[str, Any] = {
         "get": {
             "summary": "Batches in progress and finished: rows per sink, rate, ETA",
             "responses": {"200": {"description": "running and finished batches"}, **_AUTH},
+        }
+    },
+    "/admin/v1/feeds": {
+        "get": {
+            "summary": "Each followed completion feed (sference): who holds it, its cursors, "
+            "its lag and the results it landed",
+            "responses": {"200": {"description": "the feeds"}, **_AUTH},
         }
     },
     "/admin/v1/deadletters": {

@@ -6,6 +6,7 @@ import argparse
 import functools
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,9 @@ async def _submit(
                     result.ids,
                     result.requests,
                     args.tenant,
+                    remote=functools.partial(submitter.dialect.group_progress, submitter.group)
+                    if submitter.group is not None
+                    else None,
                 ),
             )
         return code
@@ -172,6 +176,7 @@ async def _wait_for(
     ids: list[str],
     creates: int,
     tenant: str,
+    remote: Callable[[], Awaitable[str | None]] | None = None,
 ) -> int:
     from receiver.cli._watch import _states, _wait
     from receiver.watches.store import WatchStore
@@ -179,12 +184,19 @@ async def _wait_for(
     store = WatchStore(redis)
     config = settings.providers[provider].watch if settings is not None else None
     limit_s = (config.expire_after_s + config.max_interval_s + 60) if config else 86_400 + 120
-    code = await _wait(store, provider, kind, ids, limit_s, tenant)
+    news = ""
+    if settings is not None and kind == "response":
+        account = settings.providers[provider]
+        if account.follows_feed:
+            news = f"{provider}'s completion feed"
+        elif settings.public_url and account.dialect_info.completion_webhooks:
+            news = f"{provider}'s completion webhooks"
+    code = await _wait(store, provider, kind, ids, limit_s, tenant, news, remote)
     counts = await _states(store, provider, kind, ids, tenant)
     landed = counts["landed"]
     if landed:
-        # Each id landed by a callback costs one GET (its fetch), one landed by a poll none
-        # beyond its polls.
+        # Each id landed by a callback (or a push) costs one GET (its fetch), one landed by a
+        # poll none beyond its polls, one landed from the feed a share of its long polls.
         by_callback, statuses = await _landed_detail(redis, provider, kind, ids, tenant)
         requests = creates + counts["polls"] + by_callback
         shown = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -23,6 +25,8 @@ from receiver.config.settings import Settings
 from receiver.redis.connector import RedisConnector
 
 _SHOWN_INVALID = 20
+_REMOTE_EVERY_S = 5.0
+"""How often ``--wait`` asks the provider how the requests stand (sference's streams)."""
 
 
 def _ids(args: argparse.Namespace) -> list[str]:
@@ -108,26 +112,37 @@ async def _states(
     return counts
 
 
-def _waiting_for(provider: str, tenant: str, counts: dict[str, int]) -> str:
-    """What the watches wait for, while they wait for callbacks rather than polls."""
+def _waiting_for(provider: str, tenant: str, counts: dict[str, int], news: str = "") -> str:
+    """What the watches wait for, while they wait for callbacks rather than polls;
+    ``news``: how the results come instead (a feed, pushes), when not signed callbacks."""
     until_ms = counts["callback_until_ms"]
     if not until_ms or not counts["pending"]:
         return ""
     left = max(0, int(until_ms / 1000 - time.time()))
     where = f"/webhooks/{provider}" if tenant == DEFAULT_TENANT else f"the endpoint of {tenant}"
-    return f"waiting for callbacks to {where}; polling starts in {left // 60}:{left % 60:02d}"
+    what = news or f"callbacks to {where}"
+    return f"waiting for {what}; polling starts in {left // 60}:{left % 60:02d}"
 
 
 async def _wait(
-    store: Any, provider: str, kind: str, ids: list[str], limit_s: float, tenant: str
+    store: Any,
+    provider: str,
+    kind: str,
+    ids: list[str],
+    limit_s: float,
+    tenant: str,
+    news: str = "",
+    remote: Callable[[], Awaitable[str | None]] | None = None,
 ) -> int:
+    """Show the ids' progress until none is pending (or ``limit_s``); ``remote``: how the
+    provider itself counts them, asked every few seconds (best effort)."""
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     started = time.monotonic()
     counts = await _states(store, provider, kind, ids, tenant)
-    waiting = _waiting_for(provider, tenant, counts)
+    waiting = _waiting_for(provider, tenant, counts, news)
     if waiting:  # said once in words, for a log or a terminal without the bar
         print(f"{waiting} (--poll polls at once)", flush=True)
     polls_before = counts["polls"]  # a rerun's earlier polls are not this wait's rate
@@ -138,7 +153,7 @@ async def _wait(
         TextColumn(
             "landed {task.fields[landed]}, expired {task.fields[expired]}, "
             "pending {task.fields[pending]}, {task.fields[polls]} polls "
-            "({task.fields[rate]:.1f}/s){task.fields[waiting]}"
+            "({task.fields[rate]:.1f}/s){task.fields[waiting]}{task.fields[remote]}"
         ),
         refresh_per_second=2,
     ) as bar:
@@ -152,9 +167,16 @@ async def _wait(
             polls=counts["polls"],
             rate=0.0,
             waiting=f"; {waiting}" if waiting else "",
+            remote="",
         )
+        asked_at = 0.0
         while counts["pending"] and time.monotonic() - started < limit_s:
             await asyncio.sleep(1.0)
+            if remote is not None and time.monotonic() - asked_at >= _REMOTE_EVERY_S:
+                asked_at = time.monotonic()
+                with contextlib.suppress(Exception):  # words for the bar, nothing more
+                    said = await remote()
+                    bar.update(task, remote=f"; at {provider}: {said}" if said else "")
             counts = await _states(store, provider, kind, ids, tenant)
             # polls come in bursts (every watch due at once, then a longer interval): the
             # rate is over the whole wait, not the last second, which is mostly 0
@@ -166,7 +188,7 @@ async def _wait(
                 pending=counts["pending"],
                 polls=counts["polls"],
                 rate=max(0, counts["polls"] - polls_before) / (time.monotonic() - started),
-                waiting=f"; {w}" if (w := _waiting_for(provider, tenant, counts)) else "",
+                waiting=f"; {w}" if (w := _waiting_for(provider, tenant, counts, news)) else "",
             )
     elapsed = time.monotonic() - started
     rate = max(0, counts["polls"] - polls_before) / elapsed if elapsed else 0.0

@@ -87,6 +87,10 @@ class FeedConfig(ConfigModel):
     30 s). Kept below ``http.read_timeout_s``."""
     limit: int = Field(default=100, ge=1, le=1000)
     """Completions asked for per request."""
+    min_interval_ms: int = Field(default=500, ge=0, le=60_000)
+    """While completions keep coming (a page answered before it was full), a feed is read
+    at most this often, so that each request brings many: the cost of a result is a share
+    of a request, its wait at most this much more."""
     lease_s: float = Field(default=10.0, ge=2.0, le=300.0)
     """A feed's holder renews its hold this often times three; a holder silent this long
     (killed) leaves the feed to another worker."""

@@ -18,7 +18,18 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-__all__ = ["ACCOUNT_FEED", "NEW", "FeedState", "FeedStore", "feed_key"]
+from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
+from receiver.config.settings import ProviderConfig, Settings
+
+__all__ = [
+    "ACCOUNT_FEED",
+    "NEW",
+    "FeedAccount",
+    "FeedState",
+    "FeedStore",
+    "feed_accounts",
+    "feed_key",
+]
 
 ACCOUNT_FEED = "-"
 """The account's own feed (its requests outside streams), beside its streams' feeds."""
@@ -30,6 +41,34 @@ NEW = ""
 
 def feed_key(account: str, part: str) -> str:
     return f"nopoll:feed:{account}:{part}"
+
+
+@dataclass(frozen=True, slots=True)
+class FeedAccount:
+    """One provider account whose feeds are followed."""
+
+    provider: str
+    tenant: str
+    config: ProviderConfig
+
+    @property
+    def name(self) -> str:
+        return scoped(self.provider, self.tenant)
+
+
+def feed_accounts(settings: Settings) -> list[FeedAccount]:
+    """Every account whose provider follows a feed: the providers' own and the tenants'."""
+    found = [
+        FeedAccount(name, DEFAULT_TENANT, cfg)
+        for name, cfg in settings.providers.items()
+        if cfg.follows_feed
+    ]
+    found += [
+        FeedAccount(provider, tenant, cfg)
+        for (tenant, provider), cfg in tenant_providers(settings).items()
+        if cfg.follows_feed
+    ]
+    return found
 
 
 _TAKE = """

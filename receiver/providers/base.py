@@ -264,6 +264,11 @@ class Dialect(Protocol):
         """Every id created in ``group``; None when the provider cannot say."""
         ...
 
+    async def group_progress(self, group: str) -> str | None:
+        """How the provider says ``group``'s requests stand, in words (its own counters);
+        None when it keeps none."""
+        ...
+
     async def batches_like(self, rows: int, since: float) -> list[str] | None:
         """The ids of the account's batches of ``rows`` requests created since ``since``
         (Unix time): where a batch create whose answer was lost would be; None when the
@@ -393,6 +398,9 @@ class IdempotentCreates:
         return body
 
     async def group_ids(self, group: str) -> set[str] | None:
+        return None
+
+    async def group_progress(self, group: str) -> str | None:
         return None
 
     async def batches_like(self, rows: int, since: float) -> list[str] | None:

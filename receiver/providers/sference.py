@@ -207,6 +207,19 @@ class SferenceDialect(ResponsesDialect):
         }
         return ids if len(ids) >= total else None
 
+    async def group_progress(self, group: str) -> str | None:
+        """The stream's counters (``GET /streams/{id}``): completed, failed, cancelled,
+        running and pending of its items."""
+        if not safe_id(group):
+            return None
+        stream = await self.client.get_json(f"streams/{group}", attempts=1)
+        total = _count(stream.get("total_items"))
+        if total is None:
+            return None
+        names = ("completed", "failed", "cancelled", "running", "pending")
+        parts = [f"{n} {name}" for name in names if (n := _count(stream.get(f"{name}_items")))]
+        return f"{', '.join(parts) or 'none yet'} of {total}"
+
     async def batches_like(self, rows: int, since: float) -> list[str] | None:
         """``GET /batches`` (``{"items": [...]}``, every batch of the account): those with
         ``request_count`` ``rows`` created at ``since`` or later (a minute's leeway for

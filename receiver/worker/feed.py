@@ -22,15 +22,12 @@ import os
 import random
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError
-from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
-from receiver.config.settings import ProviderConfig
-from receiver.feeds.store import ACCOUNT_FEED, NEW, FeedStore
+from receiver.feeds.store import ACCOUNT_FEED, NEW, FeedAccount, FeedStore, feed_accounts
 from receiver.providers.base import CompletionFeed, FeedEvent, FeedPage
 from receiver.providers.budget import NoRequestSlot
 from receiver.queue.enqueue import EnqueueOutcome, Enqueuer
@@ -39,7 +36,7 @@ from receiver.watches.store import WatchStore
 from receiver.worker.fetch import land_event
 from receiver.worker.state import WorkerState
 
-__all__ = ["FeedAccount", "FeedFollower", "feed_accounts"]
+__all__ = ["FeedFollower"]
 
 log = logging.getLogger("nopoll.feed")
 
@@ -53,35 +50,6 @@ _BACK_PAGES = 1000
 """At most this many pages are read back to a new stream's first completion."""
 _READ_MARGIN_S = 5.0
 """A long poll's wait stays this far below the client's read timeout."""
-
-
-@dataclass(frozen=True, slots=True)
-class FeedAccount:
-    """One provider account whose feeds are followed."""
-
-    provider: str
-    tenant: str
-    config: ProviderConfig
-
-    @property
-    def name(self) -> str:
-        return scoped(self.provider, self.tenant)
-
-
-def feed_accounts(state: WorkerState) -> list[FeedAccount]:
-    """Every account whose provider follows a feed: the providers' own and the tenants'."""
-    settings = state.settings
-    found = [
-        FeedAccount(name, DEFAULT_TENANT, cfg)
-        for name, cfg in settings.providers.items()
-        if cfg.follows_feed
-    ]
-    found += [
-        FeedAccount(provider, tenant, cfg)
-        for (tenant, provider), cfg in tenant_providers(settings).items()
-        if cfg.follows_feed
-    ]
-    return found
 
 
 class FeedFollower:
@@ -101,7 +69,7 @@ class FeedFollower:
             job_expiry_s=state.settings.job_expiry_s,
             journey_ttl_s=state.settings.journey_ttl_s,
         )
-        self.accounts = feed_accounts(state)
+        self.accounts = feed_accounts(state.settings)
         self.held: set[str] = set()
         """The accounts this process holds now."""
 
@@ -172,7 +140,12 @@ class FeedFollower:
         wait_ms = max(0, min(config.wait_ms, int((read_timeout_s - _READ_MARGIN_S) * 1000)))
         stream = None if feed == ACCOUNT_FEED else feed
         pause_s = _ERROR_PAUSE_S[0]
+        loop = asyncio.get_running_loop()
+        next_read = loop.time()
         while True:
+            if (gap := next_read - loop.time()) > 0:
+                await asyncio.sleep(gap)
+            read_at = loop.time()
             try:
                 page = await dialect.feed_page(
                     stream_id=stream,
@@ -202,6 +175,9 @@ class FeedFollower:
                 ):
                     return  # the hold was lost: the next holder reads on from the cursor
                 cursor = moved
+            # completions coming, none waiting: gather a few before the next read
+            flowing = bool(page.events) and not page.has_more
+            next_read = read_at + config.min_interval_ms / 1000 if flowing else loop.time()
             if page.skipped and not page.events:
                 log.warning(
                     "completion feed %s %s: a page with no usable event", account.name, feed

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from nopoll.envelope import now_rfc3339
 from receiver.config.settings import Settings
 from receiver.fanout.health import publish_sink_health
+from receiver.feeds.store import feed_accounts
 from receiver.metrics import Metrics
 from receiver.queue._arq import (
     Function,
@@ -42,7 +43,7 @@ from receiver.queue.jobs import (
 )
 from receiver.redis.connector import RedisConnector
 from receiver.worker import fetch as _fetch  # noqa: F401  (registers the jobs' handlers)
-from receiver.worker.feed import FeedFollower, feed_accounts
+from receiver.worker.feed import FeedFollower
 from receiver.worker.gc_policy import GcPolicy
 from receiver.worker.liveness import Liveness, accounts_of, held_jobs_key, new_worker_id
 from receiver.worker.poller import WatchPoller
@@ -246,7 +247,7 @@ async def startup(ctx: dict[str, Any]) -> None:
             owner = shared.liveness.worker_id if shared.liveness is not None else None
             poller = WatchPoller(shared.state, owner=owner)
             shared.poller = asyncio.create_task(poller.run(), name="watch poller")
-            if feed_accounts(shared.state):
+            if feed_accounts(shared.state.settings):
                 follower = FeedFollower(shared.state, owner=owner or new_worker_id())
                 shared.feeds = asyncio.create_task(follower.run(), name="completion feeds")
 

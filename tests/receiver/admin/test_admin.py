@@ -150,6 +150,7 @@ async def test_the_openapi_document_describes_the_routes(admin):
         "/admin/v1/submit",
         "/admin/v1/overview",
         "/admin/v1/batches",
+        "/admin/v1/feeds",
         "/admin/v1/deadletters",
         "/admin/v1/deadletters/replay",
         "/admin/v1/journey/{provider}/{id}",

@@ -29,6 +29,7 @@ async def test_every_route_needs_the_admin_token(admin):
     for method, path in [
         ("GET", "/admin/v1/overview"),
         ("GET", "/admin/v1/batches"),
+        ("GET", "/admin/v1/feeds"),
         ("GET", "/admin/v1/deadletters"),
         ("POST", "/admin/v1/deadletters/replay"),
     ]:
