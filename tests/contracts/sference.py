@@ -242,6 +242,33 @@ class StreamListResponse(Strict):
     items: list[StreamListItemResponse]
 
 
+# --- the completion feed -----------------------------------------------------------------
+class StreamInferenceCompletionEvent(Strict):
+    """An item of ``GET /v1/responses/events``: required ``[completion_id, status]``;
+    ``result`` and ``error`` free-form objects; ``completed_at`` an ISO string."""
+
+    completion_id: str
+    status: str
+    response_id: str | None = None
+    custom_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    cost_micros: int | None = None
+    completed_at: IsoTime | None = None
+
+
+class StreamEventListResponse(Strict):
+    """``GET /v1/responses/events?stream_id=&limit=&starting_after=&ending_before=&wait_ms=``:
+    required ``[data, has_more]``, no other cursor (an event's ``completion_id`` is one)."""
+
+    object: Literal["list"] = "list"
+    data: list[StreamInferenceCompletionEvent]
+    has_more: bool
+
+
 # --- batches -----------------------------------------------------------------------------
 class InferenceRequest(Strict):
     """An item of ``BatchCreateRequest.requests``: a whole body (chat ``messages`` or

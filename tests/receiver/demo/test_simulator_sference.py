@@ -278,3 +278,51 @@ def test_injected_faults_answer_litestar_bodies(provider_sim):
         failed = error(c.post("/responses", json=BODY, headers={"idempotency-key": "k"}), 500)
         ok(c.get(f"/responses/{rid}"), sference.ResponseItem)
     assert flaky.detail and failed.detail
+
+
+# --- the completion feed -----------------------------------------------------------------
+def _events(http: httpx.Client, **query: Any) -> sference.StreamEventListResponse:
+    return ok(http.get("/responses/events", params=query), sference.StreamEventListResponse)
+
+
+def test_the_completion_feed_pages_each_feed_in_completion_order(provider_sim):
+    sim = provider_sim(api_key=KEY, dialect="sference", complete_after_s=0.05)
+    with client(sim) as http:
+        stream = ok(http.post("/streams", json={"name": "s"}), sference.StreamDetailResponse, 201)
+        made: dict[str | None, list[str]] = {stream.id: [], None: []}
+        for i in range(5):
+            meta = {"stream_id": stream.id, "custom_id": f"s{i}"}
+            made[stream.id].append(
+                http.post("/responses", json={**BODY, "metadata": meta}).json()["id"]
+            )
+            made[None].append(http.post("/responses", json=BODY).json()["id"])
+            time.sleep(0.003)  # each its own millisecond: the order is known
+        time.sleep(0.2)
+        everything = _events(http, stream_id=stream.id, limit=100)
+        assert [e.response_id for e in everything.data] == list(reversed(made[stream.id]))
+        assert not everything.has_more  # newest first without a cursor, as the SDK reads it
+        assert [e.custom_id for e in everything.data][-1] == "s0"
+        own = _events(http, limit=100)  # the account's own feed: the requests outside streams
+        assert {e.response_id for e in own.data} == set(made[None])
+        oldest = everything.data[-1].completion_id
+        after = _events(http, stream_id=stream.id, starting_after=oldest, limit=2)
+        assert [e.response_id for e in after.data] == made[stream.id][1:3] and after.has_more
+        before = _events(http, stream_id=stream.id, ending_before=after.data[0].completion_id)
+        assert [e.response_id for e in before.data] == made[stream.id][:1]
+        event = everything.data[0]
+        assert event.status == "completed" and event.result is not None
+        assert event.result["choices"][0]["message"]["content"]
+        assert event.total_tokens == event.prompt_tokens + event.completion_tokens
+
+
+def test_a_long_poll_waits_for_the_next_completion_and_no_longer(provider_sim):
+    sim = provider_sim(api_key=KEY, dialect="sference", complete_after_s=0.8)
+    with client(sim) as http:
+        started = time.monotonic()
+        empty = _events(http, wait_ms=300)
+        assert empty.data == [] and 0.25 <= time.monotonic() - started < 2
+        rid = http.post("/responses", json=BODY).json()["id"]
+        started = time.monotonic()
+        found = _events(http, wait_ms=10_000)
+        assert [e.response_id for e in found.data] == [rid]
+        assert 0.5 <= time.monotonic() - started < 3  # answered when it completed
