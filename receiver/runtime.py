@@ -176,7 +176,10 @@ async def _run(settings: Settings, connector: RedisConnector, roles: _Roles) -> 
     done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     checker.cancel()
     failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
-    results = await _shut_down(settings, list(servers.values()), workers, tasks)
+    # refused at start-up: nothing ran that needs a graceful end, so nothing is waited for
+    results = await _shut_down(
+        settings, list(servers.values()), workers, tasks, graceful=not refused
+    )
     stop_waiter.cancel()
     recorded.set()  # one last flush of what the shut-down work counted
     with contextlib.suppress(Exception):
@@ -202,15 +205,20 @@ async def _shut_down(
     servers: list[_Server],
     workers: list[NopollWorker],
     tasks: list[asyncio.Task[Any]],
+    *,
+    graceful: bool = True,
 ) -> list[Any]:
     """Stop serving and picking jobs, let running jobs finish (up to
-    ``worker.shutdown_wait_s``), close the workers; the tasks' results."""
+    ``worker.shutdown_wait_s``; not ``graceful``: cancel them at once), close the workers;
+    the tasks' results."""
     log.info("shutting down")
     for server in servers:
         server.should_exit = True
-    stop_workers(workers, wait=True)  # batch jobs are cancelled at once: they resume elsewhere
+    # batch jobs are cancelled at once: they resume elsewhere
+    stop_workers(workers, wait=graceful)
     await _hand_back(workers)
-    results = await wait_stopped(tasks, workers, settings.worker.shutdown_wait_s + 30, force=False)
+    limit_s = settings.worker.shutdown_wait_s + 30 if graceful else 10.0
+    results = await wait_stopped(tasks, workers, limit_s, force=not graceful)
     for w in workers:
         with contextlib.suppress(Exception):
             await w.close()

@@ -723,6 +723,9 @@ async def wait_stopped(
             idle = force or w.stop_at_once or (not w.allow_pick_jobs and not w.tasks)
             if idle and w.main_task is not None and not w.main_task.done():
                 w.main_task.cancel()
-    for task in pending:
+    for task in pending:  # said where it stood: a stop that hangs must be found
+        frames = task.get_stack(limit=6)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames)
+        log.warning("%s did not stop within %.0f s (at %s)", task.get_name(), limit_s, where)
         task.cancel()
     return await asyncio.gather(*tasks, return_exceptions=True)
