@@ -4,8 +4,8 @@ Usage: ``python bench/feed.py [--n 10000] [--spread-s 60] [--baseline-n 2000]
 [--skip-baseline]``
 
 ``nopoll submit`` creates ``--n`` background responses at the provider simulator (sference,
-in a process of its own on 127.0.0.1), each finishing at a random time over ``--spread-s``
-seconds after it was made; one ``nopoll worker`` lands them in Postgres (table
+in a process of its own on 127.0.0.1); once all are made and pending, they finish at random
+times over ``--spread-s`` seconds; one ``nopoll worker`` lands them in Postgres (table
 ``bench_feed``). Counted at the simulator: every request but the creates (and the submit's
 one stream): the feed's long polls, any GET of a response, any poll. Per result: those
 requests over the results landed; and the delay from the moment a response was finished
@@ -38,12 +38,16 @@ import _common as common
 TABLE = "bench_feed"
 TARGET_PER_RESULT = 0.02
 TARGET_P99_S = 2.0
+CREATE_S = 30.0
+"""The first response finishes this long after the simulator starts: every id is made and
+pending by then, as in a user's backlog (the creates are not what is measured)."""
 
 
-def serve_simulator(port: int, spread_s: float, seed: int, out: Path) -> int:
-    """``--simulator PORT SPREAD SEED OUT``: the sference simulator in a process of its own,
-    each created response finishing ``U(0, SPREAD)`` s after its create; on SIGTERM it
-    writes ``{"ready": {id: unix time}, "requests": {kind: count}}`` to ``OUT``."""
+def serve_simulator(port: int, spread_s: float, seed: int, start: float, out: Path) -> int:
+    """``--simulator PORT SPREAD SEED START OUT``: the sference simulator in a process of its
+    own, each created response finishing at ``START`` (Unix time) plus ``U(0, SPREAD)`` s
+    (at once if that has passed); on SIGTERM it writes ``{"ready": {id: unix time},
+    "requests": {kind: count}}`` to ``OUT``."""
     import signal
     import threading
 
@@ -55,7 +59,7 @@ def serve_simulator(port: int, spread_s: float, seed: int, out: Path) -> int:
     delays: dict[str, float] = {}
 
     def complete_after(rid: str) -> float:
-        return delays.setdefault(rid, rnd.uniform(0.0, spread_s))
+        return delays.setdefault(rid, max(0.0, start - time.time()) + rnd.uniform(0.0, spread_s))
 
     with ProviderSimulator(
         api_key="bench-key", port=port, dialect="sference", complete_after=complete_after
@@ -138,7 +142,9 @@ def run_case(
     asyncio.run(common.drop_table(TABLE))
     out = work / f"{name}-sim.json"
     port = common.free_port()
+    start = time.time() + CREATE_S  # every id is created (pending) by then
     sim_cmd = [sys.executable, __file__, "--simulator", str(port), str(spread_s), str(seed)]
+    sim_cmd.append(f"{start:.3f}")
     sim = common.start_process([*sim_cmd, str(out)], log_path=work / f"{name}-sim.log")
     base_url = f"http://127.0.0.1:{port}/v1"
     worker = None
@@ -168,6 +174,10 @@ def run_case(
         if done.returncode != 0:
             raise RuntimeError(f"nopoll submit failed:\n{done.stdout}\n{done.stderr}")
         created_s = time.time() - started
+        if time.time() > start:
+            print(
+                f"   note: the creates ended {time.time() - start:.1f} s after the first finished"
+            )
         seen = asyncio.run(row_times(n, time.time() + spread_s + 120))
     finally:
         common.stop_process(worker)
@@ -186,15 +196,24 @@ def run_case(
         f"{requests['gets']} GETs by id, {requests['streams']} stream reads, "
         f"{requests['other']} other) = {per:.4f} per landed result"
     )
-    print(f"   ready -> row: p50 {p50:.2f} s, p99 {p99:.2f} s, max {delays[-1]:.2f} s")
+    p90 = common.percentile(delays, 90)
+    print(
+        f"   ready -> row: p50 {p50:.2f} s, p90 {p90:.2f} s, p99 {p99:.2f} s, "
+        f"max {delays[-1]:.2f} s"
+    )
+    late = sorted((at, seen[rid] - at) for rid, at in ready.items() if seen.get(rid, at) - at > p99)
+    if late:  # when the slowest ones were ready: at the start, or all along
+        first = min(ready.values())
+        shown = ", ".join(f"{at - first:.0f}s:{d:.1f}" for at, d in late[:12])
+        print(f"   slowest 1 % (ready at s since the first : its delay): {shown}")
     return {"n": len(ready), "landed": landed, "per": per, "p50": p50, "p99": p99}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--simulator"]:
-        port, spread, seed, out = argv[1:5]
-        return serve_simulator(int(port), float(spread), int(seed), Path(out))
+        port, spread, seed, start, out = argv[1:6]
+        return serve_simulator(int(port), float(spread), int(seed), float(start), Path(out))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--spread-s", type=float, default=60.0)

@@ -42,7 +42,7 @@ log = logging.getLogger("nopoll.feed")
 
 _LANDING_AT_ONCE = 16
 """Events of a page landed side by side."""
-_STREAMS_LOOK_S = 2.0
+_STREAMS_LOOK_S = 0.5
 """How often the holder looks for streams to follow (a new submit's)."""
 _ERROR_PAUSE_S = (1.0, 30.0)
 """A feed whose request failed waits this long, doubling, before it asks again."""
