@@ -179,7 +179,8 @@ async def land_event(
         received_at=envelope.received_at,
         tenant=envelope.tenant,
     )
-    fetched = {"at": round(time.time(), 3), "kind": job.kind, "via": via, "id": completion_id}
+    fetched = {"at": round(time.time(), 3), "kind": job.kind, "via": via, "event": completion_id}
+    fetched["status"] = envelope.status
     ended = _Ended(_watches({"state": state}), job, envelope.status, via)
     await _land({"state": state}, envelope, fetched=fetched, ended=ended)
 

@@ -86,11 +86,17 @@ async def test_a_submit_lands_through_the_stream_feed_with_no_request_per_result
     async with running_api(settings, redis_url) as (base, _), httpx.AsyncClient() as http:
         [feed] = (await http.get(f"{base}/admin/v1/feeds", headers=auth)).json()["feeds"]
         overview = (await http.get(f"{base}/admin/v1/overview", headers=auth)).json()
+        key = rows[0]["key"]
+        journey = (await http.get(f"{base}/admin/v1/journey/sim/{key}", headers=auth)).json()
     assert feed["provider"] == "sim" and feed["tenant"] == "default" and feed["holder"]
     assert feed["landed"] == n and feed["lag_s"] is not None and feed["read_ago_s"] < 30
     streams = [f for f in feed["feeds"] if f["stream"] is not None]
     assert len(streams) == 1 and streams[0]["cursor"]
     assert [(f["account"], f["feeds"]) for f in overview["feeds"]] == [("sim", feed["feeds"])]
+    # the id's journey says it came from the feed, naming the event
+    steps = [e for e in journey["events"] if e["step"] == "fetch"]
+    assert [(e["via"], e["status"]) for e in steps] == [("feed", "completed")], journey
+    assert rows[0]["event_id"] == f"feed:{steps[0]['event']}"
 
 
 async def test_the_account_feed_lands_the_ids_watched_and_nothing_else(
