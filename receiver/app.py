@@ -23,7 +23,7 @@ from receiver.fanout.health import metrics_page as _metrics_page
 from receiver.fanout.health import readiness_page as _readiness
 from receiver.metrics import Metrics
 from receiver.providers.push import PushTokens
-from receiver.queue.enqueue import Enqueuer
+from receiver.queue.enqueue import Enqueuer, ReplicaWait
 from receiver.responses import json_answer, json_error
 from receiver.results.routes import results_routes
 from receiver.ui import MAX_FORM, ui_routes
@@ -74,18 +74,29 @@ def create_app(
     lifespan: Callable[[Starlette], Any] | None = None,
 ) -> ASGIApp:
     """The ASGI app. ``worker_heartbeat_key`` makes /readyz also check the worker."""
+    wanted = settings.redis
+    replicas = (
+        ReplicaWait(wanted.min_replicas_acked, wanted.wait_timeout_ms, aof=wanted.wait_aof)
+        if wanted.min_replicas_acked
+        else None
+    )
     enqueuer = enqueuer or Enqueuer(
         redis,
         dedupe_ttl_s=settings.dedupe_ttl_s,
         job_expiry_s=settings.job_expiry_s,
         journey_ttl_s=settings.journey_ttl_s,
+        replicas=replicas,
     )
     routes = [
         # POSTs never reach this route (see WebhookDispatch); other methods get Starlette's 405.
         Route("/webhooks/{provider}", _not_post, methods=["POST"]),
         Route("/webhooks/t/{token}", _not_post, methods=["POST"]),
         Route("/healthz", _healthz, methods=["GET"]),
-        Route("/readyz", _readiness(redis, worker_heartbeat_key), methods=["GET"]),
+        Route(
+            "/readyz",
+            _readiness(redis, worker_heartbeat_key, wanted.min_replicas_acked),
+            methods=["GET"],
+        ),
         Route("/metrics", _metrics_page(redis, metrics, list(settings.providers)), methods=["GET"]),
         *admin_routes(settings, redis),
         *results_routes(settings, redis),

@@ -114,15 +114,17 @@ async def queue_depths(redis: Redis) -> dict[str, float]:
     }
 
 
-def readiness_page(redis: Redis, worker_heartbeat_key: str | None) -> Callable[..., Any]:
-    """``GET /readyz``: Redis answers (and the worker's heartbeat is there, where it runs);
-    the sinks' health is shown but not required (callbacks queue safely meanwhile)."""
+def readiness_page(
+    redis: Redis, worker_heartbeat_key: str | None, min_replicas: int = 0
+) -> Callable[..., Any]:
+    """``GET /readyz``: Redis answers as a writable primary with at least ``min_replicas``
+    replicas (and the worker's heartbeat is there, where it runs); the sinks' health is
+    shown but not required (callbacks queue safely meanwhile)."""
 
     async def readyz(request: Request) -> Response:
         checks: dict[str, str] = {}
         try:
-            await redis.ping()
-            checks["redis"] = "ok"
+            checks["redis"] = await primary_state(redis, min_replicas)
         except (RedisError, OSError) as exc:
             checks["redis"] = f"unreachable ({type(exc).__name__})"
         if worker_heartbeat_key is not None and checks["redis"] == "ok":
@@ -139,6 +141,21 @@ def readiness_page(redis: Redis, worker_heartbeat_key: str | None) -> Callable[.
         return json_answer(200 if ready else 503, body)
 
     return readyz
+
+
+async def primary_state(redis: Redis, min_replicas: int = 0) -> str:
+    """``ok`` when ``redis`` is a primary with at least ``min_replicas`` replicas, else why
+    not. A replica (a primary demoted by a failover, still answering) drops the pool's idle
+    connections, so the next ones look for the primary again."""
+    role = await redis.execute_command("ROLE")  # type: ignore[no-untyped-call]
+    name = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+    if name != "master":
+        await redis.connection_pool.disconnect(inuse_connections=False)
+        return f"not a writable primary (it is a {name} now): looking for the primary"
+    replicas = len(role[2]) if len(role) > 2 and isinstance(role[2], list) else 0
+    if replicas < min_replicas:
+        return f"{replicas} replica(s) connected, redis.min_replicas_acked asks for {min_replicas}"
+    return "ok"
 
 
 def metrics_page(redis: Redis, metrics: Metrics, providers: list[str]) -> Callable[..., Any]:

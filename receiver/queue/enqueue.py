@@ -12,6 +12,7 @@ See docs/capacity.md (how webhook-ids are remembered) and docs/architecture.md.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from hashlib import blake2b
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
 
 from receiver.journey.store import PUSH_LUA, callback_head, hook_key, journey_key
 from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
@@ -40,6 +42,7 @@ from receiver.queue.trips import SharedTrips, TripsBusy
 __all__ = [
     "BATCHES_QUEUE",
     "DELIVER",
+    "FENCE_KEY",
     "FETCH_BATCH",
     "FETCH_RESPONSE",
     "HEALTH_CHECK_KEY",
@@ -48,14 +51,18 @@ __all__ = [
     "CallbackJob",
     "EnqueueOutcome",
     "Enqueuer",
+    "NotReplicated",
     "QueueBusy",
     "QueuedJob",
+    "ReplicaWait",
     "batch_job_id",
     "id_digest",
     "put_job",
     "queue_for",
     "response_job_id",
 ]
+
+log = logging.getLogger("nopoll.app")
 
 HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
 """Written by workers every ``worker.health_check_interval_s`` (arq's health check)."""
@@ -177,6 +184,55 @@ class QueueBusy(Exception):
     """More requests wait for a pipeline than the bound allows: answer 503, retry later."""
 
 
+class NotReplicated(RedisError):
+    """Fewer replicas than ``redis.min_replicas_acked`` confirmed a trip's enqueues in
+    time: they are not durable enough to acknowledge (the provider gets 503 and retries)."""
+
+
+FENCE_KEY = "nopoll:wait:fence"
+"""The key every trip that waits for replicas writes last: ``WAIT`` counts only the
+writes of its own connection, and a trip whose callbacks were all duplicates wrote
+nothing of its own, yet the first copies' writes must be on the replicas too (they come
+before the fence in the replication stream)."""
+
+
+class ReplicaWait:
+    """The end of every enqueue trip when ``redis.min_replicas_acked`` is set: a write of
+    :data:`FENCE_KEY`, then ``WAIT n timeout`` (or ``WAITAOF 0 n timeout``); fewer replicas
+    than ``n`` is :class:`NotReplicated` for every callback of the trip."""
+
+    def __init__(self, replicas: int, timeout_ms: int, *, aof: bool = False) -> None:
+        self.replicas, self.timeout_ms, self.aof = replicas, timeout_ms, aof
+        self._wait = self._waitaof() if aof else self._plain()
+
+    def _plain(self) -> tuple[Any, ...]:
+        return ("WAIT", str(self.replicas), str(self.timeout_ms))
+
+    def _waitaof(self) -> tuple[Any, ...]:
+        return ("WAITAOF", "0", str(self.replicas), str(self.timeout_ms))
+
+    def commands(self) -> list[tuple[Any, ...]]:
+        return [("INCR", FENCE_KEY), self._wait]
+
+    def check(self, replies: list[Any]) -> None:
+        fence, acked = replies
+        if isinstance(fence, Exception):
+            raise fence
+        if isinstance(acked, ResponseError) and self._wait[0] == "WAITAOF":
+            if "unknown command" in str(acked).lower():  # before Redis 7.2: WAIT alone
+                log.warning("Redis has no WAITAOF: waiting for replicas with WAIT instead")
+                self._wait = self._plain()
+            raise NotReplicated(f"WAITAOF failed: {acked}")
+        if isinstance(acked, Exception):
+            raise acked
+        count = acked[1] if isinstance(acked, list) else acked
+        if int(count) < self.replicas:
+            raise NotReplicated(
+                f"{count} of the {self.replicas} replicas asked for confirmed the enqueue "
+                f"within {self.timeout_ms} ms"
+            )
+
+
 class EnqueueOutcome(IntEnum):
     """What the enqueue script did with one callback."""
 
@@ -205,7 +261,8 @@ class Enqueuer:
     Requests that arrive while every pipeline is in flight wait for the next one to leave;
     at most ``max_pending`` of them (default: one more full batch per pipeline), beyond
     that :meth:`enqueue` raises :class:`QueueBusy` at once. ``clock`` (seconds since the
-    epoch) stamps jobs and times the dedupe window; tests move it.
+    epoch) stamps jobs and times the dedupe window; tests move it. ``replicas``: every
+    trip ends waiting for that many replicas (:class:`ReplicaWait`).
     """
 
     def __init__(
@@ -219,9 +276,14 @@ class Enqueuer:
         max_pending: int | None = None,
         journey_ttl_s: int = 0,
         clock: Callable[[], float] = time.time,
+        replicas: ReplicaWait | None = None,
     ) -> None:
         self._shared = SharedTrips(
-            redis, max_batch=max_batch, max_in_flight=max_in_flight, max_pending=max_pending
+            redis,
+            max_batch=max_batch,
+            max_in_flight=max_in_flight,
+            max_pending=max_pending,
+            trailer=replicas,
         )
         self._sha = self._shared.digest(_ENQUEUE_LUA)
         self._window_ms = str(dedupe_ttl_s * 1000)

@@ -9,17 +9,28 @@ import asyncio
 import hashlib
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from receiver.redis.wire import read_replies, send_commands, take_connection
 
-__all__ = ["UNBOUNDED", "RoundTrips", "SharedTrips", "TripsBusy"]
+__all__ = ["UNBOUNDED", "NotPrimary", "RoundTrips", "SharedTrips", "Trailer", "TripsBusy"]
+
+_NOT_PRIMARY = ("READONLY", "MASTERDOWN", "LOADING", "NOREPLICAS")
+"""Error replies of a server that cannot take writes now: a primary demoted by a failover
+(it may still answer, with stale data), a replica without its primary, one loading its
+data, a primary short of the replicas its ``min-replicas-to-write`` asks for."""
+
+
+class NotPrimary(RedisConnectionError):
+    """The server answered as one that cannot take writes now (a failover is under way):
+    the connection is dropped, and the pool's next connection looks for the primary
+    again (a Sentinel pool asks the sentinels; a URL resolves its host again)."""
 
 
 class RoundTrips:
@@ -63,8 +74,24 @@ class RoundTrips:
             if isinstance(exc, OSError):
                 raise RedisConnectionError(f"Redis connection failed: {exc}") from exc
             raise
+        refused = _not_primary(replies)
+        if refused is not None:  # held open, it would keep talking to the old primary
+            await conn.disconnect()
+            await self._pool.release(conn)
+            await self._pool.disconnect(inuse_connections=False)
+            raise NotPrimary(f"Redis cannot take writes now ({refused}): looking for the primary")
         self._held.append(conn)
         return replies
+
+
+def _not_primary(replies: list[Any]) -> str | None:
+    """The first word of a reply that says the server cannot take writes now, if any."""
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            word = str(reply).split(" ", 1)[0]
+            if word in _NOT_PRIMARY:
+                return word
+    return None
 
 
 _MIN_TRIP = 16
@@ -94,8 +121,10 @@ class SharedTrips:
         max_batch: int = 512,
         max_in_flight: int = 4,
         max_pending: int | None = None,
+        trailer: Trailer | None = None,
     ) -> None:
         self._redis = redis
+        self._trailer = trailer
         self._trips = RoundTrips(redis)
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
@@ -178,8 +207,15 @@ class SharedTrips:
                 sent.append(commands)
             else:
                 sent.extend(commands)
+        trailer = self._trailer
         try:
-            replies = await self._send(sent)
+            if trailer is None:
+                replies = await self._send(sent)
+            else:  # the trailer's commands end the trip; what they say applies to all of it
+                tail = trailer.commands()
+                replies = await self._send([*sent, *tail])
+                trailer.check(replies[len(sent) :])
+                del replies[len(sent) :]
         except Exception as exc:  # this round trip failed: only its callers see it
             for _, future, _ in batch:
                 if not future.done():
@@ -207,6 +243,17 @@ class SharedTrips:
             for i, reply in zip(missing, redone, strict=True):
                 replies[i] = reply
         return replies
+
+
+class Trailer(Protocol):
+    """Commands that end every shared trip, and the check of their replies (the API's
+    ``WAIT`` for replicas: :class:`receiver.queue.enqueue.ReplicaWait`)."""
+
+    def commands(self) -> list[tuple[Any, ...]]: ...
+
+    def check(self, replies: list[Any]) -> None:
+        """Raise (a ``RedisError``) when the trip must count as failed for its callers."""
+        ...
 
 
 _Caller = tuple[Any, "asyncio.Future[Any]", bool]

@@ -12,6 +12,9 @@ from typing import Any
 
 from redis.asyncio import ConnectionPool
 
+from receiver.redis.sentinel import sentinel_pool
+from receiver.redis.wire import guard_connections
+
 __all__ = ["SCHEMES", "PoolFactory", "pool_factory"]
 
 PoolFactory = Callable[[str, Mapping[str, Any]], ConnectionPool]
@@ -20,13 +23,15 @@ PoolFactory = Callable[[str, Mapping[str, Any]], ConnectionPool]
 
 def _url_pool(url: str, options: Mapping[str, Any]) -> ConnectionPool:
     """redis-py's own parse of the URL: host, port, db, user, password, TLS, socket path."""
-    return ConnectionPool.from_url(url, **options)
+    return guard_connections(ConnectionPool.from_url(url, **options))
 
 
 SCHEMES: Mapping[str, PoolFactory] = {
     "redis": _url_pool,  # TCP
     "rediss": _url_pool,  # TCP with TLS
     "unix": _url_pool,  # a Unix socket path (the embedded server)
+    "redis+sentinel": sentinel_pool,  # the primary a Sentinel set names
+    "rediss+sentinel": sentinel_pool,  # the same, with TLS
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from redis import __version__ as redis_version
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 try:
     import hiredis
@@ -23,7 +24,7 @@ try:
 except ImportError:  # pragma: no cover - arq installs redis[hiredis]
     _hiredis_pack = None
 
-__all__ = ["read_replies", "send_commands", "take_connection"]
+__all__ = ["guard_connections", "read_replies", "send_commands", "take_connection"]
 
 # redis-py 5.3 deprecated get_connection's command name argument; older ones require it.
 _GET_CONNECTION_ARGS: tuple[str, ...] = (
@@ -52,3 +53,36 @@ async def read_replies(conn: AbstractConnection, count: int) -> list[Any]:
     parser: Any = conn._parser
     async with asyncio.timeout(conn.socket_timeout):
         return [await parser.read_response() for _ in range(count)]
+
+
+_GUARDED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def guard_connections(pool: ConnectionPool) -> ConnectionPool:
+    """Make ``pool``'s connections raise a ``ConnectionError`` where a write to a socket
+    the server just closed raises ``RuntimeError`` (uvloop's "handler is closed", seen when
+    a server accepts a connection and drops it at once, as one cut off by a partition
+    does): every caller already takes a ConnectionError for "Redis is away, retry"."""
+    base = pool.connection_class
+    guarded = _GUARDED.get(base)
+    if guarded is None:
+
+        class Guarded(base):  # type: ignore[valid-type,misc]
+            async def connect(self) -> None:
+                try:
+                    await super().connect()
+                except RuntimeError as exc:
+                    await self.disconnect()
+                    raise RedisConnectionError(f"Redis connection broke: {exc}") from exc
+
+            async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+                try:
+                    await super().send_packed_command(*args, **kwargs)
+                except RuntimeError as exc:
+                    await self.disconnect()
+                    raise RedisConnectionError(f"Redis connection broke: {exc}") from exc
+
+        Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+        guarded = _GUARDED[base] = Guarded
+    pool.connection_class = guarded
+    return pool

@@ -30,7 +30,13 @@ from receiver.metrics import Metrics
 from receiver.providers import dialect_type
 from receiver.providers.base import BadCallback, Callback, standard_callback
 from receiver.providers.push import PushTokens
-from receiver.queue.enqueue import CallbackJob, EnqueueOutcome, Enqueuer, QueueBusy
+from receiver.queue.enqueue import (
+    CallbackJob,
+    EnqueueOutcome,
+    Enqueuer,
+    NotReplicated,
+    QueueBusy,
+)
 from receiver.queue.jobs import fetch_payload
 from receiver.redis.link import RedisLink
 from receiver.tracing import enabled as tracing_enabled
@@ -272,6 +278,10 @@ class WebhookEndpoint:
         started = time.perf_counter()
         try:
             outcome = await self._enqueuer.enqueue(job)
+        except NotReplicated as exc:  # in Redis, but not on enough replicas to promise it
+            self._link.lost(exc)
+            reason = "queued, but not yet on enough Redis replicas: retry later"
+            raise Reply(503, {"error": reason}, "unavailable") from None
         except (RedisError, OSError) as exc:
             self._link.lost(exc)  # logged once per outage, not once per callback
             raise Reply(503, {"error": "queue unavailable, retry later"}, "unavailable") from None

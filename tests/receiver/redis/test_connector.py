@@ -87,7 +87,7 @@ def test_the_scheme_picks_a_row_and_an_unknown_one_is_refused() -> None:
     from nopoll.exceptions import ConfigError
     from receiver.redis.schemes import SCHEMES
 
-    assert set(SCHEMES) == {"redis", "rediss", "unix"}
+    assert set(SCHEMES) == {"redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel"}
     assert (
         RedisConnector.from_url("unix:///tmp/nopoll.sock").pool("queue").connection_kwargs["path"]
         == "/tmp/nopoll.sock"
