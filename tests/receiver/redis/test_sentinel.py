@@ -37,7 +37,7 @@ def test_a_bad_sentinel_url_says_what_is_wrong_and_not_the_url(url: str, why: st
     with pytest.raises(ValueError, match=why) as caught:
         parse_sentinel_url(url)
     assert "h1" not in str(caught.value)
-    with pytest.raises(Exception, match="redis.url") as config_error:
+    with pytest.raises(Exception, match=r"redis\.url") as config_error:
         load_settings(None, env={}, overrides={"redis": {"url": url}})
     assert why.split()[0] in str(config_error.value)
 
