@@ -73,6 +73,18 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
         "  redis: "
         + (f"embedded (under {settings.data_dir})" if settings.embedded_redis else "external")
     )
+    url = settings.redis.url.get_secret_value()
+    if url.partition("://")[0].lower().endswith("+sentinel"):  # asked now: which primary
+        import asyncio
+
+        from receiver.redis.sentinel import find_primary
+
+        print(f"  redis: {asyncio.run(find_primary(url))}")
+    if settings.redis.min_replicas_acked:
+        print(
+            f"  redis: a callback's 2xx waits for {settings.redis.min_replicas_acked} "
+            f"replica(s), at most {settings.redis.wait_timeout_ms} ms"
+        )
     for name, p in settings.providers.items():
         callbacks = (
             f"{len(p.webhook_secrets)} webhook secret(s)"

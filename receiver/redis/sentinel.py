@@ -21,7 +21,13 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from receiver.redis.wire import guard_connections
 
-__all__ = ["DEFAULT_SENTINEL_PORT", "SentinelTarget", "parse_sentinel_url", "sentinel_pool"]
+__all__ = [
+    "DEFAULT_SENTINEL_PORT",
+    "SentinelTarget",
+    "find_primary",
+    "parse_sentinel_url",
+    "sentinel_pool",
+]
 
 DEFAULT_SENTINEL_PORT = 26379
 _SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
@@ -131,3 +137,20 @@ def sentinel_pool(url: str, options: Mapping[str, Any]) -> SentinelConnectionPoo
     )
     guard_connections(pool)
     return pool
+
+
+async def find_primary(url: str, *, timeout_s: float = 2.0) -> str:
+    """Which primary the sentinels of ``url`` name now, and its replicas, in words (what
+    ``nopoll config check`` prints); why not, when no sentinel answers."""
+    target = parse_sentinel_url(url)
+    pool = sentinel_pool(url, {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s})
+    manager = pool.sentinel_manager
+    where = f"Sentinel service {target.service!r} ({len(target.sentinels)} sentinel(s))"
+    try:
+        host, port = await manager.discover_master(target.service)
+        replicas = await manager.discover_slaves(target.service)
+    except Exception as exc:  # a line for the user, never a crash of the check
+        return f"{where}: no primary found ({type(exc).__name__}: {str(exc)[:120]})"
+    finally:
+        await pool.disconnect()
+    return f"{where}: primary {host}:{port}, {len(replicas)} replica(s)"

@@ -41,3 +41,25 @@ async def test_a_partitioned_primary_the_api_still_reaches_acknowledges_nothing_
     assert report.acknowledged > 0 and not report.missing, shown
     assert report.answers.get(503, 0) > 0, shown  # the cut-off primary could not confirm
     assert set(report.answers) <= {200, 202, 503}, shown
+
+
+def test_config_check_names_the_primary_the_sentinels_name(tmp_path):
+    from tests.e2e.helpers import run_nopoll
+    from tests.sentinel_set import SentinelSet
+    from tests.servers import free_port
+
+    redis_set = SentinelSet().start()
+    try:
+        config = tmp_path / "nopoll.yaml"
+        config.write_text(f"redis:\n  url: '{redis_set.url}'\n  min_replicas_acked: 1\n")
+        done = run_nopoll("config", "check", "--config", str(config), env={"PATH": "/usr/bin"})
+        primary = redis_set.primary_port()
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"primary 127.0.0.1:{primary}, 2 replica(s)" in done.stdout
+        assert "waits for 1 replica(s), at most 1000 ms" in done.stdout
+        gone = f"redis+sentinel://127.0.0.1:{free_port()}/nopoll-primary"
+        config.write_text(f"redis_url: '{gone}'\n")
+        done = run_nopoll("config", "check", "--config", str(config), env={"PATH": "/usr/bin"})
+        assert done.returncode == 0 and "no primary found" in done.stdout, done.stdout
+    finally:
+        redis_set.stop()
