@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.servers
 
 from _common import (
     BENCH_DIR,
@@ -72,7 +73,12 @@ CASES = {
     "verify": "Verifier only, 202",
     "arq": "verify + arq enqueue_job",
     "nopoll": "nopoll api (real)",
+    "replica0": "nopoll, primary + 1 replica",
+    "replica1": "same, min_replicas_acked 1",
 }
+REPLICA_CASES = {"replica0": 0, "replica1": 1}
+"""Cases on a primary with one replica of their own (valkey processes), without and with
+``WAIT 1`` ending every enqueue trip: what acknowledging only replicated callbacks costs."""
 
 
 @dataclass
@@ -91,7 +97,7 @@ class CaseResult:
 
 
 def server_command(case: str, port: int, config: Path) -> list[str]:
-    if case == "nopoll":
+    if case == "nopoll" or case in REPLICA_CASES:
         return [
             str(BIN_DIR / "nopoll"),
             "api",
@@ -167,10 +173,14 @@ def _measure(
     return res
 
 
-def _check_queue(res: CaseResult, port: int, before: int | None, connections: int) -> None:
-    """The nopoll case: one job in the queue per 202 the server counted, and per wrk 2xx."""
+def _check_queue(
+    res: CaseResult, port: int, before: int | None, connections: int, url: str | None = None
+) -> None:
+    """The nopoll cases: one job in the queue per 202 the server counted, and per wrk 2xx."""
+    import redis as redis_sync
+
     time.sleep(0.5)  # let requests that were in flight when wrk stopped finish
-    r = redis_db13()
+    r = redis_db13() if url is None else redis_sync.Redis.from_url(url)
     try:
         queued = int(r.zcard("nopoll:jobs"))
     finally:
@@ -200,6 +210,20 @@ def run_case(
     write_pool(pool, threads=args.threads, per_thread=per_thread, secret=secret, port=port, tag="m")
     log_path = work / f"server-{case}.log"
     flush_bench_db()
+    servers: list[Any] = []
+    own_url: str | None = None
+    if case in REPLICA_CASES:  # a primary and a replica of its own, this case only
+        from tests.servers import ValkeyProcess
+
+        primary = ValkeyProcess(appendonly=True).start()
+        servers.append(primary)
+        replica = ValkeyProcess(extra=("--replicaof", "127.0.0.1", str(primary.port)))
+        servers.append(replica.start())
+        own_url = primary.url
+        text = config.read_text().replace(f"redis_url: {REDIS_URL}", f"redis_url: {own_url}")
+        text += f"redis: {{min_replicas_acked: {REPLICA_CASES[case]}, wait_timeout_ms: 1000}}\n"
+        config = work / f"nopoll-{case}.yaml"
+        config.write_text(text)
     proc = start_process(
         server_command(case, port, config),
         env={SECRET_ENV: secret, "BENCH_REDIS_URL": REDIS_URL},
@@ -218,14 +242,17 @@ def run_case(
             time.sleep(0.2)
             flush_bench_db()
         # No line yet (no callback counted so far) means 0.
-        before = (accepted_counter(port) or 0) if case == "nopoll" else None
+        real = case == "nopoll" or case in REPLICA_CASES
+        before = (accepted_counter(port) or 0) if real else None
         res = _measure(case, proc, pool, args, **wrk)
         res.pool_per_thread = per_thread
-        if case == "nopoll":
-            _check_queue(res, port, before, args.connections)
+        if real:
+            _check_queue(res, port, before, args.connections, own_url)
         return res
     finally:
         stop_process(proc)
+        for server in servers:
+            server.stop()
         if proc.returncode not in (0, None, -15):
             print(f"  note: {case} server exited with {proc.returncode} (log {log_path})")
         for t in range(args.threads):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from receiver.config.settings import (
     TenantProviderConfig,
     UiConfig,
     WorkerConfig,
+    load_settings,
 )
 from tests.deploy.chart import (
     CHART,
@@ -373,3 +375,29 @@ def test_all_options_renders_every_template(render: Any) -> None:
         "NetworkPolicy",
         "Pod",
     }
+
+
+def test_an_existing_sentinel_set_and_replica_acks_render_into_secret_and_config(
+    helm: Any, render: Any, tmp_path: Path
+) -> None:
+    """redis.url may name a Sentinel set (it goes to the Secret, as any Redis URL); the
+    config's redis section takes min_replicas_acked, and the loaded config is valid."""
+    values = copy.deepcopy(default_values())
+    url = "redis+sentinel://:pw@sentinel-0:26379,sentinel-1:26379/mymaster/0"
+    values["redis"]["url"] = url
+    values["config"]["redis"] = {"min_replicas_acked": 1, "wait_timeout_ms": 800}
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema(values)
+        values["config"]["redis"]["min_replicas_acked"] = -1
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(values)
+        values["config"]["redis"]["min_replicas_acked"] = 1
+    rendered = render(values)
+    assert any(env.get("REDIS_URL") == url for env in rendered.secrets().values())
+    config = rendered.config_map()["nopoll.yaml"]
+
+    path = tmp_path / "nopoll.yaml"
+    path.write_text(config)
+    settings = load_settings(path, env={"REDIS_URL": url, **values["secret"]["env"]})
+    assert settings.redis.min_replicas_acked == 1 and settings.redis.wait_timeout_ms == 800
+    assert settings.redis.url.get_secret_value() == url
