@@ -1,13 +1,10 @@
 """sference's completion feed for the provider simulator: ``GET /v1/responses/events``.
 
-Each response created through ``POST /v1/responses`` is one completion event once it is
-complete, in the feed of its stream (``metadata.stream_id``) or, without one, in the
-account's own feed. An event's ``completion_id`` is a UUIDv7 of the millisecond it
-completes, so ids sort in completion order; an event shows once its millisecond has wholly
-passed, so no later event can show with an id below one already shown. ``starting_after``
-pages oldest first; without a cursor the newest come first (the SDK reverses that page);
-``ending_before`` pages back, newest first. ``wait_ms`` (at most 30 s) holds an empty
-answer until an event comes.
+Each response made by ``POST /v1/responses`` becomes an event once complete, in its
+stream's feed (``metadata.stream_id``) or the account's own. A ``completion_id`` is a
+UUIDv7 of the completion's millisecond, shown once that millisecond has passed, so ids
+sort in completion order. ``starting_after`` pages oldest first, no cursor and
+``ending_before`` newest first; ``wait_ms`` (at most 30 s) holds an empty answer.
 """
 
 from __future__ import annotations

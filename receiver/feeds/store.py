@@ -1,11 +1,10 @@
-"""Completion feeds: who follows each account's feed, and how far it has read.
+"""Completion feeds: who follows each account's feeds, and how far it has read.
 
-:class:`FeedStore` owns the feed keys of one provider account (``provider`` or
-``provider@tenant``): the hold (one worker at a time follows the account's feeds, renewing
-its hold; a holder killed leaves them to another once the hold lapses), the cursor of each
-feed (the account's own, ``-``, and each stream nopoll made for a submit), the streams to
-follow, and what ``/ui`` and the admin API show. A cursor moves only by its holder, in the
-same Lua call that checks the hold, so a holder that lost its hold can never move it.
+:class:`FeedStore` owns the feed keys of one provider account: the hold (one worker at a
+time, renewed; a killed holder's lapses), each feed's cursor (the account's own, ``-``,
+and each stream a submit made), the streams to follow, and what the admin API shows. A
+cursor moves only in the Lua call that checks the hold, so a holder that lost its hold
+never moves it.
 
 See docs/watches.md (the completion feed); the keys are in docs/capacity.md.
 """

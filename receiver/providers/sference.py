@@ -1,17 +1,12 @@
 """The ``sference`` dialect.
 
-Batch results are ``GET /batches/{id}`` (a ``BatchResponse``), then
-``GET /batches/{id}/results.jsonl``, one row per line (a row without ``custom_id`` is
-keyed ``{batch_id}/~{line index}``; one a cancelled batch never ran is ``cancelled``).
-sference documents no idempotency (:attr:`idempotent_creates` is False): single creates
-each get a stream of their own (``metadata.stream_id``) so that their ids can be listed
-when an answer was lost, and a lost batch create is looked for in ``GET /batches``.
+Batch results: ``GET /batches/{id}``, then ``GET /batches/{id}/results.jsonl`` (a row
+without ``custom_id`` is keyed ``{batch_id}/~{line index}``). sference documents no
+idempotency: single creates go in a stream of their own so that a lost answer can be
+looked up, and a lost batch create is looked for in ``GET /batches``. Its completion feed
+is :meth:`SferenceDialect.feed_page`; :class:`CompletionEvent` reads one event.
 
-Its completion feed (``GET /responses/events``, :meth:`SferenceDialect.feed_page`) names
-each finished response of the account, or of one stream; :class:`CompletionEvent` reads
-one event, and its envelope where the event carries the whole result.
-
-See docs/providers.md (sference), docs/watches.md (the completion feed) and docs/submit.md.
+See docs/providers.md (sference), docs/watches.md and docs/submit.md.
 """
 
 from __future__ import annotations

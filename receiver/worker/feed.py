@@ -1,14 +1,10 @@
 """The completion feeds: each worker process offers to follow the feeds of every account
-whose provider has one (sference's ``GET /responses/events``); one process at a time holds
-an account's feeds (:class:`~receiver.feeds.store.FeedStore`) and long-polls them.
+whose provider has one (sference); one process at a time holds an account's feeds
+(:class:`~receiver.feeds.store.FeedStore`) and long-polls them.
 
-An account has its own feed (its requests outside streams) and one per stream
-``nopoll submit`` made. Every completion a stream's feed names is one of nopoll's creates
-and lands; the account's own feed lands the ids the tenant watches (the rest, a batch's
-rows among them, are not single results of nopoll's). An event that carries the whole
-result lands as it is (no GET); another queues a fetch of the response by id. A page's
-cursor moves only once what it covers is durable (landed, or its fetch queued): a holder
-killed mid-page leaves the page to be read again, and sinks upsert what was already there.
+A stream's feed (a submit's) lands everything; the account's own feed the ids the tenant
+watches. A whole event lands as it is, another queues a fetch by id. A cursor moves only
+once its page is durable, so a holder killed mid-page leaves the page to be read again.
 
 See docs/watches.md (the completion feed).
 """
