@@ -179,10 +179,15 @@ async def land_event(
         received_at=envelope.received_at,
         tenant=envelope.tenant,
     )
+    ctx: dict[str, Any] = {"state": state}
+    watches = _watches(ctx)
+    # as a callback: the id's watch (or, not watched yet, a marker that a watch registered
+    # later reads) learns the result is landing; a poll that landed it first wins
+    if await _polled_already(ctx, watches, job) is not None:
+        return
     fetched = {"at": round(time.time(), 3), "kind": job.kind, "via": via, "event": completion_id}
     fetched["status"] = envelope.status
-    ended = _Ended(_watches({"state": state}), job, envelope.status, via)
-    await _land({"state": state}, envelope, fetched=fetched, ended=ended)
+    await _land(ctx, envelope, fetched=fetched, ended=_Ended(watches, job, envelope.status, via))
 
 
 async def _provider_failed(

@@ -191,3 +191,45 @@ async def test_sigkilling_the_feed_holder_mid_page_loses_and_doubles_nothing(
     new_holder = client.get(feed_key("sim", "hold"))
     assert new_holder is not None and not new_holder.decode().endswith(f"/{first.pid}")
     client.close()
+
+
+async def test_a_watch_registered_after_the_feed_landed_its_id_starts_landed(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table
+):
+    """The feed can land an id before ``nopoll submit`` registers its watch (a fast result,
+    a rerun after a kill): the watch must start landed, not wait for the reconcile poll."""
+    from receiver.feeds.store import FeedStore
+    from receiver.redis import RedisConnector
+    from tests.e2e.helpers import run_nopoll
+
+    sim = provider_sim(dialect="sference", complete_after_s=0.1)
+    config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
+    procs.start("worker", "--config", str(config))
+    async with httpx.AsyncClient(timeout=10) as http:
+        stream = (await http.post(f"{sim.base_url}/streams", json={"name": "own"})).json()["id"]
+        connector = RedisConnector.from_url(redis_url)
+        redis = connector.client("api")
+        await FeedStore(redis).follow_stream("sim", stream)
+        await redis.aclose()
+        await connector.aclose()
+        ids = []
+        for i in range(10):
+            body = {"model": "m-1", "input": f"x {i}", "background": True}
+            body["metadata"] = {"stream_id": stream}
+            ids.append((await http.post(f"{sim.base_url}/responses", json=body)).json()["id"])
+    await wait_pg_rows(pg_url, pg_table, 10, timeout=30)  # landed, nobody watching yet
+    done = await asyncio.to_thread(
+        run_nopoll,
+        "watch",
+        "--config",
+        str(config),
+        "sim",
+        "response",
+        *ids,
+        "--expect-callback",
+        "--wait",
+        env=procs.env,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "10 landed" in done.stdout and "0 polls" in done.stdout, done.stdout
