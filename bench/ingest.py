@@ -165,8 +165,8 @@ def _measure(
     result.redis_cpu_s = cpu_seconds(rpid) - rcpu0
     res = CaseResult(case, result, 0)
     res.machine_busy = (busy1 - busy0) / (total1 - total0) if total1 > total0 else math.nan
-    if result.non_2xx:
-        res.ok = False
+    if result.non_2xx:  # replica1: a 503 when WAIT times out under saturation is its promise
+        res.ok = res.ok and REPLICA_CASES.get(case, 0) > 0
         res.notes.append(f"{result.non_2xx} non-2xx answers")
     if result.socket_errors != "none":
         res.notes.append(f"socket errors: {result.socket_errors}")
@@ -192,10 +192,13 @@ def _check_queue(
         f"queue nopoll:jobs holds {queued} jobs; server answered {accepted} x 202; "
         f"wrk counted {w.requests} answers, {w.non_2xx} non-2xx"
     )
-    if accepted != queued:
+    # a 503 of min_replicas_acked comes after the enqueue: its job is queued all the same
+    # (the provider's retry is then a duplicate), so it may add to the queue
+    waited = w.non_2xx if url is not None else 0
+    if accepted is None or not accepted <= queued <= accepted + waited:
         res.ok = False
         res.notes.append("MISMATCH: jobs in the queue != 202 answers")
-    if not w.requests <= queued <= w.requests + connections:
+    if not w.requests - w.non_2xx <= queued <= w.requests + connections:
         res.ok = False
         res.notes.append("MISMATCH: jobs in the queue do not match wrk's 2xx count")
 
@@ -241,6 +244,12 @@ def run_case(
             run_wrk(pool=warm, seconds=args.warmup, **wrk)
             time.sleep(0.2)
             flush_bench_db()
+            if own_url is not None:  # the case's own primary (its replica follows)
+                import redis as redis_sync
+
+                own = redis_sync.Redis.from_url(own_url)
+                own.flushdb()
+                own.close()
         # No line yet (no callback counted so far) means 0.
         real = case == "nopoll" or case in REPLICA_CASES
         before = (accepted_counter(port) or 0) if real else None
