@@ -52,6 +52,9 @@ class DrillReport:
     rows: int = 0
     duplicate_rows: int = 0
     promoted_after_s: float | None = None
+    answer_ms_before: tuple[float, float] = (0.0, 0.0)
+    """The callbacks' answer time before the fault, p50 and p99 (ms): what waiting for
+    the replicas costs at this rate."""
     refused_before: int = 0
     """Callbacks answered 503 before the fault (none expected: the replicas keep up)."""
     seconds_of_503: float = 0.0
@@ -67,7 +70,8 @@ class DrillReport:
             f"{self.sent} callbacks sent ({shown})",
             f"acknowledged {self.acknowledged}; acknowledged but missing from SQL "
             f"{len(self.missing)}; rows {self.rows}, duplicated {self.duplicate_rows}",
-            f"503s before the fault {self.refused_before}; promoted after "
+            f"before the fault: answers p50 {self.answer_ms_before[0]:.1f} ms, p99 "
+            f"{self.answer_ms_before[1]:.1f} ms, {self.refused_before} refused; promoted after "
             f"{_s(self.promoted_after_s)}; 503s for {self.seconds_of_503:.1f} s; "
             f"acknowledged again {_s(self.first_2xx_after_s)} after the fault"
             + (f"; CRASHED: {', '.join(self.crashed)}" if self.crashed else ""),
@@ -142,6 +146,7 @@ async def drill(
         base = f"http://127.0.0.1:{port}"
         await _ready(base)
         answers: list[tuple[float, str, int]] = []
+        took_ms: list[float] = []
         signer = Webhook(secret)
         old_primary = redis_set.primary_port()
         assert old_primary is not None
@@ -176,12 +181,15 @@ async def drill(
                     "webhook-signature": signer.sign(msg_id, now, body.decode()),
                     "content-type": "application/json",
                 }
+                asked = time.monotonic()
                 try:
                     r = await http.post(f"{base}/webhooks/sim", content=body, headers=headers)
                     status = r.status_code
                 except httpx.HTTPError:
                     status = 0
                 answers.append((time.monotonic(), rid, status))
+                if fault_time is None:
+                    took_ms.append((time.monotonic() - asked) * 1000)
 
             fault_task = asyncio.create_task(faults())
             started, sending = time.monotonic(), []
@@ -198,6 +206,10 @@ async def drill(
         acked = {rid for _, rid, status in answers if 200 <= status < 300}
         report.acknowledged = len(acked)
         assert fault_time is not None
+        took_ms.sort()
+        if took_ms:
+            p99 = took_ms[min(len(took_ms) - 1, int(len(took_ms) * 0.99))]
+            report.answer_ms_before = (took_ms[len(took_ms) // 2], p99)
         report.refused_before = sum(
             1 for t, _, status in answers if t < fault_time and status != 202
         )
