@@ -13,6 +13,7 @@ Batches).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -198,7 +199,17 @@ class AnthropicDialect(IdempotentCreates):
         return pending_status(self.object_status(batch), "batch")
 
     def batch_facts(self, batch: dict[str, Any]) -> BatchFacts:
-        return BatchFacts.of(batch)
+        """An ended Message Batch has no status of its own: ``cancelled`` once a cancel was
+        initiated (``cancel_initiated_at``), as OpenAI's cancelled batches are; ``expired``
+        when every request it counts expired; else ``completed``."""
+        facts = BatchFacts.of(batch)
+        counts = facts.request_counts
+        if batch.get("cancel_initiated_at"):
+            return dataclasses.replace(facts, status="cancelled")
+        ended = sum(n for k, n in counts.items() if k != "processing")
+        if counts.get("expired") and counts["expired"] == ended:
+            return dataclasses.replace(facts, status="expired")
+        return facts
 
     async def batch_chunks(self, fetch: BatchFetch) -> AsyncIterator[Chunk]:
         fetch.batch = batch = await self.fetch_batch_object(fetch.batch_id)

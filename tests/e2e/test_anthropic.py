@@ -91,6 +91,9 @@ async def test_a_batch_in_progress_then_canceling_then_ended_lands_every_row_onc
             error = row["error"] if isinstance(row["error"], dict) else orjson.loads(row["error"])
             assert error == {"code": "invalid_request_error", "message": f"row {i}: bad params"}
     [summary] = [r for r in rows if r["kind"] == "batch"]
+    # a cancel was initiated: the summary says cancelled (not usable), as OpenAI's
+    # batch.cancelled does, though the Message Batch itself only says "ended"
+    assert (summary["status"], summary["usable"]) == ("cancelled", False)
     metadata = summary["metadata"]
     metadata = metadata if isinstance(metadata, dict) else orjson.loads(metadata)
     assert metadata["request_counts"] == batch.counts(True)

@@ -158,3 +158,15 @@ def test_split_keeps_every_part_under_both_limits_in_file_order():
     for part in parts:
         assert len(part) <= 6 and len(create_body(part)) <= limit
         assert orjson.loads(create_body(part))["requests"][0]
+
+
+def test_an_ended_message_batch_is_cancelled_expired_or_completed_by_what_it_says() -> None:
+    dialect = AnthropicDialect.__new__(AnthropicDialect)  # batch_facts reads no client
+    base = {"processing_status": "ended", "cancel_initiated_at": None}
+    counts = {"processing": 0, "succeeded": 8, "errored": 1, "canceled": 0, "expired": 1}
+    assert dialect.batch_facts({**base, "request_counts": counts}).status == "completed"
+    cancelled = {**base, "cancel_initiated_at": "2026-12-01T10:00:00Z", "request_counts": counts}
+    assert dialect.batch_facts(cancelled).status == "cancelled"
+    expired = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 10}
+    assert dialect.batch_facts({**base, "request_counts": expired}).status == "expired"
+    assert dialect.batch_facts(cancelled).request_counts == counts
