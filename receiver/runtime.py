@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import uvicorn
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,6 +44,7 @@ from receiver.redis import RedisConnector, RedisLink, redis_settings_problems
 from receiver.responses import json_answer
 from receiver.tracing import configure as configure_tracing
 from receiver.tracing import shutdown as shutdown_tracing
+from receiver.worker.liveness import claim_identity, worker_identity
 from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
 __all__ = ["api_server_config", "redis_for", "run"]
@@ -84,6 +86,7 @@ class _Roles:
     extra_ctx: dict[str, Any] | None
     health: tuple[str, int] | None
     config: str | None = None
+    worker_id: str | None = None
 
 
 def _api_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles) -> _Server:
@@ -153,8 +156,14 @@ async def _run(settings: Settings, connector: RedisConnector, roles: _Roles) -> 
 
     workers: list[NopollWorker] = []
     if roles.worker:
+        worker_id = await _identity(settings, connector, roles.worker_id)
         workers = build_workers(
-            settings, connector, metrics, handle_signals=False, extra_ctx=roles.extra_ctx
+            settings,
+            connector,
+            metrics,
+            handle_signals=False,
+            extra_ctx=roles.extra_ctx,
+            worker_id=worker_id,
         )
     tasks = [asyncio.create_task(w.async_run(), name=f"worker {w.queue_name}") for w in workers]
     servers: dict[str, _Server] = {}
@@ -237,6 +246,25 @@ async def _hand_back(workers: list[NopollWorker]) -> None:
         await hand_back(shared)
 
 
+async def _identity(settings: Settings, connector: RedisConnector, given: str | None) -> str | None:
+    """The worker's stable id, its previous life's holdings taken back
+    (:func:`~receiver.worker.liveness.claim_identity`); None (a random id) when Redis
+    cannot be asked in a few seconds: a worker starts whether Redis is up or not."""
+    wanted = worker_identity(settings.data_dir, given)
+    redis = connector.client("health", at_most_s=5)
+    try:
+        async with asyncio.timeout(10):
+            return await claim_identity(redis, wanted)
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.info(
+            "worker id %s not claimed (%s): running under a new id", wanted, type(exc).__name__
+        )
+        return None
+    finally:
+        with contextlib.suppress(RedisError, OSError):
+            await redis.aclose()
+
+
 async def _check_redis(
     redis: Any, settings: Settings, refused: list[str], stopping: asyncio.Event
 ) -> None:
@@ -314,16 +342,18 @@ def run(
     extra_ctx: dict[str, Any] | None = None,
     health: tuple[str, int] | None = None,
     config: str | None = None,
+    worker_id: str | None = None,
 ) -> None:
     """Run the API and/or the worker until SIGTERM/SIGINT; ``config`` is the config file's
-    path, for the start-up summary."""
+    path, for the start-up summary; ``worker_id`` the worker's stable id (default: the host
+    and the data_dir, :func:`~receiver.worker.liveness.worker_identity`)."""
     try:
         import uvloop
 
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
         runner = asyncio.run
-    roles = _Roles(api, worker, host, port, extra_ctx, health, config)
+    roles = _Roles(api, worker, host, port, extra_ctx, health, config, worker_id)
     # a port in use is one clear line, before anything starts (uvicorn would exit mid-run)
     if api:
         _check_listen(host, port, "--port")

@@ -24,6 +24,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         host=getattr(args, "host", "127.0.0.1"),
         port=getattr(args, "port", 8000),
         config=config_path(args),
+        worker_id=getattr(args, "worker_id", None),
     )
     return 0
 
@@ -38,6 +39,8 @@ def register(sub: Any) -> None:
         add_config_option(p)
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=8000)
+        if name == "serve":
+            _add_worker_id(p)
         p.set_defaults(func=_cmd_run)
     p = sub.add_parser("worker", help="run the worker only")
     add_config_option(p)
@@ -48,4 +51,14 @@ def register(sub: Any) -> None:
         help="serve GET /healthz and /metrics of this worker process on this port",
     )
     p.add_argument("--health-host", default="127.0.0.1", help="address for --health-port")
+    _add_worker_id(p)
     p.set_defaults(func=_cmd_run)
+
+
+def _add_worker_id(p: Any) -> None:
+    p.add_argument(
+        "--worker-id",
+        default=None,
+        help="this worker process's id (default: the host name and the data_dir); a "
+        "worker restarted with the same id takes back at once what it held before",
+    )

@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
 from collections.abc import Sequence
 
 from redis.exceptions import RedisError
@@ -53,8 +51,9 @@ class FeedFollower:
 
     def __init__(self, state: WorkerState, *, owner: str) -> None:
         self.state = state
-        self.owner = f"{owner}@{socket.gethostname()}/{os.getpid()}"
-        """Who holds: the worker id, its host and its process (shown by the admin API)."""
+        self.owner = owner
+        """Who holds: the worker id (a worker restarted under its id holds on at once;
+        ``nopoll:worker:<id>:process`` says which process runs as it)."""
         self.store = FeedStore(state.redis)
         self.watches = state.watches or WatchStore(
             state.redis, ended_ttl_s=state.settings.dedupe_ttl_s

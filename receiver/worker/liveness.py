@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import socket
 import time
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -51,8 +54,9 @@ log = logging.getLogger("nopoll.worker")
 WORKERS_KEY = "nopoll:workers"
 BEAT_S = 2.0
 """How often a worker process beats (and looks for dead workers)."""
-DEAD_AFTER_S = 20.0
-"""A worker whose last beat is this old is dead: what it holds is handed to others."""
+DEAD_AFTER_S = 8.0
+"""A worker whose last beat is this old is dead: what it holds is handed to others (at the
+next beat of another worker: within ``DEAD_AFTER_S + BEAT_S`` of its last beat)."""
 SERVED_KEY = "nopoll:workers:accounts"
 _QUEUED_LOOKED_AT = 1000
 """Queued job ids read at the first publication to find the accounts they name."""
@@ -61,6 +65,68 @@ _QUEUED_LOOKED_AT = 1000
 def new_worker_id() -> str:
     """A worker process's id: the start of its leases' tokens (no ``:`` in it)."""
     return uuid.uuid4().hex[:12]
+
+
+def worker_identity(data_dir: Path, given: str | None = None) -> str:
+    """A worker process's stable id: ``given`` (``--worker-id``, the chart's pod name), else
+    its host and its ``data_dir``: the same for a worker restarted in place, which then
+    takes back at once what its previous life held (:meth:`Liveness.start`)."""
+    if given:
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", given)[:64]
+    where = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"{socket.gethostname()[:40]}-{where}")
+
+
+def process_key(worker_id: str) -> str:
+    """Which process runs as ``worker_id`` now: ``<host>/<pid>/<started>``."""
+    return f"nopoll:worker:{worker_id}:process"
+
+
+_PROCESS_TTL_S = 120
+"""How long :func:`process_key` outlives its process's last beat."""
+
+
+async def claim_identity(redis: Redis, wanted: str, *, dead_after_s: float = DEAD_AFTER_S) -> str:
+    """The id this worker process runs as: ``wanted`` (:func:`worker_identity`), whose
+    previous life's holdings (job locks, watches mid-poll) are released now rather than
+    after ``dead_after_s``; a random id when a live process runs as ``wanted`` (two
+    workers given one ``--worker-id``), so two never hold under one name. A previous life
+    is known dead when it ran on another host and stopped beating, or on this host as a
+    process that is gone (or as this very pid, as in a container). Raises a RedisError
+    when Redis cannot be asked: the caller then runs under a random id."""
+    key = process_key(wanted)
+    host = _this_host()
+    previous = await redis.getset(key, f"{host}/{os.getpid()}/{time.time():.3f}")
+    await redis.expire(key, _PROCESS_TTL_S)
+    if previous is None:
+        return wanted
+    was_host, _, rest = previous.decode(errors="replace").partition("/")
+    pid_text = rest.partition("/")[0]
+    was_pid = int(pid_text) if pid_text.isdigit() else 0
+    if was_host == host:  # this host (and pid namespace) can tell whether it still runs
+        gone = was_pid == os.getpid() or not _running(was_pid)
+    else:  # another host's: gone once it stopped beating
+        beat = await redis.zscore(WORKERS_KEY, wanted)
+        gone = beat is None or time.time() * 1000 - beat >= dead_after_s * 1000
+    if not gone:
+        log.warning(
+            "worker id %s is in use by a live process (%s, pid %d): this one runs as a new id",
+            wanted,
+            was_host,
+            was_pid,
+        )
+        await redis.set(key, previous, ex=_PROCESS_TTL_S)
+        return new_worker_id()
+    keys = [WORKERS_KEY, held_jobs_key(wanted), held_watches_key(wanted)]
+    reply: Any = await redis.eval(_RELEASE, 3, *keys, wanted, "", "all")  # type: ignore[misc]
+    if reply and (int(reply[0]) or int(reply[1])):
+        log.info(
+            "worker %s restarted: took back %d job(s) and %d watch(es) its previous life held",
+            wanted,
+            int(reply[0]),
+            int(reply[1]),
+        )
+    return wanted
 
 
 def held_jobs_key(worker_id: str) -> str:
@@ -218,7 +284,9 @@ class Liveness:
         accounts: frozenset[str] | None = None,
         sinks: frozenset[str] = frozenset(),
         accounts_every_s: float = BEAT_S,
+        claimed: bool = False,
     ) -> None:
+        """``claimed``: ``worker_id`` was given by :func:`claim_identity`."""
         self._connector = redis
         self.worker_id = worker_id or new_worker_id()
         self.beat_s = beat_s
@@ -236,6 +304,9 @@ class Liveness:
         """When this process's accounts were last published (None: not yet)."""
         self._looked_for_lacking = False
         self._served_as = f"{socket.gethostname()}:{os.getpid()}:{self.worker_id}"
+        self._process = claimed
+        """Whether :func:`claim_identity` named this process for :attr:`worker_id` (its
+        key is then kept alive, and removed on the way out)."""
 
     def _keys(self, worker_id: str) -> list[str]:
         return [WORKERS_KEY, held_jobs_key(worker_id), held_watches_key(worker_id)]
@@ -274,6 +345,8 @@ class Liveness:
         while True:
             try:
                 now_ms = await self.beat()
+                if self._process:  # still this process's name
+                    await self.redis.expire(process_key(self.worker_id), _PROCESS_TTL_S)
                 now = time.monotonic()
                 gap = now - self._last_beat if self._last_beat is not None else None
                 if self._beating_since is None or (gap is not None and gap > 4 * self.beat_s):
@@ -373,6 +446,8 @@ class Liveness:
             released = await self._release(self.worker_id, "", "all")
             if released and any(released):
                 log.info("handed back %d job(s) and %d watch(es) on the way out", *released)
+            if self._process:
+                await self.redis.delete(process_key(self.worker_id))
         except (RedisError, OSError) as exc:
             log.warning(
                 "could not hand back this worker's work (%s): others take it over within %g s",
@@ -384,3 +459,31 @@ class Liveness:
                 with contextlib.suppress(RedisError, OSError):
                     await self._redis.aclose()
                 self._redis = None
+
+
+def _this_host() -> str:
+    """The host name and the pid namespace: two containers sharing a host name (the host
+    network) see different pids, so a pid is only looked up in the namespace it came from;
+    a container restarted in place gets a new namespace and so waits for the beat."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").removeprefix("pid:")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()[:60]}{namespace}".replace("/", "-")
+
+
+def _running(pid: int) -> bool:
+    """A process ``pid`` runs on this host (a zombie, killed and not yet waited for, does
+    not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: alive
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True

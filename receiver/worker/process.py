@@ -94,8 +94,11 @@ def build_workers(
     *,
     handle_signals: bool = True,
     extra_ctx: dict[str, Any] | None = None,
+    worker_id: str | None = None,
 ) -> list[NopollWorker]:
-    """The arq Workers: short jobs on :data:`JOBS_QUEUE`, batches on :data:`BATCHES_QUEUE`."""
+    """The arq Workers: short jobs on :data:`JOBS_QUEUE`, batches on :data:`BATCHES_QUEUE`;
+    ``worker_id``: the process's id claimed by
+    :func:`~receiver.worker.liveness.claim_identity` (None: a random one)."""
     w = settings.worker
     tries = max(settings.fetch_retry.max_tries, settings.sink_retry.max_tries) + _ARQ_SLACK
 
@@ -115,6 +118,8 @@ def build_workers(
     extra = dict(extra_ctx or {})
     liveness = Liveness(
         redis,
+        worker_id=worker_id,
+        claimed=worker_id is not None,
         accounts=accounts_of(settings),
         sinks=frozenset(settings.sinks),
         accounts_every_s=w.health_check_interval_s,
