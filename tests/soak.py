@@ -301,6 +301,8 @@ class Soak:
             "    rate_limit_rps: null\n"
             "    watch: {first_poll_s: 1, max_interval_s: 4, rate_limit_rps: 40, "
             "reconcile_after_s: 5}\n"
+            # one simulator answers as every dialect, in openai's shapes: it has no feed
+            + ("    feed: {enabled: false}\n" if DIALECT_TABLE[dialect].completion_feed else "")
             for name, dialect in PROVIDERS.items()
         )
         config = self.dir / "nopoll.yaml"
