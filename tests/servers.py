@@ -100,11 +100,24 @@ class ValkeyProcess:
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if port_open("127.0.0.1", self.port):
+            if port_open("127.0.0.1", self.port) and self._loaded():
                 return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError("valkey did not start")
+
+    def _loaded(self) -> bool:
+        """It answers PING: done loading its append-only file (a restart answers LOADING
+        for a moment after its port opens)."""
+        import redis
+
+        client = redis.Redis(port=self.port, socket_timeout=2)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
