@@ -11,12 +11,14 @@ See docs/architecture.md and docs/sinks/.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self, TypeAlias, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+import orjson
+from pydantic import BaseModel, ConfigDict, SecretBytes, SecretStr
 
 if TYPE_CHECKING:
     from nopoll.envelope import Envelope
@@ -55,6 +57,32 @@ class SinkConfig(BaseModel):
         <location>``): never a secret (of a URL only the scheme, host and port); ``""``
         says nothing."""
         return ""
+
+    def fingerprint(self) -> str:
+        """A digest of this effective config, its secrets hashed before they are digested
+        (never kept): two workers whose sinks of one name differ in anything (another URL,
+        table, key) have different fingerprints. A delivery carries its sink's, so a
+        worker whose sink differs hands the delivery back (docs/reliability.md)."""
+        text = orjson.dumps(_plain(self), option=orjson.OPT_SORT_KEYS, default=str)
+        return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _plain(value: object) -> object:
+    """``value`` as JSON-able data for :meth:`SinkConfig.fingerprint`, secrets as digests."""
+    if isinstance(value, SecretStr | SecretBytes):
+        secret = value.get_secret_value()
+        raw = secret.encode() if isinstance(secret, str) else secret
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+    if isinstance(value, BaseModel):
+        return {"": type(value).__name__} | {
+            name: _plain(getattr(value, name)) for name in type(value).model_fields
+        }
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_plain(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
+    return value
 
 
 @runtime_checkable

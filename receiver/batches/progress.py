@@ -40,9 +40,12 @@ def batch_state_key(provider: str, batch_id: str) -> str:
     return f"nopoll:batch:{provider}:{batch_id}"
 
 
-def summary_job(sink: str, state_key: str, summary: dict[str, Any]) -> QueuedJob:
-    """The ``deliver`` job that writes a batch summary to ``sink`` (one id per sink)."""
-    return DeliverJob(sink, [summary]).summary(state_key)
+def summary_job(
+    sink: str, state_key: str, summary: dict[str, Any], fp: str | None = None
+) -> QueuedJob:
+    """The ``deliver`` job that writes a batch summary to ``sink`` (one id per sink;
+    ``fp``: the sink's config fingerprint)."""
+    return DeliverJob(sink, [summary], fp=fp).summary(state_key)
 
 
 # KEYS: 1 state hash, 2 pending set; 3-5 the hand-off job (job key, result key, queue)
@@ -235,9 +238,12 @@ class BatchState:
         chunk = "" if number is None else str(number)
         return await self._release(_SETTLE, sink, summary_job(sink, self.key, {}), chunk)
 
-    async def park_summary(self, sink: str, summary: dict[str, Any]) -> bool:
+    async def park_summary(
+        self, sink: str, summary: dict[str, Any], *, fp: str | None = None
+    ) -> bool:
         """Keep the summary for ``sink``; it is queued at once if nothing is pending."""
-        return await self._release(_PARK, sink, summary_job(sink, self.key, summary), None)
+        job = summary_job(sink, self.key, summary, fp)
+        return await self._release(_PARK, sink, job, None)
 
     async def _release(self, script: str, sink: str, job: QueuedJob, chunk: str | None) -> bool:
         """Run ``_SETTLE`` (ARGV 2: ``chunk``) or ``_PARK`` (ARGV 2: ``job``'s payload, when

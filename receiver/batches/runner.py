@@ -426,7 +426,7 @@ class BatchRunner:
                 log.warning(
                     "sink %s failed the batch summary (%s); retrying it on its own", sink, exc
                 )
-        await state.park_summary(sink, summary.to_dict())
+        await state.park_summary(sink, summary.to_dict(), fp=self.fanout.fingerprints.get(sink))
 
     async def _drain(self, writers: dict[str, SinkWriter], tasks: list[asyncio.Task[None]]) -> None:
         for writer in writers.values():

@@ -111,9 +111,10 @@ class SinkWriter:
                     exc,
                 )
                 self.handed_off += 1
-                job = DeliverJob.of(self.name, envelopes, self.state.key, number, number).handoff(
-                    defer_s=settings.sink_retry.delay(1)
-                )
+                fp = self.fanout.fingerprints.get(self.name)
+                job = DeliverJob.of(
+                    self.name, envelopes, self.state.key, number, number, fp=fp
+                ).handoff(defer_s=settings.sink_retry.delay(1))
                 await self.state.commit(self.name, number, handoff=job)
                 return
             await self.state.commit(self.name, number)
@@ -131,7 +132,14 @@ class SinkWriter:
             attempts=1,
             error=error,
             function=DELIVER,
-            kwargs=DeliverJob.of(self.name, envelopes, self.state.key, part, number).to_kwargs(),
+            kwargs=DeliverJob.of(
+                self.name,
+                envelopes,
+                self.state.key,
+                part,
+                number,
+                fp=self.fanout.fingerprints.get(self.name),
+            ).to_kwargs(),
         )
         self.metrics.dead_letters.labels(self.name).inc()
         log.error(

@@ -177,6 +177,8 @@ class FanOut:
                 sink.claim_check = self.sinks[target].put_claim
         self._router = router
         self._metrics = metrics
+        self.fingerprints = {name: sink.config.fingerprint() for name, sink in self.sinks.items()}
+        """Each sink's config fingerprint, which the deliveries queued for it carry."""
 
     def route(self, envelopes: Sequence[Envelope]) -> dict[str, list[Envelope]]:
         """Each sink's share of ``envelopes`` (sinks with no share are left out). Called

@@ -295,13 +295,15 @@ class QueuedJob:
 class DeliverJob:
     """Write ``envelopes`` to one sink. ``part`` is the chunk number S3 names its part file
     by (None: a plain write); ``batch_state`` and ``settle`` name the batch and the pending
-    chunk this delivery settles when it succeeds."""
+    chunk this delivery settles when it succeeds; ``fp`` is the sink's config fingerprint
+    where it was queued (:meth:`~sinks.base.SinkConfig.fingerprint`; None: any)."""
 
     sink: str
     envelopes: list[dict[str, Any]] = field(default_factory=list)
     batch_state: str | None = None
     part: int | None = None
     settle: int | None = None
+    fp: str | None = None
 
     @classmethod
     def of(
@@ -311,9 +313,11 @@ class DeliverJob:
         batch_state: str | None = None,
         part: int | None = None,
         settle: int | None = None,
+        *,
+        fp: str | None = None,
     ) -> DeliverJob:
         dicts = [e.to_dict() if isinstance(e, Envelope) else e for e in envelopes]
-        return cls(sink, dicts, batch_state, part, settle)
+        return cls(sink, dicts, batch_state, part, settle, fp)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> DeliverJob:
@@ -325,10 +329,12 @@ class DeliverJob:
         settle = kwargs.get("settle")
         if settle is None and batch_state is not None:
             settle = part  # a job queued before ``settle`` existed
-        return cls(kwargs["sink"], list(kwargs.get("envelopes") or []), batch_state, part, settle)
+        envelopes = list(kwargs.get("envelopes") or [])
+        fp = kwargs.get("fp")
+        return cls(kwargs["sink"], envelopes, batch_state, part, settle, fp)
 
     def to_kwargs(self) -> dict[str, Any]:
-        return {
+        kwargs = {
             "sink": self.sink,
             "envelopes": self.envelopes,
             "batch_state": self.batch_state,
@@ -336,6 +342,9 @@ class DeliverJob:
             "settle": self.settle,
             "v": PAYLOAD_VERSION,
         }
+        if self.fp is not None:  # an older worker reads the rest and ignores it
+            kwargs["fp"] = self.fp
+        return kwargs
 
     def handoff(self, *, defer_s: float) -> QueuedJob:
         """This delivery as a job of its own; a batch chunk's has one id per (sink, chunk)."""

@@ -41,17 +41,39 @@ async def queue_retries(
     settings = state.settings
     for name, error in failures.items():
         share = list(shares[name])
+        fp = state.fanout.fingerprints.get(name)
         if isinstance(error, SinkRowsRejected):
             refused = [e for e in share if e.key in error.rejected]
-            kwargs = DeliverJob.of(name, refused).to_kwargs()
+            kwargs = DeliverJob.of(name, refused, fp=fp).to_kwargs()
             await dead_letter(ctx, DELIVER, kwargs, rejection_text(error))
             continue
         if isinstance(error, SinkRejected):
-            await dead_letter(ctx, DELIVER, DeliverJob.of(name, share).to_kwargs(), str(error))
+            kwargs = DeliverJob.of(name, share, fp=fp).to_kwargs()
+            await dead_letter(ctx, DELIVER, kwargs, str(error))
             continue
         log.warning("sink %s failed, retrying on its own: %s", name, error)
-        job = DeliverJob.of(name, share).handoff(defer_s=settings.sink_retry.delay(1))
+        job = DeliverJob.of(name, share, fp=fp).handoff(defer_s=settings.sink_retry.delay(1))
         await put_job(state.redis, job, expiry_ms=settings.job_expiry_s * 1000)
+
+
+_SAID: set[str] = set()
+
+
+def _say_differs(state: WorkerState, sink: str, job_id: object) -> None:
+    """Log (once per sink, then at debug) and count a delivery left for another worker
+    because this one's sink of that name is configured otherwise."""
+    state.metrics.count_job(DELIVER, "handed_back")
+    level = logging.DEBUG if sink in _SAID else logging.WARNING
+    _SAID.add(sink)
+    log.log(
+        level,
+        "sink %s here differs from the one delivery %s was queued for (another URL, table or "
+        "key: is this worker started with another config?): left to a worker whose sink %s "
+        "is that one",
+        sink,
+        job_id,
+        sink,
+    )
 
 
 def _keys(envelopes: list[dict[str, Any]]) -> str:
@@ -88,6 +110,15 @@ async def deliver(ctx: dict[str, Any], **payload: Any) -> dict[str, Any]:
         if await ServedAccounts(state.redis).serves_sink(sink):
             return await hand_over(ctx, DELIVER)  # another live worker has this sink
         return await dead_letter(ctx, DELIVER, kwargs, f"sink {sink!r} is no longer configured")
+    if job.fp is not None and job.fp != state.fanout.fingerprints.get(sink):
+        if await ServedAccounts(state.redis).serves_sink(sink, job.fp):
+            _say_differs(state, sink, ctx.get("job_id"))
+            return await hand_over(ctx, DELIVER)  # to a worker whose sink is the one queued for
+        log.warning(
+            "sink %s here differs from the one this delivery was queued for, and no live "
+            "worker has that one (its config changed): writing it to this one",
+            sink,
+        )
     batch = [Envelope.from_dict(e) for e in envelopes]
     try:
         if part is None:

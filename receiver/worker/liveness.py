@@ -22,7 +22,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +148,21 @@ class ServedAccounts:
         self.redis = redis
 
     async def publish(
-        self, process: str, accounts: Iterable[str], ttl_s: float, sinks: Iterable[str] = ()
+        self,
+        process: str,
+        accounts: Iterable[str],
+        ttl_s: float,
+        sinks: Iterable[str] = (),
+        prints: Mapping[str, str] | None = None,
     ) -> None:
+        """``prints``: each sink's config fingerprint (published as ``name@fingerprint``)."""
         until = int((time.time() + ttl_s) * 1000)
-        entry = {"until": until, "accounts": sorted(accounts), "sinks": sorted(sinks)}
+        entry = {
+            "until": until,
+            "accounts": sorted(accounts),
+            "sinks": sorted(sinks),
+            "prints": sorted(f"{name}@{fp}" for name, fp in (prints or {}).items()),
+        }
         await self.redis.hset(SERVED_KEY, process, orjson.dumps(entry).decode())  # type: ignore[misc]
 
     async def withdraw(self, process: str) -> None:
@@ -180,9 +191,13 @@ class ServedAccounts:
         """Whether a live worker process serves ``account``."""
         return any(account in accounts for accounts in (await self.live()).values())
 
-    async def serves_sink(self, sink: str) -> bool:
-        """Whether a live worker process has a sink named ``sink``."""
-        return any(sink in sinks for sinks in (await self.live("sinks")).values())
+    async def serves_sink(self, sink: str, fingerprint: str | None = None) -> bool:
+        """Whether a live worker process has a sink named ``sink`` (with this config
+        ``fingerprint``, when one is given)."""
+        if fingerprint is None:
+            return any(sink in sinks for sinks in (await self.live("sinks")).values())
+        mark = f"{sink}@{fingerprint}"
+        return any(mark in prints for prints in (await self.live("prints")).values())
 
 
 async def _queued(redis: Redis) -> tuple[set[str], set[str]]:
@@ -285,14 +300,17 @@ class Liveness:
         sinks: frozenset[str] = frozenset(),
         accounts_every_s: float = BEAT_S,
         claimed: bool = False,
+        prints: Mapping[str, str] | None = None,
     ) -> None:
-        """``claimed``: ``worker_id`` was given by :func:`claim_identity`."""
+        """``claimed``: ``worker_id`` was given by :func:`claim_identity`; ``prints``: each
+        sink's config fingerprint, published with the sinks."""
         self._connector = redis
         self.worker_id = worker_id or new_worker_id()
         self.beat_s = beat_s
         self.dead_after_s = dead_after_s
         self.accounts = accounts
         self.sinks = sinks
+        self.prints = dict(prints or {})
         self.accounts_every_s = accounts_every_s
         self._redis: Redis | None = None
         self._task: asyncio.Task[None] | None = None
@@ -380,6 +398,18 @@ class Liveness:
                 )
                 if names
             ]
+            other_prints = set().union(*(await store.live("prints")).values())
+            marks = (mark.rpartition("@") for mark in other_prints)
+            differing = sorted(
+                {name for name, _, fp in marks if name in self.prints and fp != self.prints[name]}
+            )
+            if differing:
+                log.warning(
+                    "sink(s) %s: other workers have a sink of that name configured otherwise "
+                    "(another URL, table or key; is this worker's --config another one?); "
+                    "deliveries queued by them are left to them",
+                    ", ".join(differing),
+                )
             if lacking:
                 log.warning(
                     "%s: served by other workers or named by queued jobs, but this worker "
@@ -389,7 +419,7 @@ class Liveness:
                 )
             self._looked_for_lacking = True
         ttl_s = 3 * self.accounts_every_s + 5
-        await store.publish(self._served_as, accounts, ttl_s, self.sinks)
+        await store.publish(self._served_as, accounts, ttl_s, self.sinks, self.prints)
 
     async def reap(self, now_ms: int) -> list[tuple[str, int, int]]:
         """Release what every dead worker holds: ``(worker id, locks, watches)`` each."""

@@ -122,6 +122,7 @@ def build_workers(
         claimed=worker_id is not None,
         accounts=accounts_of(settings),
         sinks=frozenset(settings.sinks),
+        prints={name: config.fingerprint() for name, config in settings.sinks.items()},
         accounts_every_s=w.health_check_interval_s,
     )
     shared = Shared(redis, transport=extra.pop("provider_transport", None), liveness=liveness)
