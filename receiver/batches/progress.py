@@ -21,7 +21,7 @@ import orjson
 from redis.asyncio import Redis
 
 from receiver.queue.enqueue import PUT_JOB_LUA, QueuedJob
-from receiver.queue.jobs import DeliverJob
+from receiver.queue.jobs import FETCH_BATCH, STATE_VERSION, DeliverJob, check_state_version
 
 __all__ = [
     "BATCH_INDEX_KEY",
@@ -175,6 +175,7 @@ class BatchState:
     async def load(self, sinks: list[str]) -> BatchProgress:
         raw = await self.redis.hgetall(self.key)  # type: ignore[misc]
         state = {k.decode(): v.decode() for k, v in raw.items()}
+        check_state_version(FETCH_BATCH, state.get("v"))  # begun by a newer nopoll?
         bounds = state.get("cs")
         return BatchProgress(
             bounds=ChunkBounds.decode(bounds) if bounds else None,
@@ -190,6 +191,7 @@ class BatchState:
             bounds = ChunkBounds(bounds)
         now = time.time()
         async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self.key, "v", str(STATE_VERSION))
             pipe.hsetnx(self.key, "cs", bounds.encode())
             pipe.hsetnx(self.key, "t0", f"{now:.3f}")
             pipe.zadd(BATCH_INDEX_KEY, {self.key: now}, nx=True)

@@ -41,6 +41,8 @@ __all__ = [
     "JOB_GRACE_S",
     "PAYLOAD_VERSION",
     "PUSHED_VERSION",
+    "READS",
+    "STATE_VERSION",
     "CallbackJob",
     "DeliverJob",
     "FetchBatch",
@@ -55,6 +57,7 @@ __all__ = [
     "Poll",
     "QueuedJob",
     "batch_job_id",
+    "check_state_version",
     "fetch_from_job_id",
     "fetch_payload",
     "job_spec",
@@ -103,21 +106,41 @@ PUSHED_VERSION = 2
 (``pushed``): a worker that reads only version 1 keeps it as a dead letter naming the
 version, never lands it without the object."""
 _READS_VERSIONS = frozenset({PAYLOAD_VERSION, PUSHED_VERSION})
+STATE_VERSION = 1
+"""The version of the batch progress this code writes (its hash's ``v``; none: 1)."""
+_READS_STATE_VERSIONS = frozenset({STATE_VERSION})
+READS = frozenset(
+    {f"job:{v}" for v in _READS_VERSIONS} | {f"state:{v}" for v in _READS_STATE_VERSIONS}
+)
+"""What this code reads, as the marks a worker publishes (:attr:`PayloadVersionError.mark`):
+a worker that cannot read a job hands it to a live one that can."""
 
 
 class PayloadVersionError(ValueError):
-    """A job's payload is of a version this worker cannot read (queued by a newer one):
-    the job is kept as a dead letter that names the version, to replay once every worker
-    reads it."""
+    """A job's payload (or its batch's progress, ``what="state"``) is of a version this
+    worker cannot read, written by a newer nopoll: the job is handed to a live worker that
+    reads it, else kept as a dead letter naming the version (docs/reliability.md)."""
 
-    def __init__(self, function: str, version: object) -> None:
+    def __init__(self, function: str, version: object, what: str = "job") -> None:
+        reads = _READS_VERSIONS if what == "job" else _READS_STATE_VERSIONS
+        noun = "payload" if what == "job" else "batch progress"
         super().__init__(
-            f"{function} payload version {version!r} is not one this worker reads "
-            f"(it reads {', '.join(map(str, sorted(_READS_VERSIONS)))}): queued by a newer "
+            f"{function} {noun} version {version!r} is not one this worker reads "
+            f"(it reads {', '.join(map(str, sorted(reads)))}): written by a newer "
             "nopoll? replay the dead letter once every worker is upgraded"
         )
         self.function = function
         self.version = version
+        self.mark = f"{what}:{version}"
+        """The :data:`READS` mark a worker that reads it publishes."""
+
+
+def check_state_version(function: str, stored: str | None) -> None:
+    """Raise :class:`PayloadVersionError` when a batch's stored progress version (None:
+    1) is not one this code reads."""
+    version: object = 1 if stored is None else (int(stored) if stored.isdigit() else stored)
+    if version not in _READS_STATE_VERSIONS:
+        raise PayloadVersionError(function, version, "state")
 
 
 def _unversioned(function: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 
 from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
 from receiver.config.settings import Settings
-from receiver.queue.jobs import JOBS, parse_job_id
+from receiver.queue.jobs import JOBS, READS, parse_job_id
 from receiver.redis.connector import RedisConnector
 from receiver.watches.scripts import WATCH_OF
 from receiver.watches.store import held_watches_key
@@ -162,6 +162,7 @@ class ServedAccounts:
             "accounts": sorted(accounts),
             "sinks": sorted(sinks),
             "prints": sorted(f"{name}@{fp}" for name, fp in (prints or {}).items()),
+            "reads": sorted(READS),
         }
         await self.redis.hset(SERVED_KEY, process, orjson.dumps(entry).decode())  # type: ignore[misc]
 
@@ -190,6 +191,11 @@ class ServedAccounts:
     async def served(self, account: str) -> bool:
         """Whether a live worker process serves ``account``."""
         return any(account in accounts for accounts in (await self.live()).values())
+
+    async def reads(self, mark: str) -> bool:
+        """Whether a live worker process reads what ``mark`` names (``job:<version>``,
+        ``state:<version>``: :data:`~receiver.queue.jobs.READS`)."""
+        return any(mark in reads for reads in (await self.live("reads")).values())
 
     async def serves_sink(self, sink: str, fingerprint: str | None = None) -> bool:
         """Whether a live worker process has a sink named ``sink`` (with this config

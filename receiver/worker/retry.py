@@ -25,6 +25,7 @@ from receiver.metrics import Metrics
 from receiver.queue._arq import RETRY_KEY, Retry
 from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetter, DeadLetters
 from receiver.queue.jobs import PayloadVersionError, job_spec
+from receiver.worker.liveness import ServedAccounts
 from receiver.worker.state import WorkerState
 
 __all__ = [
@@ -93,7 +94,7 @@ async def hand_over(ctx: dict[str, Any], function: str) -> dict[str, Any]:
     job_id = ctx.get("job_id")
     if job_id:
         await state.redis.decr(RETRY_KEY + str(job_id))
-    log.debug("%s left to a worker that has its provider or sink", function)
+    log.debug("%s left to another worker (one that has its provider, sink or version)", function)
     interval = state.settings.worker.health_check_interval_s
     raise Retry(defer=min(5.0, interval) * random.uniform(0.5, 1.0))
 
@@ -150,7 +151,10 @@ async def _guard(
             return await retry_or_give_up(ctx, function, kwargs, error)
     except Retry:
         raise
-    except PayloadVersionError as exc:  # queued by a newer version: kept until it is read
+    except PayloadVersionError as exc:  # written by a newer nopoll: to a worker that reads it
+        if await ServedAccounts(ctx["state"].redis).reads(exc.mark):
+            _say_unread(ctx["state"], function, exc)
+            return await hand_over(ctx, function)
         return await dead_letter(ctx, function, kwargs, str(exc))
     except (RedisError, OSError) as exc:
         # Redis went away mid-job: run it again later. Nothing it did is lost: a rewrite
@@ -161,6 +165,18 @@ async def _guard(
     except Exception as exc:  # a bug of ours or an object we cannot handle: keep the work
         log.exception("%s failed unexpectedly", function)
         return await dead_letter(ctx, function, kwargs, f"{type(exc).__name__}: {exc}"[:500])
+
+
+_UNREAD: set[str] = set()
+
+
+def _say_unread(state: WorkerState, function: str, exc: PayloadVersionError) -> None:
+    """Count (``handed_back``) and log, once per version then at debug, a job left to a
+    worker that reads its version (a rolling upgrade: a newer worker queued it)."""
+    state.metrics.count_job(function, "handed_back")
+    level = logging.DEBUG if exc.mark in _UNREAD else logging.WARNING
+    _UNREAD.add(exc.mark)
+    log.log(level, "%s; a live worker reads it: left to it", str(exc).partition(":")[0])
 
 
 def handles(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
