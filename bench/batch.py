@@ -293,17 +293,35 @@ from receiver.runtime import redis_for
 from receiver.worker.gc_policy import job_gc
 from receiver.worker.state import build_state
 
-async def main(settings, redis, pairs):
+def status_mb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+async def main(settings, redis, pairs, one_after_another):
     state = build_state(settings, redis, Metrics())
+
+    def run(provider, batch_id):
+        return state.batch_runner.run(
+            state.dialect(provider, "default"), provider=provider, batch_id=batch_id,
+            event_id=None, received_at=now_rfc3339(), force=True,
+        )
+
     try:
         started = time.monotonic()
-        outcomes = await asyncio.gather(*(
-            state.batch_runner.run(
-                state.dialect(provider, "default"), provider=provider, batch_id=batch_id,
-                event_id=None, received_at=now_rfc3339(), force=True,
-            )
-            for provider, batch_id in pairs
-        ))
+        if one_after_another:  # as one worker takes them: each batch's own high-water mark
+            outcomes = []
+            for provider, batch_id in pairs:
+                outcomes.append(await run(provider, batch_id))
+                print(
+                    f"after {provider}: {outcomes[-1].rows} rows, peak RSS so far "
+                    f"{status_mb('VmHWM'):.0f} MB, RSS now {status_mb('VmRSS'):.0f} MB",
+                    flush=True,
+                )
+        else:
+            outcomes = await asyncio.gather(*(run(p, b) for p, b in pairs))
         elapsed = time.monotonic() - started
     finally:
         await state.aclose()
@@ -311,23 +329,32 @@ async def main(settings, redis, pairs):
     print(f"{rows} rows in {elapsed:.1f} s")
 
 settings = load_settings(sys.argv[1])
-pairs = [tuple(a.split("=", 1)) for a in sys.argv[2:]]
+one_after_another = "--one-after-another" in sys.argv
+pairs = [tuple(a.split("=", 1)) for a in sys.argv[2:] if not a.startswith("--")]
 with redis_for(settings) as redis, job_gc():
-    asyncio.run(main(settings, redis, pairs))
+    asyncio.run(main(settings, redis, pairs, one_after_another))
 """
 
 
-def run_concurrent(config: Path, pairs: list[tuple[str, str]]) -> tuple[int, float, float]:
+def run_concurrent(
+    config: Path, pairs: list[tuple[str, str]], one_after_another: bool = False
+) -> tuple[int, float, float]:
     """Several batches at once in one fresh process, the way one worker runs them (one
-    state, one batch runner): (rows, seconds, peak RSS MB)."""
+    state, one batch runner): (rows, seconds, peak RSS MB). ``one_after_another``: each
+    after the previous one, printing the peak RSS after each."""
     args = [f"{provider}={batch_id}" for provider, batch_id in pairs]
+    if one_after_another:
+        args.append("--one-after-another")
     proc = subprocess.Popen(
         [sys.executable, *_python(_CONCURRENT), str(config), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     out, _ = proc.communicate(timeout=1800)
-    _, m = _finished(proc, out, r"(\d+) rows in ([\d.]+) s", "concurrent batches")
+    text, m = _finished(proc, out, r"(\d+) rows in ([\d.]+) s", "concurrent batches")
+    for line in text.splitlines():
+        if line.startswith("after "):
+            print(f"  {line}")
     return int(m.group(1)), float(m.group(2)), resource_of(proc)
 
 
@@ -391,6 +418,12 @@ def main() -> int:
         help="part 5: which dialects' batches, comma-separated (default: the first N)",
     )
     parser.add_argument(
+        "--one-after-another",
+        action="store_true",
+        help="part 5 runs its batches one after another in one process, as one worker "
+        "takes them, and prints the peak RSS after each",
+    )
+    parser.add_argument(
         "--parts",
         default="1,2,3,4,5",
         help="which parts to run (1 and 2 go together; default all)",
@@ -452,10 +485,13 @@ def main() -> int:
                 chosen = args.dialects.split(",") if args.dialects else list(ids)
                 pairs = [(f"bench_{d}", ids[d]) for d in chosen[: args.concurrent]]
                 asyncio.run(_drop("bench_batch_rows"))
-                rows, seconds, rss = run_concurrent(config, pairs)
                 names = ", ".join(p.removeprefix("bench_") for p, _ in pairs)
+                if args.one_after_another:
+                    print(f"{len(pairs)} batches one after another in one process ({names}):")
+                rows, seconds, rss = run_concurrent(config, pairs, args.one_after_another)
+                how = "one after another" if args.one_after_another else "at once"
                 print(
-                    f"{len(pairs)} batches at once in one process ({names}): {rows:,} rows in "
+                    f"{len(pairs)} batches {how} in one process ({names}): {rows:,} rows in "
                     f"{seconds:.1f} s ({rows / seconds:,.0f} rows/s), peak RSS {rss:.0f} MB"
                     "   (target near 150 MB)"
                 )
