@@ -227,7 +227,7 @@ async def test_a_batch_chunks_in_job_retries_wait_by_the_helper(
         -1,
         state,  # type: ignore[arg-type]
         settings=settings,
-        fanout=SimpleNamespace(sinks={"lake": sink}),  # type: ignore[arg-type]
+        fanout=SimpleNamespace(sinks={"lake": sink}, fingerprints={}),  # type: ignore[arg-type]
         dead_letters=None,  # type: ignore[arg-type]
         metrics=None,  # type: ignore[arg-type]
     )
