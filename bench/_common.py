@@ -202,13 +202,53 @@ def machine_cpu() -> tuple[float, float]:
     return (sum(ticks) - idle) / hz, sum(ticks) / hz
 
 
-def load_note() -> str:
-    """The machine's load average and core count, to judge how noisy a run was."""
+def load_note(sample_s: float = 0.5) -> str:
+    """The machine's load average and core count, and what else was busy on the cores
+    over ``sample_s`` (the processes outside this bench's own tree above 5 % of a core),
+    to judge how noisy a run was: a figure from a busy machine is never a quiet one's."""
     try:
         one, five, _ = os.getloadavg()
     except OSError:
         return "load average unknown"
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+    note = f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+    busy = busy_elsewhere(sample_s)
+    others = ", ".join(f"{name} {share:.0f} %" for name, share in busy[:4]) or "nothing"
+    return f"{note}; busy besides this bench: {others}"
+
+
+def _cpu_ticks() -> dict[int, tuple[str, int, int]]:
+    """Every process's (name, parent pid, utime + stime ticks), from /proc."""
+    found: dict[int, tuple[str, int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        fields = text[text.rfind(")") + 2 :].split()
+        found[int(entry.name)] = (name, int(fields[1]), int(fields[11]) + int(fields[12]))
+    return found
+
+
+def busy_elsewhere(sample_s: float = 0.5) -> list[tuple[str, float]]:
+    """The processes outside this one's tree that used more than 5 % of a core over
+    ``sample_s``, busiest first, as (name, percent of one core)."""
+    before = _cpu_ticks()
+    time.sleep(sample_s)
+    after = _cpu_ticks()
+    ours = {os.getpid()}
+    for _ in range(8):  # this process's descendants: the bench's own servers
+        ours |= {pid for pid, (_, parent, _) in after.items() if parent in ours}
+    hz = os.sysconf("SC_CLK_TCK")
+    shares: dict[str, float] = {}
+    for pid, (name, _, ticks) in after.items():
+        if pid in ours or pid not in before:
+            continue
+        share = (ticks - before[pid][2]) / hz / sample_s * 100
+        shares[name] = shares.get(name, 0.0) + share
+    return sorted(((n, v) for n, v in shares.items() if v > 5), key=lambda x: -x[1])
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

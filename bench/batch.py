@@ -582,4 +582,10 @@ async def _drop(table: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import load_note
+
+    print(f"machine before: {load_note()}", flush=True)
+    code = main()
+    print(f"machine after: {load_note()}")
+    sys.exit(code)

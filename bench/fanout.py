@@ -182,4 +182,10 @@ def report(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import load_note
+
+    print(f"machine before: {load_note()}", flush=True)
+    code = main()
+    print(f"machine after: {load_note()}")
+    sys.exit(code)
