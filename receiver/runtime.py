@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
 import time
@@ -38,7 +39,7 @@ from receiver.config.describe import describe
 from receiver.config.settings import Settings
 from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
-from receiver.queue._arq import stop_workers, wait_stopped
+from receiver.queue._arq import settle_cancelled, stop_workers, wait_stopped, where
 from receiver.queue.enqueue import HEALTH_CHECK_KEY
 from receiver.redis import RedisConnector, RedisLink, redis_settings_problems
 from receiver.responses import json_answer
@@ -360,4 +361,24 @@ def run(
     if health is not None and worker:
         _check_listen(*health, "--health-port")
     with redis_for(settings) as connector:
-        runner(_run(settings, connector, roles))
+        runner(_run_and_settle(settings, connector, roles))
+
+
+async def _run_and_settle(settings: Settings, connector: RedisConnector, roles: _Roles) -> None:
+    """:func:`_run`, then every task left over cancelled and waited for here, its cancel sent
+    again if Python 3.11 lost it: the loop's own final cancel is sent once and waited for
+    without a bound, so one lost cancel kept a stopping process alive (seen in CI: a worker
+    refusing an evicting Redis said "shutting down" and never exited). A task that still
+    runs after 10 s is logged with where it stands, and the process exits without it."""
+    try:
+        await _run(settings, connector, roles)
+    finally:
+        current = asyncio.current_task()
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        await settle_cancelled(leftover, 10.0)
+        stuck = [t for t in leftover if not t.done()]
+        for task in stuck:
+            log.error("task %s did not end when cancelled (at %s)", task.get_name(), where(task))
+        if stuck:  # the loop would wait for them for ever
+            logging.shutdown()
+            os._exit(1)

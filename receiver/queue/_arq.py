@@ -724,8 +724,13 @@ async def wait_stopped(
             if idle and w.main_task is not None and not w.main_task.done():
                 w.main_task.cancel()
     for task in pending:  # said where it stood: a stop that hangs must be found
-        frames = task.get_stack(limit=6)
-        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames)
-        log.warning("%s did not stop within %.0f s (at %s)", task.get_name(), limit_s, where)
-        task.cancel()
-    return await asyncio.gather(*tasks, return_exceptions=True)
+        log.warning("%s did not stop within %.0f s (at %s)", task.get_name(), limit_s, where(task))
+    await settle_cancelled(list(pending), 5.0)  # a lost cancel is sent again, for 5 s at most
+    return [
+        (t.exception() or t.result()) if t.done() and not t.cancelled() else None for t in tasks
+    ]
+
+
+def where(task: asyncio.Task[Any]) -> str:
+    """Where ``task`` is suspended: its innermost frames, for a log line."""
+    return " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in task.get_stack(limit=6))
