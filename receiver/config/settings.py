@@ -348,6 +348,7 @@ class Settings(ConfigModel):
         check_tenant_names(self.tenants, set(self.providers))
         if self.tenants and not self.tenant_keys:
             raise ValueError("tenants need tenant_keys (the keys that sign their endpoints)")
+        _check_tenant_keys(self)
         known = {*self.tenants, DEFAULT_TENANT}
         for i, consumer in enumerate(self.consumer_tokens):
             if consumer.tenant is not None and consumer.tenant not in known:
@@ -510,6 +511,35 @@ def _checked(values: list[SecretStr], info: ValidationInfo) -> list[str]:
 def _canonical(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     """Where a key of the file lives in :class:`Settings` (``redis_url`` is ``redis.url``)."""
     return ("redis", "url", *loc[1:]) if loc[:1] == ("redis_url",) else loc
+
+
+def _check_tenant_keys(settings: Settings) -> None:
+    """Refuse a tenant account whose api_key is the provider's own or another tenant's at
+    that provider: it could fetch the other's results (a replayed callback of theirs sent
+    to its endpoint lands under it). Names both keys, never the value."""
+    for provider, config in settings.providers.items():
+        own = f"providers.{provider}.api_key"
+        holders: dict[str, str] = {}
+        if config.api_key is not None and config.api_key.get_secret_value():
+            holders[config.api_key.get_secret_value()] = own
+        for tenant, tenant_config in settings.tenants.items():
+            account = tenant_config.providers.get(provider)
+            key = account.api_key.get_secret_value() if account and account.api_key else ""
+            if not key:
+                continue
+            here = f"tenants.{tenant}.providers.{provider}.api_key"
+            if key in holders:
+                other = holders[key]
+                said = (
+                    f"the provider's own api_key ({own})"
+                    if other == own
+                    else f"the same key as {other}"
+                )
+                raise ValueError(
+                    f"{here}: {said}: a tenant's account needs a key of its own, or it could "
+                    "read the other's results"
+                )
+            holders[key] = here
 
 
 def _rebased(settings: Settings, base: Path) -> Settings:

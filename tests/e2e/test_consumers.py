@@ -26,14 +26,16 @@ def consumer_stack(make_settings, redis_url, provider_sim, pg_url, pg_table, tmp
     """Factory for (settings, sim): Postgres + JSONL sinks, consumer tokens, two tenants."""
 
     def make(**overrides):
-        sim = provider_sim(api_key=KEY)
+        sim = provider_sim(api_key=[KEY, *(f"{KEY}-{t}" for t in ("team-a", "team-b"))])
         sinks = {
             "warehouse": {"type": "sql", "url": pg_url, "table": pg_table},
             "files": {"type": "jsonl", "dir": str(tmp_path / "results")},
         }
         raw = {
             "consumer_tokens": [{"token": TOKEN}, {"token": TOKEN_A, "tenant": "team-a"}],
-            "tenants": {t: {"providers": {"sim": {"api_key": KEY}}} for t in ("team-a", "team-b")},
+            "tenants": {
+                t: {"providers": {"sim": {"api_key": f"{KEY}-{t}"}}} for t in ("team-a", "team-b")
+            },
             "tenant_keys": ["k" * 40],
             "batch": {"chunk_size": 20},
             **overrides,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -272,11 +273,14 @@ async def two_tenants(make_settings, redis_url):
     worker: replayed work stays queued) with tenants ``team-a`` and ``team-b``, each with
     a consumer token of its own, and each with a running and a finished batch, a
     watch and a dead letter; the default tenant has a dead letter too."""
-    account = {"providers": {"sim": {"api_key": "sk-test-tenant-key"}}}
+
+    def account(tenant: str) -> dict[str, Any]:
+        return {"providers": {"sim": {"api_key": f"sk-test-{tenant}-key"}}}
+
     settings = make_settings(
         redis_url=redis_url,
         admin_tokens=[ADMIN],
-        tenants={"team-a": account, "team-b": account},
+        tenants={"team-a": account("team-a"), "team-b": account("team-b")},
         tenant_keys=["tenant-key-0123456789abcdef0123456789"],
         consumer_tokens=[
             {"token": TEAM_A, "tenant": "team-a"},

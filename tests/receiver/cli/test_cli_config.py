@@ -252,3 +252,58 @@ def test_redacted_needs_no_tenant_key_or_token_in_the_environment(tmp_path: Path
     )
     assert lenient.returncode == 2
     assert "a tenant key must be at least 32 characters long" in lenient.stderr
+
+
+SHARED_KEYS = """
+redis_url: '{redis}'
+data_dir: {data}
+providers:
+  sim:
+    dialect: openai
+    base_url: http://127.0.0.1:9/v1
+    api_key: ${PROVIDER_KEY}
+    webhook_secrets: ['whsec_c2VjcmV0LWZvci10aGUtc2hhcmVkLWtleS10ZXN0']
+tenants:
+  team-a:
+    providers:
+      sim: {api_key: "${TEAM_A_KEY}"}
+  team-b:
+    providers:
+      sim: {api_key: "${TEAM_B_KEY}"}
+tenant_keys: ['0123456789abcdef0123456789abcdef']
+"""
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        (
+            {"TEAM_A_KEY": "sk-PROVIDERSECRET", "TEAM_B_KEY": "sk-team-b-own"},
+            "tenants.team-a.providers.sim.api_key: the provider's own api_key",
+        ),
+        (
+            {"TEAM_A_KEY": "sk-team-shared", "TEAM_B_KEY": "sk-team-shared"},
+            "tenants.team-b.providers.sim.api_key: the same key as tenants.team-a",
+        ),
+    ],
+    ids=["the-providers-key", "another-tenants-key"],
+)
+def test_a_tenant_account_with_a_key_it_shares_is_refused(
+    tmp_path: Path, redis_url: str, keys: dict[str, str], expected: str
+) -> None:
+    """A tenant whose account key is the provider's own (or another tenant's) could fetch
+    the other's results with a replayed callback: `config check` refuses it, naming both
+    keys and printing neither."""
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(
+        SHARED_KEYS.replace("{data}", str(tmp_path / "data")).replace("{redis}", redis_url)
+    )
+    own = {"PROVIDER_KEY": "sk-PROVIDERSECRET", "TEAM_A_KEY": "sk-a", "TEAM_B_KEY": "sk-b"}
+    ok = nopoll("config", "check", "--config", str(config), env=bare_env(**own), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # each its own key: fine
+    env = bare_env(**{**own, **keys})
+    check = nopoll("config", "check", "--config", str(config), env=env, cwd=tmp_path)
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert expected in check.stderr, check.stderr
+    assert "PROVIDERSECRET" not in check.stdout + check.stderr
+    assert "sk-team-shared" not in check.stdout + check.stderr
