@@ -92,7 +92,7 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
             else "no callbacks (no webhook_secrets)"
         )
         print(
-            f"  provider {name}: dialect {p.dialect}, {p.base_url}, "
+            f"  provider {name}: dialect {p.dialect}, {redact_url(p.base_url)}, "
             f"{callbacks}, tolerance {p.tolerance_s}s"
         )
     for name, s in settings.sinks.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from receiver.config.settings import Settings
+from receiver.config.settings import Settings, redact_url
 from receiver.redis.connector import RedisConnector
 
 __all__ = ["describe"]
@@ -81,9 +81,8 @@ def describe(
             if p.rate_limit_rps is not None
             else ""
         )
-        lines.append(
-            f"provider {name} ({p.dialect}): {callbacks}; fetches from {p.base_url}{budget}"
-        )
+        base = redact_url(p.base_url)
+        lines.append(f"provider {name} ({p.dialect}): {callbacks}; fetches from {base}{budget}")
     for name, sink in settings.sinks.items():
         where = sink.location()
         lines.append(f"sink {name}: {sink.type}" + (f" -> {where}" if where else ""))

@@ -42,7 +42,8 @@ __all__ = [
 _M = TypeVar("_M", bound=BaseModel)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_NAME = re.compile(
-    r"secret|passw|token|api_?key|credential|authorization|(^|_)keys?$", re.IGNORECASE
+    r"secret|passw|token|api[-_]?key|credential|authorization|(^|[-_])keys?$|^sig(nature)?$",
+    re.IGNORECASE,
 )
 
 Loc = tuple[str | int, ...]

@@ -307,3 +307,22 @@ def test_a_tenant_account_with_a_key_it_shares_is_refused(
     assert expected in check.stderr, check.stderr
     assert "PROVIDERSECRET" not in check.stdout + check.stderr
     assert "sk-team-shared" not in check.stdout + check.stderr
+
+
+def test_a_base_urls_key_and_signature_in_its_query_are_never_printed(tmp_path: Path) -> None:
+    """Some providers take the key or a signature in the query (`?api-key=`, `?sig=`):
+    neither `config check` nor `--redacted` prints their values."""
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(
+        f"data_dir: {tmp_path / 'data'}\nproviders:\n  az:\n    dialect: openai\n"
+        "    base_url: https://az.example/openai/v1?api-version=2025&api-key=QUERYKEYVALUE"
+        "&sig=QUERYSIGVALUE\n"
+    )
+    for extra in ((), ("--redacted",)):
+        result = nopoll(
+            "config", "check", *extra, "--config", str(config), env=bare_env(), cwd=tmp_path
+        )
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out
+        assert "QUERYKEYVALUE" not in out and "QUERYSIGVALUE" not in out, out
+        assert "api-version=2025" in out  # what is not secret is shown
