@@ -187,7 +187,7 @@ class WebhookEndpoint:
         if self._limits is not None:
             if tenant == DEFAULT_TENANT:  # a tenant's address was counted by tenant()
                 self._limits.check_client(client_address(scope))
-            self._limits.check_provider(provider)
+            self._limits.check_provider(provider, tenant)
         if verifier is None:
             if provider in self._pushes:
                 return await self._push(provider, tenant, scope, receive)

@@ -1,7 +1,7 @@
 """Rate limits on the webhook route, per client address and per provider (off by default).
 
-With ``api.client_rps`` (or ``api.provider_rps``) set, an address (a provider's route)
-sending more than that in a sliding one-second window gets ``429`` with ``Retry-After``
+With ``api.client_rps`` (or ``api.provider_rps``) set, an address (a provider's route of
+one tenant) sending more than that in a sliding one-second window gets ``429`` with ``Retry-After``
 before its body is read, and its connection is closed. The counters are the ``limits``
 package's, in this process's memory: each API process limits on its own. The address is
 the peer, or ``X-Forwarded-For`` from ``api.trusted_proxies``; one that is not an IP
@@ -52,12 +52,16 @@ class WebhookLimits:
         if self._client is not None and not self._limiter.hit(self._client, "c", client):
             self._refuse(self._client, ("c", client), "this address", self._client.amount)
 
-    def check_provider(self, provider: str) -> None:
-        """Count this request against its provider; Reply(429) when over the limit."""
-        if self._provider is not None and not self._limiter.hit(self._provider, "p", provider):
-            self._refuse(self._provider, ("p", provider), "this provider", self._provider.amount)
+    def check_provider(self, provider: str, tenant: str) -> None:
+        """Count this request against its endpoint (the provider's route of ``tenant``: junk
+        sent to one tenant's endpoint spends nobody else's); Reply(429) when over."""
+        if self._provider is None:
+            return
+        key = ("p", provider, tenant)
+        if not self._limiter.hit(self._provider, *key):
+            self._refuse(self._provider, key, "this provider", self._provider.amount)
 
-    def _refuse(self, item: RateLimitItemPerSecond, key: tuple[str, str], who: str, n: int) -> None:
+    def _refuse(self, item: RateLimitItemPerSecond, key: tuple[str, ...], who: str, n: int) -> None:
         reset = self._limiter.get_window_stats(item, *key).reset_time
         wait = max(1, math.ceil(reset - time.time()))
         raise Reply(

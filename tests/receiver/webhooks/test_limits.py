@@ -127,3 +127,26 @@ async def test_forged_tenant_tokens_are_counted_against_their_address_first(
         text = metrics.render().decode()
         # before its token is checked, a refused request has no known provider
         assert 'nopoll_callbacks_total{outcome="rate_limited",provider="unknown"}' in text
+
+
+async def test_junk_to_one_tenants_endpoint_leaves_the_others_provider_budget_alone(
+    make_settings, redis_url, signed_callback, webhook_secret
+):
+    """``api.provider_rps`` is counted per endpoint: a team holding its own endpoint that
+    floods it with unsigned junk gets 429 there, and the default tenant's genuine callbacks
+    to the same provider still get 202."""
+    team = {"providers": {"sim": {"api_key": "sk-team-a", "webhook_secrets": [webhook_secret]}}}
+    settings = make_settings(
+        redis_url=redis_url,
+        api={"provider_rps": 4},
+        tenant_keys=["tenant-key-" + "k" * 32],
+        tenants={"team-a": team},
+    )
+    own = endpoint_path(endpoint_token(settings, "team-a", "sim"))
+    async with running_api(settings, redis_url) as (base, _):
+        async with _client(base, "127.0.0.10") as team_a, _client(base, "127.0.0.11") as other:
+            await _at_the_start_of_a_second()
+            junk = [(await team_a.post(own, content=b"{}")).status_code for _ in range(12)]
+            answers = await _send(other, signed_callback, 3, "resp_default")
+        assert 429 in junk, junk
+        assert [r.status_code for r in answers] == [202] * 3, [r.text for r in answers]
