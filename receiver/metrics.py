@@ -16,7 +16,10 @@ from prometheus_client.registry import Collector
 
 from nopoll.envelope import Envelope
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "MAX_MODELS", "Metrics"]
+
+MAX_MODELS = 100
+"""Model names one process labels ``nopoll_tokens`` with; later ones count as ``other``."""
 
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -39,6 +42,7 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self._per_request: dict[tuple[str, int | None], tuple[Any, Any]] = {}
         self._per_model: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._models: set[str] = set()
         self._per_job: dict[tuple[str, str], Any] = {}
         self.callbacks = _counter(
             r, "nopoll_callbacks", "Callbacks by provider and outcome", "provider", "outcome"
@@ -137,6 +141,18 @@ class Metrics:
             child = self._per_job[(function, outcome)] = self.jobs.labels(function, outcome)
         child.inc()
 
+    def _model(self, model: str | None) -> str:
+        """The ``model`` label of a model name: the provider's words, so the first
+        :data:`MAX_MODELS` names this process meets keep their own series (and Redis
+        activity field) and every later one is counted as ``other``."""
+        name = (model or "unknown")[:100]
+        if name in self._models:
+            return name
+        if len(self._models) >= MAX_MODELS:
+            return "other"
+        self._models.add(name)
+        return name
+
     def count_tokens(self, envelopes: Iterable[Envelope]) -> None:
         """Add the usage of landed results to ``nopoll_tokens``: summed first, so a batch
         chunk costs one increment per model and direction, not one per row."""
@@ -144,7 +160,7 @@ class Metrics:
         for env in envelopes:
             if env.input_tokens is None and env.output_tokens is None:
                 continue
-            key = (env.provider, (env.model or "unknown")[:100], env.tenant, env.kind)
+            key = (env.provider, self._model(env.model), env.tenant, env.kind)
             both = sums.get(key)
             if both is None:
                 both = sums[key] = [0, 0]
@@ -153,8 +169,6 @@ class Metrics:
         for labels, (inputs, outputs) in sums.items():
             pair = self._per_model.get(labels)
             if pair is None:
-                if len(self._per_model) >= 10_000:  # models are the provider's words
-                    self._per_model.clear()
                 pair = self._per_model[labels] = (
                     self.tokens.labels(*labels, "input"),
                     self.tokens.labels(*labels, "output"),

@@ -62,3 +62,21 @@ def test_results_without_usage_count_nothing() -> None:
     body = {**make_response("resp_2"), "usage": None}
     metrics.count_tokens([envelope_from_response(body, provider="sim", received_at=RECEIVED)])
     assert _tokens(metrics) == {}
+
+
+def test_provider_chosen_model_names_are_capped_and_folded_into_other() -> None:
+    """A provider answering with a new model name for every result grows neither the
+    series nor the activity fields past MAX_MODELS: later names count as ``other``, and no
+    token is lost."""
+    from receiver.metrics import MAX_MODELS
+
+    metrics = Metrics()
+    fanout = FanOut({}, Router([], []), metrics)
+    for i in range(3 * MAX_MODELS):
+        body = make_response(f"r{i}", model=f"model-{i}")
+        fanout.route([envelope_from_response(body, provider="sim", received_at=RECEIVED)])
+    tokens = _tokens(metrics)
+    models = {model for _, model, *_ in tokens}
+    assert len(models) == MAX_MODELS + 1 and "other" in models
+    assert tokens[("sim", "other", "default", "response", "input")] == 2 * MAX_MODELS * 21.0
+    assert sum(v for k, v in tokens.items() if k[-1] == "input") == 3 * MAX_MODELS * 21.0
