@@ -166,7 +166,9 @@ async def drill(
                 await asyncio.sleep(2.0)
                 redis_set.restart(old_primary)  # back as a primary, until demoted
 
-        async with httpx.AsyncClient(timeout=5, limits=httpx.Limits(max_connections=64)) as http:
+        # a provider waits 15-30 s for an answer; 10 s leaves a loaded machine room while a
+        # blackholed primary costs the API its Redis socket timeouts (2 s each)
+        async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=64)) as http:
 
             async def send(i: int) -> None:
                 rid = f"resp_fo{i:06d}_{uuid.uuid4().hex[:6]}"
