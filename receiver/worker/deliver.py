@@ -19,6 +19,7 @@ from nopoll.envelope import Envelope
 from nopoll.exceptions import SinkError, SinkRejected, SinkRowsRejected
 from receiver.batches.progress import BatchState
 from receiver.journey.store import envelope_ids
+from receiver.logs import Throttle
 from receiver.queue.enqueue import put_job
 from receiver.queue.jobs import DELIVER, DeliverJob, rejection_text
 from receiver.worker.liveness import ServedAccounts
@@ -56,17 +57,17 @@ async def queue_retries(
         await put_job(state.redis, job, expiry_ms=settings.job_expiry_s * 1000)
 
 
-_SAID: set[str] = set()
+_DIFFERS = Throttle(log, every_s=60.0)
+"""A stray worker's hand-backs: one line per sink a minute."""
 
 
 def _say_differs(state: WorkerState, sink: str, job_id: object) -> None:
-    """Log (once per sink, then at debug) and count a delivery left for another worker
-    because this one's sink of that name is configured otherwise."""
+    """Count a delivery left for another worker because this one's sink of that name is
+    configured otherwise, and say so (one line per sink a minute)."""
     state.metrics.count_job(DELIVER, "handed_back")
-    level = logging.DEBUG if sink in _SAID else logging.WARNING
-    _SAID.add(sink)
-    log.log(
-        level,
+    _DIFFERS.log(
+        logging.WARNING,
+        sink,
         "sink %s here differs from the one delivery %s was queued for (another URL, table or "
         "key: is this worker started with another config?): left to a worker whose sink %s "
         "is that one",

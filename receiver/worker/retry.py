@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from receiver.logs import bind
+from receiver.logs import Throttle, bind
 from receiver.metrics import Metrics
 from receiver.queue._arq import RETRY_KEY, Retry
 from receiver.queue.deadletter import REPLAY_PREFIX, DeadLetter, DeadLetters
@@ -167,16 +167,20 @@ async def _guard(
         return await dead_letter(ctx, function, kwargs, f"{type(exc).__name__}: {exc}"[:500])
 
 
-_UNREAD: set[str] = set()
+_UNREAD = Throttle(log, every_s=60.0)
+"""Jobs left to a worker that reads their version: one line per version a minute."""
 
 
 def _say_unread(state: WorkerState, function: str, exc: PayloadVersionError) -> None:
-    """Count (``handed_back``) and log, once per version then at debug, a job left to a
+    """Count (``handed_back``) and say (one line per version a minute) a job left to a
     worker that reads its version (a rolling upgrade: a newer worker queued it)."""
     state.metrics.count_job(function, "handed_back")
-    level = logging.DEBUG if exc.mark in _UNREAD else logging.WARNING
-    _UNREAD.add(exc.mark)
-    log.log(level, "%s; a live worker reads it: left to it", str(exc).partition(":")[0])
+    _UNREAD.log(
+        logging.WARNING,
+        exc.mark,
+        "%s; a live worker reads it: left to it",
+        str(exc).partition(":")[0],
+    )
 
 
 def handles(function: str, *log_fields: str) -> Callable[[_Job], _Job]:
