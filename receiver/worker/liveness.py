@@ -96,8 +96,9 @@ async def claim_identity(redis: Redis, wanted: str, *, dead_after_s: float = DEA
     when Redis cannot be asked: the caller then runs under a random id."""
     key = process_key(wanted)
     host = _this_host()
-    previous = await redis.getset(key, f"{host}/{os.getpid()}/{time.time():.3f}")
-    await redis.expire(key, _PROCESS_TTL_S)
+    previous = await redis.set(
+        key, f"{host}/{os.getpid()}/{time.time():.3f}", ex=_PROCESS_TTL_S, get=True
+    )
     if previous is None:
         return wanted
     was_host, _, rest = previous.decode(errors="replace").partition("/")
@@ -172,18 +173,28 @@ class ServedAccounts:
     async def live(self, what: str = "accounts") -> dict[str, set[str]]:
         """What every live process serves, by process id: its ``"accounts"`` or its
         ``"sinks"`` (stale entries dropped)."""
+        return {p: set(entry.get(what) or ()) for p, entry in (await self._entries()).items()}
+
+    async def of_all(self, *whats: str) -> dict[str, set[str]]:
+        """Each of ``whats`` (``"accounts"``, ``"sinks"``, ...) over every live process,
+        from one read."""
+        entries = (await self._entries()).values()
+        return {what: set().union(*(set(e.get(what) or ()) for e in entries)) for what in whats}
+
+    async def _entries(self) -> dict[str, dict[str, Any]]:
+        """Every live process's published entry (stale ones dropped)."""
         raw = await self.redis.hgetall(SERVED_KEY)  # type: ignore[misc]
         now, found, stale = time.time() * 1000, {}, []
-        for process, entry in raw.items():
+        for process, text in raw.items():
             try:
-                data = orjson.loads(entry)
-                until, served = float(data["until"]), set(data.get(what) or ())
-            except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
-                until, served = 0.0, set()
-            if until < now:
+                entry = orjson.loads(text)
+                until = float(entry["until"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                until, entry = 0.0, {}
+            if until < now or not isinstance(entry, dict):
                 stale.append(process)
             else:
-                found[process.decode()] = served
+                found[process.decode()] = entry
         if stale:
             await self.redis.hdel(SERVED_KEY, *stale)  # type: ignore[misc]
         return found
@@ -394,8 +405,8 @@ class Liveness:
         store = ServedAccounts(self.redis)
         if not self._looked_for_lacking:
             queued_accounts, queued_sinks = await _queued(self.redis)
-            others = set().union(*(await store.live()).values())
-            other_sinks = set().union(*(await store.live("sinks")).values())
+            served = await store.of_all("accounts", "sinks", "prints")
+            others, other_sinks = served["accounts"], served["sinks"]
             lacking = [
                 f"{what} {', '.join(sorted(names))}"
                 for what, names in (
@@ -404,8 +415,7 @@ class Liveness:
                 )
                 if names
             ]
-            other_prints = set().union(*(await store.live("prints")).values())
-            marks = (mark.rpartition("@") for mark in other_prints)
+            marks = (mark.rpartition("@") for mark in served["prints"])
             differing = sorted(
                 {name for name, _, fp in marks if name in self.prints and fp != self.prints[name]}
             )
