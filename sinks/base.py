@@ -63,20 +63,17 @@ class SinkConfig(BaseModel):
         (never kept): two workers whose sinks of one name differ in anything (another URL,
         table, key) have different fingerprints. A delivery carries its sink's, so a
         worker whose sink differs hands the delivery back (docs/reliability.md)."""
-        text = orjson.dumps(_plain(self), option=orjson.OPT_SORT_KEYS, default=str)
+        text = orjson.dumps(_plain(self.model_dump()), option=orjson.OPT_SORT_KEYS, default=str)
         return hashlib.sha256(text).hexdigest()[:16]
 
 
 def _plain(value: object) -> object:
-    """``value`` as JSON-able data for :meth:`SinkConfig.fingerprint`, secrets as digests."""
+    """A config's ``model_dump()`` as JSON-able data for :meth:`SinkConfig.fingerprint`,
+    its secrets as digests."""
     if isinstance(value, SecretStr | SecretBytes):
         secret = value.get_secret_value()
         raw = secret.encode() if isinstance(secret, str) else secret
         return "sha256:" + hashlib.sha256(raw).hexdigest()
-    if isinstance(value, BaseModel):
-        return {"": type(value).__name__} | {
-            name: _plain(getattr(value, name)) for name in type(value).model_fields
-        }
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):

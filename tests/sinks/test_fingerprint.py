@@ -28,6 +28,6 @@ def test_same_config_same_fingerprint_and_any_difference_another() -> None:
 def test_the_digested_text_holds_no_secret() -> None:
     """What the fingerprint digests names each secret by its own digest only."""
     config = _http(headers={"Authorization": "Bearer header-secret"})
-    plain = repr(_plain(config))
+    plain = repr(_plain(config.model_dump()))
     assert "s3cret-value" not in plain and "header-secret" not in plain
     assert plain.count("sha256:") == 2
