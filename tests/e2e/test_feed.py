@@ -18,7 +18,7 @@ import redis as redis_sync
 from receiver.config.settings import load_settings
 from receiver.feeds.store import ACCOUNT_FEED, feed_key
 from receiver.worker.liveness import process_key
-from tests.e2e.helpers import nopoll_submit, pg_rows, wait_for, wait_pg_rows
+from tests.e2e.helpers import nopoll_submit, pg_rows, run_nopoll, wait_for, wait_pg_rows
 from tests.s3_server import FAKE_CREDENTIALS
 from tests.servers import running_api
 
@@ -60,6 +60,12 @@ def _lines(path: Path, n: int) -> Path:
             f.write(orjson.dumps({"model": "m-1", "input": f"q {i}", "custom_id": f"q{i:05d}"}))
             f.write(b"\n")
     return path
+
+
+async def _watch(procs, config, ids: list[str], *extra: str):
+    """``nopoll watch`` of sim response ids that expect no poll (the feed lands them)."""
+    args = ["watch", "--config", str(config), "sim", "response", *ids, "--expect-callback"]
+    return await asyncio.to_thread(run_nopoll, *args, *extra, env=procs.env, timeout=60)
 
 
 async def test_a_submit_lands_through_the_stream_feed_with_no_request_per_result(
@@ -123,19 +129,7 @@ async def test_the_account_feed_lands_the_ids_watched_and_nothing_else(
             assert r.status_code == 200, r.text
             ids.append(r.json()["id"])
     watched = ids[:12]
-    from tests.e2e.helpers import run_nopoll
-
-    done = await asyncio.to_thread(
-        run_nopoll,
-        "watch",
-        "--config",
-        str(config),
-        "sim",
-        "response",
-        *watched,
-        "--expect-callback",
-        env=procs.env,
-    )
+    done = await _watch(procs, config, watched)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = await wait_pg_rows(pg_url, pg_table, 12, timeout=30)
     await asyncio.sleep(3)  # the 8 others completed too, and stay out
@@ -202,7 +196,6 @@ async def test_a_watch_registered_after_the_feed_landed_its_id_starts_landed(
     a rerun after a kill): the watch must start landed, not wait for the reconcile poll."""
     from receiver.feeds.store import FeedStore
     from receiver.redis import RedisConnector
-    from tests.e2e.helpers import run_nopoll
 
     sim = provider_sim(dialect="sference", complete_after_s=0.1)
     config = _config(tmp_path, sim, redis_url, pg_url, pg_table)
@@ -220,18 +213,6 @@ async def test_a_watch_registered_after_the_feed_landed_its_id_starts_landed(
             body["metadata"] = {"stream_id": stream}
             ids.append((await http.post(f"{sim.base_url}/responses", json=body)).json()["id"])
     await wait_pg_rows(pg_url, pg_table, 10, timeout=30)  # landed, nobody watching yet
-    done = await asyncio.to_thread(
-        run_nopoll,
-        "watch",
-        "--config",
-        str(config),
-        "sim",
-        "response",
-        *ids,
-        "--expect-callback",
-        "--wait",
-        env=procs.env,
-        timeout=30,
-    )
+    done = await _watch(procs, config, ids, "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "10 landed" in done.stdout and "0 polls" in done.stdout, done.stdout

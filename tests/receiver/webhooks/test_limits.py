@@ -28,6 +28,17 @@ async def _at_the_start_of_a_second() -> None:
     await asyncio.sleep(1.02 - time.time() % 1)
 
 
+def _with_team_a(make_settings, redis_url: str, webhook_secret: str, **api: int):
+    """Settings with ``api`` limits and tenant ``team-a`` (its own key, the same secret)."""
+    team = {"providers": {"sim": {"api_key": "sk-team-a", "webhook_secrets": [webhook_secret]}}}
+    return make_settings(
+        redis_url=redis_url,
+        api=api,
+        tenant_keys=["tenant-key-" + "k" * 32],
+        tenants={"team-a": team},
+    )
+
+
 async def _send(client: httpx.AsyncClient, signed_callback, n: int, prefix: str) -> list:
     answers = []
     for i in range(n):
@@ -102,13 +113,7 @@ async def test_forged_tenant_tokens_are_counted_against_their_address_first(
 ):
     """The per-address limit comes before the token is checked: a flood of forged tenant
     endpoints gets 429, and a genuine tenant's callback is counted once, not twice."""
-    team = {"providers": {"sim": {"api_key": "sk-team-a", "webhook_secrets": [webhook_secret]}}}
-    settings = make_settings(
-        redis_url=redis_url,
-        api={"client_rps": 5},
-        tenant_keys=["tenant-key-" + "k" * 32],
-        tenants={"team-a": team},
-    )
+    settings = _with_team_a(make_settings, redis_url, webhook_secret, client_rps=5)
     genuine = endpoint_path(endpoint_token(settings, "team-a", "sim"))
     async with running_api(settings, redis_url) as (base, metrics):
         async with _client(base, "127.0.0.8") as forger, _client(base, "127.0.0.9") as team_a:
@@ -135,13 +140,7 @@ async def test_junk_to_one_tenants_endpoint_leaves_the_others_provider_budget_al
     """``api.provider_rps`` is counted per endpoint: a team holding its own endpoint that
     floods it with unsigned junk gets 429 there, and the default tenant's genuine callbacks
     to the same provider still get 202."""
-    team = {"providers": {"sim": {"api_key": "sk-team-a", "webhook_secrets": [webhook_secret]}}}
-    settings = make_settings(
-        redis_url=redis_url,
-        api={"provider_rps": 4},
-        tenant_keys=["tenant-key-" + "k" * 32],
-        tenants={"team-a": team},
-    )
+    settings = _with_team_a(make_settings, redis_url, webhook_secret, provider_rps=4)
     own = endpoint_path(endpoint_token(settings, "team-a", "sim"))
     async with running_api(settings, redis_url) as (base, _):
         async with _client(base, "127.0.0.10") as team_a, _client(base, "127.0.0.11") as other:
