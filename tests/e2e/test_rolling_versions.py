@@ -6,9 +6,7 @@ payload and batch-progress versions raised, run from a copy as real processes.""
 from __future__ import annotations
 
 import re
-import shutil
 import signal
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,39 +16,13 @@ from redis.asyncio import Redis
 from receiver.queue.deadletter import DeadLetters
 from receiver.worker.liveness import SERVED_KEY
 from tests.e2e.helpers import await_ready, pg_rows, wait_for
+from tests.newer import newer_tree
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 ROWS = 300
 HANDED_BACK = r'nopoll_jobs_total\{function="(\w+)",outcome="handed_back"\} (\S+)'
-
-
-def _newer_nopoll(tmp: Path) -> Path:
-    """A copy of ``receiver/`` that writes job payloads of version 3 and batch progress of
-    version 2, and still reads every older version: the next nopoll, as far as a worker of
-    this one can tell."""
-    where = tmp / "newer"
-    shutil.copytree(ROOT / "receiver", where / "receiver", ignore=shutil.ignore_patterns("*.pyc"))
-    jobs = where / "receiver" / "queue" / "jobs.py"
-    text = jobs.read_text()
-    for old, new in (
-        (r"^PAYLOAD_VERSION = 1$", "PAYLOAD_VERSION = 3"),
-        (r"^STATE_VERSION = 1$", "STATE_VERSION = 2"),
-        (
-            r"^_READS_VERSIONS = frozenset\(\{PAYLOAD_VERSION, PUSHED_VERSION\}\)$",
-            "_READS_VERSIONS = frozenset({1, PAYLOAD_VERSION, PUSHED_VERSION})",
-        ),
-        (
-            r"^_READS_STATE_VERSIONS = frozenset\(\{STATE_VERSION\}\)$",
-            "_READS_STATE_VERSIONS = frozenset({1, STATE_VERSION})",
-        ),
-    ):
-        text, n = re.subn(old, new, text, flags=re.MULTILINE)
-        assert n == 1, f"jobs.py no longer has {old!r}: update this test"
-    jobs.write_text(text)
-    return where
 
 
 async def test_a_worker_hands_a_newer_nopolls_batch_to_a_worker_that_reads_it(
@@ -71,7 +43,7 @@ async def test_a_worker_hands_a_newer_nopolls_batch_to_a_worker_that_reads_it(
     )
     api_port, health_port = free_port(), free_port()
     ours = dict(procs.env)
-    procs.env = {**ours, "PYTHONPATH": str(_newer_nopoll(tmp_path))}
+    procs.env = {**ours, "PYTHONPATH": str(newer_tree(tmp_path))}
     procs.start("api", "--config", str(config), "--port", str(api_port))
     newer_worker = procs.start("worker", "--config", str(config))
     procs.env = ours
