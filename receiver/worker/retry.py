@@ -153,9 +153,13 @@ async def _guard(
         raise
     except PayloadVersionError as exc:  # written by a newer nopoll: to a worker that reads it
         if await ServedAccounts(ctx["state"].redis).reads(exc.mark):
-            _say_unread(ctx["state"], function, exc)
+            ctx["state"].metrics.count_job(function, "handed_back")
+            _say_unread(exc, "a live worker reads it: left to it")
             return await hand_over(ctx, function)
-        return await dead_letter(ctx, function, kwargs, str(exc))
+        # none yet (the API rolled before the workers): wait for one, with the job's
+        # backoff and tries; a dead letter only once they are spent
+        _say_unread(exc, "no live worker reads it yet: retrying")
+        return await retry_or_give_up(ctx, function, kwargs, str(exc))
     except (RedisError, OSError) as exc:
         # Redis went away mid-job: run it again later. Nothing it did is lost: a rewrite
         # overwrites in sql and s3 (kafka, http and jsonl deliver at least once), and a
@@ -171,16 +175,11 @@ _UNREAD = Throttle(log, every_s=60.0)
 """Jobs left to a worker that reads their version: one line per version a minute."""
 
 
-def _say_unread(state: WorkerState, function: str, exc: PayloadVersionError) -> None:
-    """Count (``handed_back``) and say (one line per version a minute) a job left to a
-    worker that reads its version (a rolling upgrade: a newer worker queued it)."""
-    state.metrics.count_job(function, "handed_back")
-    _UNREAD.log(
-        logging.WARNING,
-        exc.mark,
-        "%s; a live worker reads it: left to it",
-        str(exc).partition(":")[0],
-    )
+def _say_unread(exc: PayloadVersionError, then: str) -> None:
+    """Say (one line per version and outcome a minute) that a job is of a version this
+    worker does not read (a rolling upgrade: a newer nopoll queued it), and ``then``
+    what becomes of it."""
+    _UNREAD.log(logging.WARNING, (exc.mark, then), "%s; %s", str(exc).partition(":")[0], then)
 
 
 def handles(function: str, *log_fields: str) -> Callable[[_Job], _Job]:

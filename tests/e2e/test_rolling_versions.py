@@ -94,3 +94,59 @@ async def test_a_worker_hands_a_newer_nopolls_batch_to_a_worker_that_reads_it(
         assert await DeadLetters(letters).count() == 0, procs.logs()[-3000:]
     finally:
         await letters.aclose()
+
+
+async def test_a_batch_queued_by_a_newer_api_waits_for_a_newer_worker(
+    procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, signed_callback
+):
+    """The API rolled before the workers: a newer API queues a batch while only workers of
+    this version run. They retry it (with its backoff, counted as tries) instead of making
+    it a dead letter at once; the newer worker, started later, runs it."""
+    sim = provider_sim()
+    batch = sim.add_batch("openai", "batch_api_first", ROWS)
+    config = tmp_path / "nopoll.yaml"
+    config.write_text(
+        f"redis_url: '{redis_url}'\ndata_dir: {tmp_path / 'data'}\n"
+        f"providers:\n  sim:\n    dialect: openai\n    base_url: {sim.base_url}\n"
+        "    webhook_secrets: ['${SIM_SECRET}']\n    rate_limit_rps: null\n"
+        f"sinks:\n  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n"
+        "worker: {poll_delay_s: 0.01, health_check_interval_s: 1}\n"
+        "fetch_retry: {max_tries: 8, base_delay_s: 0.5, max_delay_s: 4}\n"
+    )
+    api_port, health_port = free_port(), free_port()
+    ours = dict(procs.env)
+    newer = {**ours, "PYTHONPATH": str(newer_tree(tmp_path))}
+    procs.env = newer
+    procs.start("api", "--config", str(config), "--port", str(api_port))
+    procs.env = ours
+    procs.start("worker", "--config", str(config), "--health-port", str(health_port))
+    await await_ready(api_port)
+    async with httpx.AsyncClient(timeout=10) as http:
+        body, headers = signed_callback("batch_api_first", event_type="batch.completed")
+        answer = await http.post(
+            f"http://127.0.0.1:{api_port}/webhooks/sim", content=body, headers=headers
+        )
+        assert answer.status_code == 202, answer.text
+
+        async def taken() -> bool:  # and refused by version
+            return "payload version 3" in procs.logs()
+
+        await wait_for(taken, timeout=15, interval=0.05)
+        letters = Redis.from_url(redis_url)
+        try:
+            assert await DeadLetters(letters).count() == 0, procs.logs()[-3000:]
+            assert "no live worker reads it yet: retrying" in procs.logs()
+            procs.env = newer  # the worker Deployment rolls: a newer worker joins
+            procs.start("worker", "--config", str(config))
+            procs.env = ours
+            keys = {f"batch_api_first/{batch.custom_id(i) or f'~{i}'}" for i in range(ROWS)}
+
+            async def landed() -> bool:
+                return keys <= {r["key"] for r in await pg_rows(pg_url, pg_table)}
+
+            await wait_for(landed, timeout=90, interval=0.5)
+            assert await DeadLetters(letters).count() == 0, procs.logs()[-3000:]
+        finally:
+            await letters.aclose()
+        metrics = (await http.get(f"http://127.0.0.1:{health_port}/metrics")).text
+    assert 'function="fetch_batch",outcome="retry"' in metrics, metrics[-2000:]
