@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.chart import CHART, NAMESPACE, RELEASE, SCENARIOS, Rendered, load_values
-from tests.deploy.podman import kube_play, nopoll_image  # noqa: F401 - fixtures
+from tests.deploy.podman import kube_play, newer_image, nopoll_image  # noqa: F401 - fixtures
 from tests.servers import missing
 
 

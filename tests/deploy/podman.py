@@ -17,6 +17,7 @@ when a test fails.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.newer import newer_jobs_source
 from tests.servers import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +78,27 @@ def nopoll_image() -> Image:
     report = [line for line in result.stderr.splitlines() if line.startswith("==>")]
     print("\n".join(report))
     return Image(ref, size, result.stderr)
+
+
+@pytest.fixture(scope="session")
+def newer_image(nopoll_image: Image, tmp_path_factory: pytest.TempPathFactory) -> Image:
+    """The next nopoll's image, as a rolling upgrade meets it: nopoll_image with the job
+    payload and batch-progress versions raised (tests/newer.py), tagged with a hash of
+    what it is made from and reused like nopoll_image."""
+    source = newer_jobs_source()
+    tag = hashlib.sha256(f"{nopoll_image.ref}\n{source}".encode()).hexdigest()[:16]
+    ref = f"localhost/nopoll-newer:{tag}"
+    if podman("image", "exists", ref, check=False).returncode != 0:
+        where = podman(
+            "run", "--rm", "--entrypoint", "python", nopoll_image.ref,
+            "-c", "import receiver.queue.jobs as j; print(j.__file__)",
+        ).stdout.strip()  # fmt: skip
+        context = tmp_path_factory.mktemp("newer-image")
+        (context / "jobs.py").write_text(source)
+        (context / "Containerfile").write_text(f"FROM {nopoll_image.ref}\nCOPY jobs.py {where}\n")
+        podman("build", "-t", ref, "-f", str(context / "Containerfile"), str(context), timeout=300)
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip())
+    return Image(ref, size, "")
 
 
 # --- the chart's pods under podman kube play ---------------------------------------------

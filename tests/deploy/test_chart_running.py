@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 import secrets
 import time
 import uuid
@@ -21,8 +22,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from redis.asyncio import Redis
 
 from receiver.demo.simulator import ProviderSimulator, send_callback
+from receiver.queue.deadletter import DeadLetters
 from tests.deploy.chart import Rendered, pod_spec, with_changes
 from tests.deploy.podman import Image, KubePlay, Pod, release_name, wait_http
 from tests.e2e.helpers import pg_rows, wait_for
@@ -88,13 +91,21 @@ class Stack:
         wait_http(f"http://127.0.0.1:{pod.port}/healthz", pod=pod)  # the liveness probe
         return pod
 
-    def upgrade(self, **config: Any) -> None:
-        """A new revision: the chart rendered with changed config (a new checksum)."""
+    def upgrade(self, image: Image | None = None, **config: Any) -> None:
+        """A new revision: the chart rendered with changed config (a new checksum), or
+        with another image."""
         old = self.deployment("api")["spec"]["template"]["metadata"]["annotations"]
         self.values["config"].update(config)
+        if image is not None:
+            repository, tag = image.ref.rsplit(":", 1)
+            self.values["image"].update(repository=repository, tag=tag)
         self.rendered = self.render(self.values, release=self.play.release)
         new = self.deployment("api")["spec"]["template"]["metadata"]["annotations"]
-        assert new["checksum/config"] != old["checksum/config"]
+        if image is None:
+            assert new["checksum/config"] != old["checksum/config"]
+        else:
+            [container] = pod_spec(self.deployment("worker"))["containers"]
+            assert container["image"] == image.ref, container["image"]
         self.revision += 1
         self.play.config_maps = self.play.release_config_maps(self.rendered, self.revision)
 
@@ -155,11 +166,13 @@ def stack(
     pg_table: str,
     provider_sim: Any,
 ) -> Iterator[Any]:
-    """Factory: a release with 2 API and 2 worker pods, config checked first."""
+    """Factory: a release with 2 API and 2 worker pods, config checked first (``config``:
+    more of nopoll's config in the values)."""
 
-    def make(*, batch_sim: Any = None) -> Stack:
+    def make(*, batch_sim: Any = None, config: dict[str, Any] | None = None) -> Stack:
         sim = provider_sim(auto_respond=True, api_key="sk-test-not-a-real-key")
         values, secret, token = _values(nopoll_image, redis_url, pg_url, pg_table, sim, batch_sim)
+        values["config"].update(config or {})
         release = release_name()
         rendered = render(values, release=release)
         play = kube_play(rendered, release)
@@ -429,3 +442,83 @@ async def test_upgrade_under_load(
 
 async def _async(value: bool) -> bool:
     return value
+
+
+# --- a rolling upgrade to a newer image -----------------------------------------------------
+
+NEWER_ROWS = 400
+
+
+@pytest.mark.slow
+async def test_a_batch_begun_on_a_newer_image_while_an_old_worker_runs(
+    stack: Any, provider_sim: Any, newer_image: Image, redis_url: str, pg_url: str, pg_table: str
+) -> None:
+    """A rolling upgrade to an image that writes newer job and batch-progress versions
+    (tests/newer.py). The API pods roll first: a batch's callback reaches a newer API pod
+    while only older worker pods run, and they retry it (no live worker reads it yet)
+    rather than keep it as a dead letter. Then the worker pods roll one by one: a newer
+    worker runs the batch while an older one still runs. Every row lands once."""
+    batch_sim = provider_sim(api_key="sk-test-not-a-real-key")
+    batch_sim.add_batch("valar", "batch_newer", NEWER_ROWS, row_delay_s=0.02)
+    retry = {"max_tries": 40, "base_delay_s": 0.5, "max_delay_s": 3.0}
+    s: Stack = await asyncio.to_thread(stack, batch_sim=batch_sim, config={"fetch_retry": retry})
+    await asyncio.to_thread(s.upgrade, newer_image)
+    await asyncio.to_thread(s.check_config)
+    for i, old in enumerate(list(s.api)):  # the API Deployment rolls
+        s.api[i] = await asyncio.to_thread(s.start_api, i)
+        await asyncio.to_thread(s.play.stop, old)
+    old_workers = list(s.workers)
+    letters = Redis.from_url(redis_url)
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            url = f"http://127.0.0.1:{s.api[0].port}/webhooks/bat"
+            answer = await send_callback(
+                client, url, s.secret, "batch_newer", event_type="batch.completed"
+            )
+            assert answer.status_code // 100 == 2, answer.text
+
+            async def refused() -> bool:  # an older worker took it and read its version
+                logs = "".join([s.play.logs(pod) for pod in old_workers])
+                return "no live worker reads it yet: retrying" in logs
+
+            await wait_for(refused, timeout=60, interval=0.2)
+            assert await DeadLetters(letters).count() == 0
+            # the worker Deployment rolls: a newer worker first, then an older one goes
+            s.workers[0] = await asyncio.to_thread(s.start_worker, 0)
+            refusals = _refusals(await _metrics(client, old_workers[0]))
+            await asyncio.to_thread(s.play.stop, old_workers[0])
+
+            async def landed() -> int | None:
+                rows = await pg_rows(pg_url, pg_table)
+                found = [r for r in rows if r["key"].startswith("batch_newer/")]
+                return len(found) if len(found) >= NEWER_ROWS else None
+
+            await wait_for(landed, timeout=180, interval=0.5)
+            still_old = old_workers[1]  # it ran beside the newer worker all along
+            refusals += _refusals(await _metrics(client, still_old))
+        rows = await pg_rows(pg_url, pg_table)
+        keys = [r["key"] for r in rows if r["key"].startswith("batch_newer/")]
+        assert len(keys) == len(set(keys)) == NEWER_ROWS
+        assert await DeadLetters(letters).count() == 0
+        assert refusals >= 1  # counted in the older workers' /metrics
+    finally:
+        await letters.aclose()
+    s.workers[1] = await asyncio.to_thread(s.start_worker, 1)
+    await asyncio.to_thread(s.play.stop, still_old)
+    for pod in [*s.api, *s.workers]:
+        await asyncio.to_thread(s.play.stop, pod)
+
+
+async def _metrics(client: httpx.AsyncClient, pod: Pod) -> str:
+    answer = await client.get(f"http://127.0.0.1:{pod.port}/metrics")
+    assert answer.status_code == 200, answer.text
+    return answer.text
+
+
+def _refusals(metrics: str) -> float:
+    """fetch_batch jobs a worker left (retried or handed back) for their version."""
+    found = re.findall(
+        r'nopoll_jobs_total\{function="fetch_batch",outcome="(?:retry|handed_back)"\} (\S+)',
+        metrics,
+    )
+    return sum(float(n) for n in found)
