@@ -218,6 +218,11 @@ class WorkerConfig(ConfigModel):
     """arq worker settings that matter for latency, locking and shutdown."""
 
     poll_delay_s: float = Field(default=0.02, gt=0, le=5)
+    """How often a worker whose job slots are all taken looks for room and new jobs."""
+    idle_wait_s: float | None = Field(default=1.0, gt=0, le=5)
+    """An idle worker waits on its queue's bell, rung by every queued job, and looks at the
+    queue anyway after this long (or when its next deferred job is due). None: no bell, a
+    worker polls every ``poll_delay_s`` (for a Redis proxy without blocking commands)."""
     max_jobs: int = Field(default=64, ge=1)
     response_job_timeout_s: float = Field(default=120.0, gt=1)
     health_check_interval_s: float = Field(default=10.0, gt=0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 import uuid
@@ -36,7 +37,9 @@ __all__ = [
     "JOB_KEY",
     "RESULT_KEY",
     "RETRY_KEY",
+    "RING_LUA",
     "SUPPORTED",
+    "WAKE_KEY",
     "Claimed",
     "Function",
     "GivenUp",
@@ -93,7 +96,7 @@ from arq.jobs import (  # noqa: E402
     serialize_job,
     serialize_result,
 )
-from arq.utils import ms_to_datetime, poll, timestamp_ms  # noqa: E402
+from arq.utils import ms_to_datetime, timestamp_ms  # noqa: E402
 from arq.worker import (  # noqa: E402
     Function,
     JobExecutionFailed,
@@ -115,6 +118,24 @@ IN_PROGRESS_KEY = in_progress_key_prefix
 """``arq:in-progress:<id>``: the lock of a running job."""
 RETRY_KEY = retry_key_prefix
 """``arq:retry:<id>``: how many times a job has been tried."""
+WAKE_KEY = "nopoll:wake:"
+"""``nopoll:wake:<queue>``: the queue's bell, a list of at most one entry. Whatever puts a
+job on the queue rings it (pushes one entry when it is empty); an idle worker waits on it
+with ``BLPOP`` (:meth:`SeamWorker.wait_for_work`), so a new job is claimed at once rather
+than at the next poll, and one ring wakes one worker."""
+
+RING_LUA = (
+    """
+local function ring(queue)
+  local bell = '"""
+    + WAKE_KEY
+    + """' .. queue
+  if redis.call('LLEN', bell) == 0 then redis.call('RPUSH', bell, '1') end
+end
+"""
+)
+"""A Lua function scripts that queue a job include: ``ring(queue)`` rings the queue's bell
+(:data:`WAKE_KEY`)."""
 
 
 def job_serializer(obj: Any) -> bytes:
@@ -159,7 +180,10 @@ _RETRY_KEY_TTL_S = 88400  # how long arq keeps a job's try counter
 _Finish = tuple[str, bool, int]
 """A job that ended: its id, whether it is done for good, the ms a retry is deferred."""
 
-_FINISH = """
+_FINISH = (
+    RING_LUA
+    + """
+local again = false
 for i = 4, #ARGV, 3 do
   local id = ARGV[i]
   if ARGV[i + 1] == '1' then
@@ -168,11 +192,17 @@ for i = 4, #ARGV, 3 do
     redis.call('ZREM', KEYS[1], id)
   else
     redis.call('DEL', ARGV[1] .. id)
-    if ARGV[i + 2] ~= '0' then redis.call('ZINCRBY', KEYS[1], ARGV[i + 2], id) end
+    if ARGV[i + 2] ~= '0' then redis.call('ZADD', KEYS[1], 'XX', 'INCR', ARGV[i + 2], id) end
+    again = true
   end
 end
+if again then ring(KEYS[1]) end
 return 0
 """
+)
+"""Jobs that ended, in one call: gone, or retried (due again, now or later: the bell rings
+so an idle worker looks again and learns when it is due). A retry never puts back a job
+that is gone (``XX``: its own last trip may have ended it, :meth:`JobRunner.end_command`)."""
 
 
 @dataclass(slots=True)
@@ -229,6 +259,8 @@ class JobRunner(Worker):
         super().__init__(*args, **kwargs)
         self._trips: SharedTrips | None = None
         self._finishes = GroupCommit(self._finish_group)
+        self._ended: set[str] = set()
+        """Jobs whose own last trip carried their finish (:meth:`end_command`)."""
 
     async def run_claimed(self, job: Claimed) -> None:
         """arq's ``Worker.run_job`` for a claimed job: the same checks, hooks, outcomes and
@@ -243,6 +275,7 @@ class JobRunner(Worker):
             "job_try": job.job_try,
             "enqueue_time": ms_to_datetime(job.enqueue_ms),
             "score": job.score,
+            "end_command": lambda trips: self.end_command(job.id, trips),
         }
         if self.on_job_start:
             await self.on_job_start(ctx)
@@ -259,7 +292,13 @@ class JobRunner(Worker):
             result_data = self._result(job, outcome.success, outcome.result, outcome.finished_ms)
         if self.on_job_end:
             await self.on_job_end(ctx)
-        if result_data is None:  # the common end: its keys go in the next grouped call
+        if job.id in self._ended:  # its own last trip ended it
+            self._ended.discard(job.id)
+            if outcome.finish and outcome.success:
+                self.owns(job.id)  # its lease is let go
+            else:  # it failed after that trip: a retry puts back nothing that went
+                await asyncio.shield(self._finish_soon(job.id, False, outcome.incr_score))
+        elif result_data is None:  # the common end: its keys go in the next grouped call
             await asyncio.shield(self._finish_soon(job.id, outcome.finish, outcome.incr_score))
         else:
             finish = self.finish_job(
@@ -391,6 +430,18 @@ class JobRunner(Worker):
             return
         await self._finishes.put((job_id, finish, incr_score or 0))
 
+    def end_command(self, job_id: str, trips: SharedTrips) -> tuple[Any, ...] | None:
+        """The command that ends the running job ``job_id`` for good (as a success does),
+        for the job to send in its own last round trip with its other writes (``ctx
+        ["end_command"]``): one trip fewer per job. None when this run no longer owns it.
+        Once sent, the job is never put back as unfinished (its keys may be gone)."""
+        lease = getattr(self, "leases", {}).get(job_id)
+        if lease is not None and lease.lost:
+            return None
+        self._ended.add(job_id)
+        args = [in_progress_key_prefix, retry_key_prefix, job_key_prefix, job_id, 1, 0]
+        return trips.evalsha(_FINISH, 2, self.queue_name, abort_jobs_ss, *args)
+
     def _finish_soon(
         self, job_id: str, finish: bool, incr_score: int | None
     ) -> asyncio.Future[None]:
@@ -465,8 +516,16 @@ for i = 1, #due, 2 do
     claimed[#claimed + 1] = tries
   end
 end
+if #claimed < 4 * want and #due < 2 * tonumber(ARGV[5]) then
+  local later = redis.call(
+    'ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  claimed[#claimed + 1] = later[2] or ''
+end
 return claimed
 """
+"""Claim up to ``want`` due jobs that no one holds: for each its id, score, payload and
+try. When fewer were found and every due job was read, one more entry: the score of the
+next job due later ('' if none), which an idle worker waits for at most."""
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -504,6 +563,7 @@ class SeamWorker(JobRunner):
         self,
         *args: Any,
         claim_ttl_s: float | None = None,
+        idle_wait_s: float | None = None,
         worker_id: str | None = None,
         held_key: str = "",
         stop_at_once: bool = False,
@@ -511,6 +571,12 @@ class SeamWorker(JobRunner):
     ) -> None:
         super().__init__(*args, **kwargs)
         self._claim_ttl_s = claim_ttl_s
+        self._idle_wait_s = idle_wait_s
+        """An idle worker waits on its queue's bell this long at most (None: no bell, it
+        polls every ``poll_delay_s`` as arq does)."""
+        self._bell = WAKE_KEY + self.queue_name
+        self._idle_for: float | None = None
+        """Set by each poll turn: how long the worker may now wait idle (None: it is full)."""
         self._worker_id = worker_id or uuid.uuid4().hex[:12]
         """The start of every claim's token: the process's id when its liveness is kept."""
         self._held_key = held_key
@@ -550,11 +616,12 @@ class SeamWorker(JobRunner):
         await self.link.wait(self.pool, on_try=self._alive)
         if self.on_startup:
             await self.on_startup(self.ctx)
-        async for _ in poll(self.poll_delay_s):
+        while True:
             try:
                 await self._poll_iteration()
                 if self.burst and await self._burst_done():
                     return
+                await self.wait_for_work(self._idle_for)
             except (RedisError, OSError) as exc:
                 self.link.lost(exc)
                 await self.link.wait(self.pool, on_try=self._alive)
@@ -570,12 +637,14 @@ class SeamWorker(JobRunner):
         return False
 
     async def _poll_iteration(self) -> None:
-        """arq's poll turn, with the due jobs read and claimed in :meth:`_claim`."""
+        """arq's poll turn, with the due jobs read and claimed in :meth:`_claim`; it sets
+        how long the worker may wait idle now (None: it is full, it looks again soon)."""
         free = self.max_jobs - self.job_counter
         if self.burst and self.max_burst_jobs >= 0:
             free = min(free, self.max_burst_jobs - self._jobs_started())
+        idle_for = None
         if self.allow_pick_jobs and free > 0:
-            await self._claim(free)
+            idle_for = await self._claim(free)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -583,16 +652,34 @@ class SeamWorker(JobRunner):
                 del self.tasks[job_id]
                 task.result()
         await self.heart_beat()
+        self._idle_for = idle_for
 
-    async def _claim(self, free: int) -> None:
+    async def wait_for_work(self, idle_for: float | None) -> None:
+        """Until the next look at the queue. An idle worker (its last claim found fewer
+        jobs than it had room for) waits on the queue's bell (:data:`WAKE_KEY`) until a job
+        is queued, the next deferred job is due, or ``idle_wait_s`` passed; a full one
+        polls every ``poll_delay_s``, as do all without a bell."""
+        if idle_for is None or self._idle_wait_s is None:
+            await asyncio.sleep(self.poll_delay_s)
+            return
+        timeout = round(min(idle_for, self._idle_wait_s), 3)
+        if timeout > 0:
+            await self.pool.execute_command("BLPOP", self._bell, timeout)  # type: ignore[no-untyped-call]
+
+    async def _claim(self, free: int) -> float | None:
         """One Lua call claims up to ``free`` due jobs (not in progress) and does what arq's
-        ``run_job`` does first for each: count the try and read the payload."""
+        ``run_job`` does first for each: count the try and read the payload. None when it
+        found ``free``; else the seconds until the next job due later (inf: none)."""
         now = timestamp_ms()
         token = f"{self._worker_id}:{now}"
         ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
         prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
         args = [now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key]
         reply = await self.script(_CLAIM, [self.queue_name], args)
+        idle_for = None
+        if len(reply) % 4:  # fewer than free: when the next deferred job is due
+            later = reply.pop()
+            idle_for = (float(later) - now) / 1000 if later else math.inf
         for i in range(0, len(reply), 4):
             job = Claimed(reply[i].decode(), int(float(reply[i + 1])), reply[i + 2], reply[i + 3])
             lease = self.leases[job.id] = Lease(self.pool, job.id, token)
@@ -604,6 +691,7 @@ class SeamWorker(JobRunner):
             task = self.loop.create_task(self._run_claimed(job))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             self.tasks[job.id] = task
+        return idle_for
 
     async def _run_claimed(self, job: Claimed) -> None:
         try:

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from receiver.journey.store import PUSH_LUA, callback_head, hook_key, journey_key
-from receiver.queue._arq import JOB_KEY, RESULT_KEY, job_payload
+from receiver.queue._arq import JOB_KEY, RESULT_KEY, RING_LUA, job_payload
 from receiver.queue.jobs import (
     BATCHES_QUEUE,
     DELIVER,
@@ -69,17 +69,22 @@ HEALTH_CHECK_KEY = JOBS_QUEUE + ":health-check"
 SEEN_PREFIX = "nopoll:seen:"
 
 
-PUT_JOB_LUA = """
+PUT_JOB_LUA = (
+    RING_LUA
+    + """
 local function put_job(job_key, result_key, queue, payload, expiry_ms, score, job_id)
   if redis.call('EXISTS', job_key, result_key) > 0 then return 0 end
   redis.call('SET', job_key, payload, 'PX', expiry_ms)
   redis.call('ZADD', queue, score, job_id)
+  ring(queue)
   return 1
 end
 """
+)
 """A Lua function other scripts include: arq's ``enqueue_job`` (skip when a job or result
-with that id exists, else the job key and its score), so a job can be queued in the same
-atomic step as the state change that asks for it."""
+with that id exists, else the job key and its score), then the queue's bell rung, so a
+job can be queued in the same atomic step as the state change that asks for it and an
+idle worker takes it at once."""
 
 # The dedupe step, seen(): true when the id was first seen less than the window ago, else
 # it is remembered now. Keys: nopoll:seen:@<segment>:<shard> hashes, 16-byte digest ->
@@ -97,6 +102,7 @@ atomic step as the state change that asks for it."""
 # 7 payload, [8 the event's head, 9 the object id, 10 the journey's ttl ms].
 _ENQUEUE_LUA = (
     PUSH_LUA
+    + RING_LUA
     + """
 local P = 'nopoll:seen:@'
 local SPEC = '(%d+):(%d+):(%d+):(%d+)'
@@ -164,6 +170,7 @@ elseif redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then r = 2
 else
   redis.call('SET', KEYS[2], ARGV[7], 'PX', ARGV[4])
   redis.call('ZADD', KEYS[4], ARGV[1], ARGV[6])
+  ring(KEYS[4])
 end
 if KEYS[5] then
   journey_push(KEYS[5], ARGV[8] .. r .. '}', ARGV[10])

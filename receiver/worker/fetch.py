@@ -294,7 +294,9 @@ async def _land(
             trail = []
         await queue_retries(ctx, failures, shares)
     if ended is not None and state.trips is not None:
-        [reply] = await state.send_trail(trail, ended.command())
+        # the job's own end (its queue keys gone) rides in the same trip: one trip fewer
+        end = ctx["end_command"](state.trips) if "end_command" in ctx else None
+        [reply, *_] = await state.send_trail(trail, ended.command(), *([end] if end else []))
         if isinstance(reply, Exception):
             raise reply
     else:

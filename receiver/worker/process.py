@@ -188,6 +188,7 @@ def _worker(
     return NopollWorker(
         functions,
         claim_ttl_s=claim_ttl_s,
+        idle_wait_s=w.idle_wait_s,
         worker_id=worker_id,
         held_key=held_key,
         stop_at_once=stop_at_once,

@@ -1,0 +1,107 @@
+"""The queue's bell (receiver.queue._arq.WAKE_KEY): an idle worker does not wait for its
+next poll. Each worker here polls every 5 s and waits at most 5 s on the bell, so only a
+ring (or the due time of a deferred job) can make it take a job sooner; against a real
+Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from receiver.queue._arq import Retry, SeamWorker, arq_pool, func, job_deserializer, job_serializer
+from receiver.queue.enqueue import put_job
+from receiver.queue.jobs import FETCH_RESPONSE, QueuedJob, queue_for
+from receiver.redis import RedisConnector
+
+QUEUE = queue_for(FETCH_RESPONSE)
+SLOW_S = 5.0  # the worker's poll and longest idle wait: what a job waits without a ring
+
+
+class Bell(SeamWorker):
+    async def give_up(self, job: Any) -> None:
+        raise AssertionError(f"nothing is given up here: {job}")
+
+
+@contextlib.asynccontextmanager
+async def idle_worker(redis_url: str, job: Any, idle_wait_s: float | None) -> AsyncIterator[None]:
+    worker = Bell(
+        [func(job, name=FETCH_RESPONSE)],
+        redis_pool=arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE),
+        queue_name=QUEUE,
+        poll_delay=SLOW_S,
+        idle_wait_s=idle_wait_s,
+        handle_signals=False,
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+        keep_result=0,
+    )
+    task = asyncio.create_task(worker.async_run())
+    try:
+        await asyncio.sleep(0.5)  # it found the queue empty and waits
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await worker.close()
+
+
+async def queue_one(redis_url: str, job_id: str) -> float:
+    client = RedisConnector.from_url(redis_url).client("queue")
+    try:
+        assert await put_job(client, QueuedJob(FETCH_RESPONSE, job_id, {}), expiry_ms=60_000)
+    finally:
+        await client.aclose()
+    return time.monotonic()
+
+
+async def test_a_queued_job_rings_and_an_idle_worker_runs_it_at_once(redis_url: str) -> None:
+    ran: list[float] = []
+
+    async def job(ctx: dict[str, Any], **kwargs: Any) -> None:
+        ran.append(time.monotonic())
+
+    async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
+        queued = [await queue_one(redis_url, f"bell{i}") for i in range(3)]
+        for _ in range(100):
+            if len(ran) == 3:
+                break
+            await asyncio.sleep(0.02)
+    waits = [r - q for q, r in zip(queued, ran, strict=False)]
+    assert len(ran) == 3 and max(waits) < SLOW_S / 5, waits  # not at the next poll
+
+
+async def test_a_deferred_retry_runs_when_due_not_at_the_next_poll(redis_url: str) -> None:
+    tries: list[float] = []
+
+    async def job(ctx: dict[str, Any], **kwargs: Any) -> None:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise Retry(defer=0.5)
+
+    async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
+        await queue_one(redis_url, "deferred")
+        for _ in range(150):
+            if len(tries) == 2:
+                break
+            await asyncio.sleep(0.02)
+    assert len(tries) == 2, tries
+    assert 0.45 <= tries[1] - tries[0] < SLOW_S / 2, tries
+
+
+async def test_without_a_bell_the_worker_polls(redis_url: str) -> None:
+    ran: list[float] = []
+
+    async def job(ctx: dict[str, Any], **kwargs: Any) -> None:
+        ran.append(time.monotonic())
+
+    async with idle_worker(redis_url, job, idle_wait_s=None):
+        queued = await queue_one(redis_url, "polled")
+        for _ in range(400):
+            if ran:
+                break
+            await asyncio.sleep(0.02)
+    assert ran and ran[0] - queued > 0.2  # found at its poll turn (every 5 s), not rung
