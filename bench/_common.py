@@ -156,6 +156,7 @@ def nopoll_config(
     data_dir: Path,
     sinks_yaml: str,
     log_level: str = "warning",
+    extra_yaml: str = "",
 ) -> Path:
     """Write a nopoll YAML config: Redis db 13, provider ``bench`` (openai dialect), the
     webhook secret taken from ``${NOPOLL_BENCH_SECRET}`` (never written to the file)."""
@@ -173,7 +174,7 @@ providers:
     tolerance_s: 300
 sinks:
 {sinks_yaml}
-""",
+{extra_yaml}""",
         encoding="utf-8",
     )
     return path

@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,8 @@ class Run:
     stamps: dict[str, tuple[float, float]] = field(default_factory=dict)
     """key -> (received_at, fetched_at) as perf_counter values, read from the rows."""
     other_cpu_s: dict[str, float] = field(default_factory=dict)
+    redis_command_s: float = 0.0
+    """Time Redis spent running commands over the run (``INFO commandstats``)."""
     """CPU time of the simulator, this process and Redis over the same span."""
     machine_busy: float = float("nan")
     """How busy the whole machine was over that span (1.0: every core, all the time)."""
@@ -275,6 +278,7 @@ async def measure(
 
     run = Run(wall_offset=time.time() - time.perf_counter())
     others_before = {name: common.cpu_seconds(pid) for name, pid in others.items()}
+    commands_before = redis_command_seconds()
     postgres_before = postgres_cpu_seconds()
     machine_before = common.machine_cpu()
     conn = await asyncpg.connect(common.PG_URL, timeout=10)
@@ -300,6 +304,7 @@ async def measure(
             run.other_cpu_s[name] = common.cpu_seconds(pid) - others_before[name]
         if postgres_before is not None:
             run.other_cpu_s["postgres (shared)"] = postgres_cpu_seconds() - postgres_before
+        run.redis_command_s = redis_command_seconds() - commands_before
         (busy, whole), (busy0, whole0) = common.machine_cpu(), machine_before
         busy, whole = busy - busy0, whole - whole0
         run.machine_busy = busy / whole if whole else float("nan")
@@ -385,6 +390,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="with --profile: only the samples that hold the GIL (py-spy --gil), so the "
         "worker's waits for Redis, Postgres and the CPU drop out and Python's own work stays",
+    )
+    parser.add_argument(
+        "--wake",
+        choices=("bell", "poll", "both"),
+        default="bell",
+        help="how the worker learns of new jobs: its queue's bell (default), polling every "
+        "poll_delay_s (worker.idle_wait_s: null), or both, poll then bell, compared",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs of each --wake mode (1; medians compared)"
     )
     parser.add_argument(
         "--pin",
@@ -536,6 +551,17 @@ def postgres_cpu_seconds() -> float | None:
     return total if found else None
 
 
+def redis_command_seconds() -> float:
+    """The time Redis has spent running commands so far (``INFO commandstats``, every
+    database): its process's CPU time less what waking up, reading and writing costs."""
+    client = common.redis_db13()
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return sum(float(v.get("usec", 0)) for v in stats.values() if isinstance(v, dict)) / 1e6
+
+
 def redis_pid() -> dict[str, int]:
     """``{"redis": pid}`` when Redis runs on this machine (its ``INFO server``)."""
     client = common.redis_db13()
@@ -552,11 +578,31 @@ def simulator_requests(log_path: Path) -> int:
     return int(found[1]) if found else -1
 
 
+WAKE_YAML = {"bell": "", "poll": "worker: {idle_wait_s: null}\n"}
+"""How a worker learns of a new job: the queue's bell (the default), or polling every
+``worker.poll_delay_s`` (``idle_wait_s: null``, nopoll's way before the bell)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--simulator"]:
         return serve_simulator(int(argv[1]))
     args = parse_args(argv)
+    modes = ["poll", "bell"] * args.rounds if args.wake == "both" else [args.wake] * args.rounds
+    code, summaries = 0, []
+    for n, mode in enumerate(modes):
+        if len(modes) > 1:
+            print(f"\n=== run {n + 1}/{len(modes)}: wake by {mode} ===")
+        run_code, summary = run_once(args, mode)
+        code = max(code, run_code)
+        summaries.append((mode, summary))
+    if args.wake == "both":
+        compare(summaries)
+    return code
+
+
+def run_once(args: argparse.Namespace, wake: str) -> tuple[int, dict[str, float]]:
+    """One run (a fresh table, Redis db and processes): its exit code and figures."""
     total = max(1, math.floor(args.rate * args.seconds))
     nonce = uuid.uuid4().hex[:10]
     ids = [f"resp_e2e{nonce}_{i:06d}" for i in range(total)]
@@ -576,13 +622,14 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir=work / "data",
                 sinks_yaml=f"  results: {{type: sql, url: '{common.PG_URL}', table: {TABLE}}}",
                 log_level=args.log_level,
+                extra_yaml=WAKE_YAML[wake],
             )
             servers, port = start_servers(args, config, work)
             print(
                 f"nopoll {' + '.join(f'{s.role} (pid {s.proc.pid})' for s in servers)}, "
                 f"simulator (pid {sim.pid}) on {base_url}; sending {total} callbacks at "
-                f"{args.rate:g}/s for {args.seconds:g}s; log level {args.log_level}; "
-                f"{common.load_note()}"
+                f"{args.rate:g}/s for {args.seconds:g}s; wake by {wake}; log level "
+                f"{args.log_level}; {common.load_note()}"
             )
             others = {"simulator": sim.pid, "sender + poller": os.getpid()}
             if args.pin:
@@ -605,7 +652,43 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 common.stop_process(server.proc)
             common.stop_process(sim)
-        return finish(run, ids, simulator_requests(sim_log), servers, args.log_level)
+        code = finish(run, ids, simulator_requests(sim_log), servers, args.log_level)
+        return code, summarize(run, ids, servers)
+
+
+def summarize(run: Run, ids: list[str], servers: list[Server]) -> dict[str, float]:
+    """A run's figures for :func:`compare`."""
+    latencies = sorted(
+        (run.landed_at[rid] - run.sent_at[rid]) * 1000 for rid in ids if rid in run.landed_at
+    )
+    landed = max(1, len(latencies))
+    cpu = {s.role: s.cpu_s for s in servers}
+    return {
+        "callback -> row p50 (ms)": common.percentile(latencies, 50),
+        "callback -> row p99 (ms)": common.percentile(latencies, 99),
+        "worker CPU per result (ms)": cpu.get("worker", cpu.get("serve", 0.0)) / landed * 1000,
+        "API CPU per callback (ms)": cpu.get("api", 0.0) / max(1, len(ids)) * 1000,
+        "Redis CPU per callback (ms)": run.other_cpu_s.get("redis (shared)", 0.0)
+        / max(1, len(ids))
+        * 1000,
+        "Redis command time/callback (ms)": run.redis_command_s / max(1, len(ids)) * 1000,
+        "simulator CPU per callback (ms)": run.other_cpu_s.get("simulator", 0.0)
+        / max(1, len(ids))
+        * 1000,
+    }
+
+
+def compare(summaries: list[tuple[str, dict[str, float]]]) -> None:
+    """The bell against polling, run by run and as a ratio of their medians."""
+    print("\nwake by bell against wake by poll (worker.idle_wait_s: null), medians of the runs:")
+    names = list(summaries[0][1])
+    by_mode = {m: [s for mode, s in summaries if mode == m] for m in ("poll", "bell")}
+    print(f"  {'':<30} {'poll':>9} {'bell':>9} {'bell/poll':>10}")
+    for name in names:
+        poll = statistics.median(s[name] for s in by_mode["poll"])
+        bell = statistics.median(s[name] for s in by_mode["bell"])
+        ratio = bell / poll if poll else float("nan")
+        print(f"  {name:<30} {poll:9.3f} {bell:9.3f} {ratio:10.2f}")
 
 
 def finish(
@@ -743,6 +826,12 @@ def report_server(run: Run, servers: list[Server], landed: int) -> None:
             )
     others = ", ".join(f"{name} {cpu:.1f} s" for name, cpu in run.other_cpu_s.items())
     print(f"  CPU time of the others: {others}; machine {run.machine_busy:.0%} busy")
+    if run.status:
+        print(
+            f"  Redis command time per callback: {run.redis_command_s / len(run.status) * 1e3:.3f}"
+            f" ms ({run.redis_command_s:.2f} s, INFO commandstats; the rest of Redis's CPU is "
+            "waking up, reading and writing)"
+        )
     outcomes = ", ".join(
         f"{name.split('{', 1)[1].rstrip('}')}: {value:.0f}"
         for name, value in sorted(m.items())
