@@ -149,6 +149,8 @@ class _SseClient(asyncio.Protocol):
         self.body = b""
         self.seen: list[bytes] = []
         self.delays: list[float] = []
+        self.arrived_ms: list[float] = []
+        """When each of :attr:`seen` arrived (wall clock, ms)."""
         self.full_at: float | None = None
 
     def data_received(self, data: bytes) -> None:
@@ -181,6 +183,7 @@ class _SseClient(asyncio.Protocol):
                 if m is not None:
                     self.seen.append(m.group(1))
                     self.delays.append(now_ms - int(event[4 : event.index(b"-")]))
+                    self.arrived_ms.append(now_ms)
         if self.full_at is None and len(self.seen) >= len(self.want):
             self.full_at = time.monotonic()
 

@@ -44,6 +44,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -53,6 +54,8 @@ TABLE = os.environ.get("NOPOLL_BENCH_E2E_TABLE", "bench_results")
 """The sink's table; ``NOPOLL_BENCH_E2E_TABLE`` gives each run on a shared machine its own."""
 TARGET_P99_MS = 250.0
 TARGET_P50_MS = 50.0
+TARGET_EVENT_P99_MS = 50.0
+"""Callback -> results-stream event at the default rate (``--stream``)."""
 TARGET_REQUESTS_PER_RESULT = 1.0
 TARGET_WORKER_CPU_MS = {"debug": 1.5, "info": 0.5, "warning": 0.35, "error": 0.35}
 """Worker CPU per delivered result, by log level (``info`` logs a line per result)."""
@@ -82,6 +85,8 @@ class Run:
     stamps: dict[str, tuple[float, float]] = field(default_factory=dict)
     """key -> (received_at, fetched_at) as perf_counter values, read from the rows."""
     other_cpu_s: dict[str, float] = field(default_factory=dict)
+    event_at: dict[str, float] = field(default_factory=dict)
+    """When each result's event reached a results-stream subscriber (``--stream``)."""
     redis_command_s: float = 0.0
     """Time Redis spent running commands over the run (``INFO commandstats``)."""
     """CPU time of the simulator, this process and Redis over the same span."""
@@ -279,6 +284,7 @@ async def measure(
     run = Run(wall_offset=time.time() - time.perf_counter())
     others_before = {name: common.cpu_seconds(pid) for name, pid in others.items()}
     commands_before = redis_command_seconds()
+    stream = await subscribe_stream(port, args, set(ids)) if args.stream else None
     postgres_before = postgres_cpu_seconds()
     machine_before = common.machine_cpu()
     conn = await asyncpg.connect(common.PG_URL, timeout=10)
@@ -305,6 +311,12 @@ async def measure(
         if postgres_before is not None:
             run.other_cpu_s["postgres (shared)"] = postgres_cpu_seconds() - postgres_before
         run.redis_command_s = redis_command_seconds() - commands_before
+        if stream is not None:
+            await stream_drained(stream, len(ids), args.drain)
+            transport, client = stream
+            transport.close()
+            for key, at_ms in zip(client.seen, client.arrived_ms, strict=True):
+                run.event_at.setdefault(key.decode(), at_ms / 1000 - run.wall_offset)
         (busy, whole), (busy0, whole0) = common.machine_cpu(), machine_before
         busy, whole = busy - busy0, whole - whole0
         run.machine_busy = busy / whole if whole else float("nan")
@@ -399,6 +411,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "poll_delay_s (worker.idle_wait_s: null), or both, poll then bell, compared",
     )
     parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="also subscribe to GET /v1/results/stream (a consumer token: the worker adds "
+        "its _results sink) and print callback -> stream event",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=1, help="runs of each --wake mode (1; medians compared)"
     )
     parser.add_argument(
@@ -462,7 +480,7 @@ def start_servers(args: argparse.Namespace, config: Path, work: Path) -> tuple[l
     servers: list[Server] = []
     port = common.free_port()
     api = ["--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
-    env = {common.SECRET_ENV: args.secret}
+    env = {common.SECRET_ENV: args.secret, "NOPOLL_BENCH_TOKEN": args.token}
     try:
         if not args.serve:
             health = common.free_port()
@@ -551,6 +569,34 @@ def postgres_cpu_seconds() -> float | None:
     return total if found else None
 
 
+async def subscribe_stream(port: int, args: argparse.Namespace, want: set[str]) -> Any:
+    """One ``GET /v1/results/stream`` subscriber (a raw-socket SSE client), connected."""
+    from _consumers import _SseClient
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    ready: asyncio.Future[None] = loop.create_future()
+    transport, client = await loop.create_connection(
+        lambda: _SseClient(want, done, ready), "127.0.0.1", port
+    )
+    transport.write(
+        f"GET /v1/results/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {args.token}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    await asyncio.wait_for(ready, 30)
+    return transport, client
+
+
+async def stream_drained(stream: Any, total: int, limit_s: float) -> None:
+    """Until the subscriber saw ``total`` events, or ``limit_s``."""
+    _, client = stream
+    deadline = time.monotonic() + limit_s
+    for _ in range(int(limit_s / 0.05) + 1):
+        if len(client.seen) >= total or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.05)
+
+
 def redis_command_seconds() -> float:
     """The time Redis has spent running commands so far (``INFO commandstats``, every
     database): its process's CPU time less what waking up, reading and writing costs."""
@@ -607,6 +653,7 @@ def run_once(args: argparse.Namespace, wake: str) -> tuple[int, dict[str, float]
     nonce = uuid.uuid4().hex[:10]
     ids = [f"resp_e2e{nonce}_{i:06d}" for i in range(total)]
     args.secret = common.new_secret()
+    args.token = uuid.uuid4().hex
 
     asyncio.run(prepare_postgres())
     common.flush_bench_db()
@@ -622,7 +669,8 @@ def run_once(args: argparse.Namespace, wake: str) -> tuple[int, dict[str, float]
                 data_dir=work / "data",
                 sinks_yaml=f"  results: {{type: sql, url: '{common.PG_URL}', table: {TABLE}}}",
                 log_level=args.log_level,
-                extra_yaml=WAKE_YAML[wake],
+                extra_yaml=WAKE_YAML[wake]
+                + ('consumer_tokens: [{token: "${NOPOLL_BENCH_TOKEN}"}]\n' if args.stream else ""),
             )
             servers, port = start_servers(args, config, work)
             print(
@@ -666,6 +714,12 @@ def summarize(run: Run, ids: list[str], servers: list[Server]) -> dict[str, floa
     return {
         "callback -> row p50 (ms)": common.percentile(latencies, 50),
         "callback -> row p99 (ms)": common.percentile(latencies, 99),
+        "callback -> event p99 (ms)": common.percentile(
+            sorted((run.event_at[k] - run.sent_at[k]) * 1000 for k in ids if k in run.event_at),
+            99,
+        )
+        if run.event_at
+        else float("nan"),
         "worker CPU per result (ms)": cpu.get("worker", cpu.get("serve", 0.0)) / landed * 1000,
         "API CPU per callback (ms)": cpu.get("api", 0.0) / max(1, len(ids)) * 1000,
         "Redis CPU per callback (ms)": run.other_cpu_s.get("redis (shared)", 0.0)
@@ -776,6 +830,14 @@ def report_traffic(run: Run, ids: list[str], latencies: list[float]) -> None:
         print(
             f"callback -> row: p50 {p50:.1f} ms  p90 {p90:.1f} ms  p99 {p99:.1f} ms  "
             f"max {latencies[-1]:.1f} ms"
+        )
+    events = sorted((run.event_at[k] - run.sent_at[k]) * 1000 for k in ids if k in run.event_at)
+    if events:
+        p50, p90, p99 = (common.percentile(events, q) for q in (50, 90, 99))
+        print(
+            f"callback -> stream event: p50 {p50:.1f} ms  p90 {p90:.1f} ms  p99 {p99:.1f} ms  "
+            f"max {events[-1]:.1f} ms ({len(events)} of {len(ids)} events; target p99 <= "
+            f"{TARGET_EVENT_P99_MS:g} ms: {verdict(p99 <= TARGET_EVENT_P99_MS)})"
         )
 
 
