@@ -50,6 +50,12 @@ class Metrics:
         self.verify_seconds = _histogram(
             r, "nopoll_verify_seconds", "Signature verification time", _FAST
         )
+        self.connection_refusals = _counter(
+            r,
+            "nopoll_connection_refusals",
+            "Requests and connections the API refused to keep connections for callbacks",
+            "reason",
+        )
         self.enqueue_seconds = _histogram(
             r, "nopoll_enqueue_seconds", "Time to enqueue a callback durably", _FAST
         )

@@ -21,7 +21,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ from receiver.redis import RedisConnector, RedisLink, redis_settings_problems
 from receiver.responses import json_answer
 from receiver.tracing import configure as configure_tracing
 from receiver.tracing import shutdown as shutdown_tracing
+from receiver.webhooks.slots import ConnectionSlots
 from receiver.worker.liveness import claim_identity, worker_identity
 from receiver.worker.process import NopollWorker, Shared, build_workers, hand_back
 
@@ -103,23 +104,55 @@ def _api_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles)
         worker_heartbeat_key=HEALTH_CHECK_KEY if roles.worker else None,
         lifespan=lifespan,
     )
-    return _Server(api_server_config(app, settings, host=roles.host, port=roles.port))
+    config = api_server_config(app, settings, host=roles.host, port=roles.port, metrics=metrics)
+    return _Server(config)
+
+
+def _count_refusal(metrics: Metrics) -> Callable[[str], None]:
+    def count(reason: str) -> None:
+        metrics.connection_refusals.labels(reason).inc()
+
+    return count
+
+
+_IDLE_S = 5.0
+"""A connection silent this long is closed: after a response (uvicorn's keep-alive
+timeout) or before its first request (:class:`~receiver.webhooks.slots.ConnectionSlots`)."""
 
 
 def api_server_config(
-    app: Any, settings: Settings, *, host: str, port: int, lifespan: Literal["on", "off"] = "on"
+    app: Any,
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    lifespan: Literal["on", "off"] = "on",
+    metrics: Metrics | None = None,
 ) -> uvicorn.Config:
-    """uvicorn's settings for the API (the tests' servers use them too)."""
+    """uvicorn's settings for the API (the tests' servers use them too): its connections
+    counted by :class:`~receiver.webhooks.slots.ConnectionSlots`, which answers 503
+    beyond ``api.limit_concurrency`` (the provider retries later) and keeps
+    ``api.reserved_for_webhooks`` of them for callbacks."""
+    api = settings.api
+    slots = ConnectionSlots(
+        limit=api.limit_concurrency,
+        reserve=api.reserved_for_webhooks,
+        per_client=api.max_connections_per_client or api.limit_concurrency,
+        trusted=api.trusted_proxies,
+        idle_s=_IDLE_S,
+        on_refused=None if metrics is None else _count_refusal(metrics),
+    )
     return uvicorn.Config(
-        app,
+        slots.guard(app),
         host=host,
         port=port,
         log_config=None,
         access_log=False,
         lifespan=lifespan,
         timeout_graceful_shutdown=10,
-        # beyond this many connections uvicorn answers 503: the provider retries later
-        limit_concurrency=settings.api.limit_concurrency,
+        timeout_keep_alive=int(_IDLE_S),
+        http=slots.protocol(),
+        limit_concurrency=None,
         # X-Forwarded-For names the client only when it comes from a configured proxy
         proxy_headers=bool(settings.api.trusted_proxies),
         forwarded_allow_ips=list(settings.api.trusted_proxies),

@@ -244,7 +244,9 @@ async def running_api(
     )
     port = free_port()
     server = uvicorn.Server(  # as `nopoll api` configures it (limit_concurrency too)
-        api_server_config(app, settings, host="127.0.0.1", port=port, lifespan="off")
+        api_server_config(
+            app, settings, host="127.0.0.1", port=port, lifespan="off", metrics=metrics
+        )
     )
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

@@ -165,11 +165,17 @@ class ApiConfig(ConfigModel):
     """The HTTP server in front of the webhook route."""
 
     limit_concurrency: int = Field(default=1000, ge=1)
-    """Connections and requests served at once; beyond it, uvicorn answers 503 (retry)."""
+    """Connections open at once; a request on the connection that reaches it is answered
+    503 (retry)."""
     reserved_for_webhooks: int = Field(default=250, ge=1)
-    """Of ``limit_concurrency``, the connections the results API's held requests (streams
-    and ``?wait``) can never take, kept for ``/webhooks`` and everything else. Unset: a
-    quarter of ``limit_concurrency``."""
+    """Of ``limit_concurrency``, the connections kept for ``/webhooks``: any other request
+    is answered 503 once ``limit_concurrency - reserved_for_webhooks`` connections are
+    open, and the results API's held requests (streams and ``?wait``) never take them.
+    Unset: a quarter of ``limit_concurrency``."""
+    max_connections_per_client: int | None = Field(default=None, ge=1)
+    """Connections one client address may hold at once (trusted proxies excepted); beyond
+    it a new one is answered 503 and closed. Unset: ``limit_concurrency -
+    reserved_for_webhooks``."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A callback body must arrive whole within this long (slow senders hold memory)."""
     client_rps: int | None = Field(default=None, ge=1)

@@ -453,8 +453,9 @@ class Settings(ConfigModel):
 
     def _settle_held_requests(self) -> None:
         """The results API's held requests (streams, ``?wait``) may never take the connections
-        kept for ``/webhooks``. uvicorn answers 503 to the connection that reaches
-        ``api.limit_concurrency`` (every open connection counts), so consumers may hold at
+        kept for ``/webhooks``. A request on the connection that reaches
+        ``api.limit_concurrency`` is answered 503 (every open connection counts,
+        :mod:`receiver.webhooks.slots`), so consumers may hold at
         most ``limit_concurrency - 1 - reserved_for_webhooks``. Unset, the reserve is a
         quarter of the limit and ``results.max_held`` all that is left (set on ``settings``
         in place); set, they are checked."""
@@ -468,6 +469,10 @@ class Settings(ConfigModel):
                 f"api.reserved_for_webhooks ({api.reserved_for_webhooks}) must be below "
                 f"api.limit_concurrency ({limit})"
             )
+        if api.max_connections_per_client is None:
+            per_client = max(1, limit - api.reserved_for_webhooks)
+            api = api.model_copy(update={"max_connections_per_client": per_client})
+            object.__setattr__(self, "api", api)
         room = max(0, limit - 1 - api.reserved_for_webhooks)
         if "max_held" not in results.model_fields_set:
             object.__setattr__(self, "results", results.model_copy(update={"max_held": room}))
