@@ -173,9 +173,9 @@ class ApiConfig(ConfigModel):
     open, and the results API's held requests (streams and ``?wait``) never take them.
     Unset: a quarter of ``limit_concurrency``."""
     max_connections_per_client: int | None = Field(default=None, ge=1)
-    """Connections one client address may hold at once (trusted proxies excepted); beyond
-    it a new one is answered 503 and closed. Unset: ``limit_concurrency -
-    reserved_for_webhooks``."""
+    """Connections one client address may hold at once (trusted proxies excepted); one
+    beyond it takes no slot and its first request is answered 503. Unset:
+    ``limit_concurrency - reserved_for_webhooks``."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A callback body must arrive whole within this long (slow senders hold memory)."""
     client_rps: int | None = Field(default=None, ge=1)

@@ -24,14 +24,26 @@ _WEBHOOKS = "/webhooks/"
 _RETRY_AFTER_S = "5"
 
 
-def _refusal(message: str) -> bytes:
-    body = orjson.dumps({"error": message})
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"retry-after: {_RETRY_AFTER_S}\r\nconnection: close\r\ncontent-length: {len(body)}"
-        "\r\n\r\n"
-    )
-    return head.encode() + body
+async def _refuse(send: Send, why: str) -> None:
+    """503 with ``Retry-After`` and ``connection: close``, the body saying ``why``."""
+    body = orjson.dumps({"error": why})
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"retry-after", _RETRY_AFTER_S.encode()),
+        (b"connection", b"close"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _refusing(why: str) -> ASGIApp:
+    """An app answering every request with :func:`_refuse`."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await _refuse(send, why)
+
+    return app
 
 
 class ConnectionSlots:
@@ -44,7 +56,7 @@ class ConnectionSlots:
     - Probes (:data:`PROBES`) are served up to ``limit`` and always close their
       connection, so they never hold one.
     - One client address (not a trusted proxy) holds at most ``per_client`` connections;
-      a connection beyond it is answered 503 and closed before any request.
+      one beyond it takes no slot, and its first request is answered 503 and closed.
     - A connection that sends nothing for ``idle_s`` after it opened is closed (uvicorn
       times out only connections idle after a response)."""
 
@@ -132,16 +144,13 @@ class ConnectionSlots:
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
                 peer = self.client[0] if self.client else None
-                if not slots.connect(peer):
-                    transport.write(
-                        _refusal(
-                            f"this address holds {slots.per_client} connections already "
-                            "(api.max_connections_per_client); reuse one"
-                        )
+                if slots.connect(peer):
+                    self._slot_peer, self._slot_counted = peer, True
+                else:  # not counted: its first request is answered 503, then it closes
+                    self.app = _refusing(
+                        f"this address holds {slots.per_client} connections already "
+                        "(api.max_connections_per_client); reuse one"
                     )
-                    transport.close()
-                    return
-                self._slot_peer, self._slot_counted = peer, True
                 self._slot_idle = self.loop.call_later(slots.idle_s, self._slot_silent)
 
             def data_received(self, data: bytes) -> None:
@@ -180,15 +189,7 @@ class _Guard:
         path = scope["path"]
         why = self.slots.admit(path)
         if why is not None:
-            body = orjson.dumps({"error": why})
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"retry-after", _RETRY_AFTER_S.encode()),
-                (b"connection", b"close"),
-                (b"content-length", str(len(body)).encode()),
-            ]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, why)
             return
         if path not in PROBES:
             await self.app(scope, receive, send)
