@@ -50,6 +50,13 @@ class Metrics:
         self.verify_seconds = _histogram(
             r, "nopoll_verify_seconds", "Signature verification time", _FAST
         )
+        self.dead_letters_dropped = _counter(
+            r,
+            "nopoll_dead_letters_dropped",
+            "Dead letters dropped: beyond a tenant's dead_letters.max_per_tenant, or past ttl_s",
+            "tenant",
+            "reason",
+        )
         self.connection_refusals = _counter(
             r,
             "nopoll_connection_refusals",
@@ -158,6 +165,10 @@ class Metrics:
             return "other"
         self._models.add(name)
         return name
+
+    def letters_dropped(self, tenant: str, reason: str, n: int) -> None:
+        """Count ``n`` dead letters of ``tenant`` dropped for ``reason``."""
+        self.dead_letters_dropped.labels(tenant, reason).inc(n)
 
     def count_tokens(self, envelopes: Iterable[Envelope]) -> None:
         """Add the usage of landed results to ``nopoll_tokens``: summed first, so a batch

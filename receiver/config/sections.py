@@ -96,6 +96,16 @@ class FeedConfig(ConfigModel):
     (killed) leaves the feed to another worker."""
 
 
+class DeadLetterConfig(ConfigModel):
+    """How many dead letters one tenant keeps, and for how long."""
+
+    max_per_tenant: int = Field(default=10_000, ge=1, le=10_000_000)
+    """Letters one tenant (``default``: the providers' own accounts) keeps; a new one
+    beyond it drops that tenant's oldest (counted in ``nopoll_dead_letters_dropped``)."""
+    ttl_s: int | None = Field(default=30 * 86_400, ge=1)
+    """A letter older than this is dropped (counted); None: kept until replayed."""
+
+
 class RetryConfig(ConfigModel):
     """A job's retries: ``max_tries`` tries, waiting with :class:`~receiver.backoff.Backoff`
     (full jitter up to ``base_delay_s * 2**(try-1)``, capped at ``max_delay_s``)."""

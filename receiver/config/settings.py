@@ -43,6 +43,7 @@ from receiver.config.sections import (
     BatchConfig,
     CompletionWebhookConfig,
     ConfigModel,
+    DeadLetterConfig,
     FeedConfig,
     HttpConfig,
     OtelConfig,
@@ -255,6 +256,7 @@ class Settings(ConfigModel):
     sinks: dict[str, Any] = Field(default_factory=dict)
     routes: list[RouteConfig] = Field(default_factory=list)
     fetch_retry: RetryConfig = Field(default_factory=RetryConfig)
+    dead_letters: DeadLetterConfig = Field(default_factory=DeadLetterConfig)
     sink_retry: RetryConfig = Field(
         default_factory=lambda: RetryConfig(max_tries=12, base_delay_s=2.0, max_delay_s=600.0)
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,15 +60,27 @@ _ARQ_SLACK = 5
 and keeps it as a dead letter (arq would drop it with only a log line)."""
 
 
+_TRIM_LETTERS_S = 60.0
+"""How often a worker drops expired dead letters (:meth:`DeadLetters.expire`)."""
+
+
 class NopollWorker(SeamWorker):
-    """A seam worker that keeps every job arq gives up on, and reports sink health."""
+    """A seam worker that keeps every job arq gives up on, reports sink health and trims
+    the dead letters (expired ones, tenants over their cap)."""
+
+    _letters_trimmed = float("-inf")
 
     async def give_up(self, job: GivenUp) -> None:
         function, kwargs = job.function, job.kwargs
         if function is None or kwargs is None:
             function, kwargs = _from_job_id(job.job_id)
         metrics: Metrics | None = self.ctx.get("metrics")
-        letters = DeadLetters(self.pool)
+        settings: Settings | None = self.ctx.get("settings")
+        letters = DeadLetters(
+            self.pool,
+            limits=None if settings is None else settings.dead_letters,
+            on_dropped=None if metrics is None else metrics.letters_dropped,
+        )
         args = (function, kwargs, job.tries, job.reason)
         letter = await keep_letter(letters, metrics, job.job_id, *args)
         log.error("dead letter %s: arq gave up on job %s", letter.id, job.job_id)
@@ -76,6 +89,16 @@ class NopollWorker(SeamWorker):
         fanout = self.ctx.get("fanout")
         if fanout is not None:
             await publish_sink_health(self.pool, fanout, 3 * self.health_check_interval + 5)
+        state = self.ctx.get("state")
+        now = time.monotonic()
+        if state is not None and now - self._letters_trimmed >= _TRIM_LETTERS_S:
+            self._letters_trimmed = now
+            try:  # expired letters, and tenants over their cap
+                await state.dead_letters.expire()
+            except (RedisError, OSError):
+                raise  # the poll loop waits for Redis
+            except Exception:
+                log.exception("trimming the dead letters failed; tried again in a minute")
 
 
 def _from_job_id(job_id: str) -> tuple[str, dict[str, Any]]:

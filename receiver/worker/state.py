@@ -157,7 +157,9 @@ def build_state(
     # no bound on who waits: the callers are this process's own jobs (worker.max_jobs)
     trips = SharedTrips(redis, max_in_flight=1, max_pending=UNBOUNDED)
     watches = WatchStore(redis, ended_ttl_s=settings.dedupe_ttl_s, trips=trips)
-    dead_letters = DeadLetters(redis, journey=journey)
+    dead_letters = DeadLetters(
+        redis, journey=journey, limits=settings.dead_letters, on_dropped=metrics.letters_dropped
+    )
     runner = BatchRunner(
         settings,
         redis=redis,
