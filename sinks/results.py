@@ -1,10 +1,10 @@
 """The built-in ``_results`` sink: publishes every envelope for the results API (``/v1``).
 
-The worker adds it when ``consumer_tokens`` are set, whatever the routes say. Each write
-is one round trip (one Lua call per 500 envelopes) that sets the latest key
-(:func:`latest_key`), appends to :data:`STREAM` and publishes on :data:`CHANNEL`, then
-trims the stream. Each entry names the one before it (``prev``) and :data:`LAST_ID`
-keeps the newest, so a resuming reader knows exactly whether it missed trimmed entries.
+The worker adds it when ``consumer_tokens`` are set. Each write is one round trip that
+sets the latest key (:func:`latest_key`), appends to :data:`STREAM` (a tenant's envelope
+also to its own stream, same id) and publishes on :data:`CHANNEL`, then trims. Each entry
+names the one before it in its stream (``prev``) and :data:`LAST_ID` keeps the newest,
+so a resuming reader knows exactly whether it missed trimmed entries.
 A retried write appends again: stream consumers dedupe on ``(tenant, provider, key)``.
 
 See docs/consumers.md (retention and Redis memory, trimmed history).
@@ -32,6 +32,7 @@ __all__ = [
     "LATEST_PREFIX",
     "RESULTS_SINK",
     "STREAM",
+    "TENANT_SUFFIX",
     "ResultsSink",
     "ResultsSinkConfig",
     "latest_key",
@@ -46,32 +47,58 @@ LAST_ID = "nopoll:results:last_id"
 CHANNEL = "nopoll:results:landed"
 """Pub/sub channel: each message is the latest key of an envelope that just landed."""
 LATEST_PREFIX = "nopoll:results:latest:"
+TENANT_SUFFIX = ":t:"
+"""``<STREAM>:t:<tenant>`` and ``<LAST_ID>:t:<tenant>``: one tenant's own stream (the
+same entries, under the same ids, as in :data:`STREAM`) and its newest id, written for
+every tenant but ``default``: a tenant's token catches up from its own."""
 _PER_CALL = 500
 
 # KEYS[1]: the stream; KEYS[2]: its last id; KEYS[3..]: each envelope's latest key.
-# ARGV: ttl_s, max_entries, retention_ms, channel; then per envelope tenant, provider,
-# kind, status, envelope JSON.
+# ARGV: ttl_s, max_entries, retention_ms, channel, tenant suffix; then per envelope
+# tenant, provider, kind, status, envelope JSON.
+# A tenant's entry (not default's) is added to its own stream too, under the same id,
+# its prev naming that stream's previous entry.
 _PUBLISH = """
 local stream, ttl, maxlen = KEYS[1], ARGV[1], ARGV[2]
-local retention, channel = tonumber(ARGV[3]), ARGV[4]
-local prev = redis.call('GET', KEYS[2])
-if not prev then
-  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-  prev = last and last[1] or '0-0'
+local retention, channel, suffix = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local function newest(last_key, s)
+  local id = redis.call('GET', last_key)
+  if id then return id end
+  local last = redis.call('XREVRANGE', s, '+', '-', 'COUNT', 1)[1]
+  return last and last[1] or '0-0'
 end
+local prev = newest(KEYS[2], stream)
+local tenants = {}
 for i = 3, #KEYS do
-  local a = 5 + (i - 3) * 5
+  local a = 6 + (i - 3) * 5
+  local tenant = ARGV[a]
   redis.call('SET', KEYS[i], ARGV[a + 4], 'EX', ttl)
-  prev = redis.call('XADD', stream, '*', 'tenant', ARGV[a], 'provider', ARGV[a + 1],
+  prev = redis.call('XADD', stream, '*', 'tenant', tenant, 'provider', ARGV[a + 1],
                     'kind', ARGV[a + 2], 'status', ARGV[a + 3], 'prev', prev,
                     'envelope', ARGV[a + 4])
+  if tenant ~= 'default' then
+    local own = stream .. suffix .. tenant
+    local last_key = KEYS[2] .. suffix .. tenant
+    local tprev = tenants[tenant] or newest(last_key, own)
+    redis.call('XADD', own, prev, 'tenant', tenant, 'provider', ARGV[a + 1],
+               'kind', ARGV[a + 2], 'status', ARGV[a + 3], 'prev', tprev,
+               'envelope', ARGV[a + 4])
+    tenants[tenant] = prev
+  end
   redis.call('PUBLISH', channel, KEYS[i])
 end
 redis.call('SET', KEYS[2], prev)
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local oldest = string.format('%.0f', now_ms - retention)
 redis.call('XTRIM', stream, 'MAXLEN', '~', maxlen)
-redis.call('XTRIM', stream, 'MINID', '~', string.format('%.0f', now_ms - retention))
+redis.call('XTRIM', stream, 'MINID', '~', oldest)
+for tenant, id in pairs(tenants) do
+  local own = stream .. suffix .. tenant
+  redis.call('SET', KEYS[2] .. suffix .. tenant, id)
+  redis.call('XTRIM', own, 'MAXLEN', '~', maxlen)
+  redis.call('XTRIM', own, 'MINID', '~', oldest)
+end
 return #KEYS - 2
 """
 
@@ -121,6 +148,7 @@ class ResultsSink(SinkBase):
             self.config.stream_max_entries,
             self.config.stream_retention_s * 1000,
             CHANNEL,
+            TENANT_SUFFIX,
         )
         calls: list[tuple[int, list[Any]]] = []
         for start in range(0, len(envelopes), _PER_CALL):

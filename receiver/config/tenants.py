@@ -92,8 +92,9 @@ class ConsumerToken(ConfigModel):
 class ResultsConfig(ConfigModel):
     """The results API (``/v1/results``): how long landed envelopes stay readable."""
 
-    stream_max_entries: int = Field(default=1_000_000, ge=100, le=100_000_000)
-    """The live stream keeps at most this many envelopes (older ones are trimmed)."""
+    stream_max_entries: int = Field(default=100_000, ge=100, le=100_000_000)
+    """The live stream keeps at most this many envelopes (older ones are trimmed); so does
+    each tenant's own stream."""
     stream_retention_s: int = Field(default=86_400, ge=60)
     """... and none older than this. A client that reconnects with an older Last-Event-ID
     gets a ``reset`` event."""
@@ -105,7 +106,7 @@ class ResultsConfig(ConfigModel):
     """Held requests (streams and waits) one API process serves at once, all tokens
     together; beyond it 429. Unset: what ``api.limit_concurrency`` leaves after
     ``api.reserved_for_webhooks`` (an explicit value must leave it too)."""
-    max_held_per_token: int = Field(default=100, ge=1)
+    max_held_per_token: int = Field(default=20, ge=1)
     """Held requests one consumer token may have at once on one API process; beyond it
     429."""
 

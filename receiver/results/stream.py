@@ -29,15 +29,17 @@ from starlette.types import Message, Receive, Scope, Send
 
 from receiver.backoff import Backoff
 from receiver.redis.link import RedisLink
-from sinks.results import LAST_ID, STREAM
+from sinks.results import LAST_ID, STREAM, TENANT_SUFFIX
 
 __all__ = [
+    "ALL",
     "MAILBOX_BYTES",
     "MAILBOX_LIMIT",
     "WRITE_BYTES",
     "EventStream",
     "Filter",
     "SendStuck",
+    "Source",
     "StreamHub",
     "Subscriber",
     "events",
@@ -116,6 +118,31 @@ class Filter:
             and (self.kind is None or fields.get(b"kind") in self.kind)
             and (self.status is None or fields.get(b"status") in self.status)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The Redis stream a subscriber catches up from, and the key of its newest id."""
+
+    stream: str = STREAM
+    last: str = LAST_ID
+
+    @classmethod
+    def of(cls, filter_: Filter) -> Source:
+        """A filter on one tenant but ``default`` reads that tenant's own stream (the same
+        entries under the same ids, none of the others'); any other reads them all."""
+        tenants = filter_.tenant
+        if tenants is None or len(tenants) != 1:
+            return ALL
+        [tenant] = tenants
+        if tenant == b"default":
+            return ALL
+        name = TENANT_SUFFIX + tenant.decode()
+        return cls(STREAM + name, LAST_ID + name)
+
+
+ALL = Source()
+"""Every tenant's entries (:data:`sinks.results.STREAM`)."""
 
 
 def _event(raw_id: bytes, fields: dict[bytes, bytes]) -> bytes:
@@ -244,32 +271,38 @@ class StreamHub:
             sub.wake.set()
 
 
-async def last_id(redis: Redis) -> str:
-    """The id of the newest entry ever added (``0-0`` when there was none)."""
-    value = await whole(redis.get(LAST_ID))
+async def last_id(redis: Redis, source: Source = ALL) -> str:
+    """The id of the newest entry ever added to ``source`` (``0-0`` when there was none)."""
+    value = await whole(redis.get(source.last))
     if value is not None:
         return str(value.decode())
-    newest = await whole(redis.xrevrange(STREAM, "+", "-", count=1))
+    newest = await whole(redis.xrevrange(source.stream, "+", "-", count=1))
     return str(newest[0][0].decode()) if newest else "0-0"
 
 
-async def resume_point(redis: Redis, after: StreamId) -> tuple[StreamId, dict[str, Any] | None]:
-    """Where a reader that has seen everything up to ``after`` goes on from, and, when
-    entries it has not seen were trimmed (or ``after`` is newer than anything the stream
-    ever had: Redis lost its data), the ``reset`` event's data.
+async def resume_point(
+    redis: Redis, after: StreamId, source: Source = ALL
+) -> tuple[StreamId, dict[str, Any] | None]:
+    """Where a reader of ``source`` that has seen everything up to ``after`` goes on from,
+    and, when entries it has not seen were trimmed (or ``after`` is newer than anything
+    the stream ever had: Redis lost its data), the ``reset`` event's data.
 
-    The newest trimmed entry is the oldest retained one's ``prev`` field, or the last id
-    when trimming emptied the stream; it is newer than ``after`` exactly when something
-    after ``after`` is gone."""
+    The newest trimmed entry is the oldest retained one's ``prev`` field, or the source's
+    last id when trimming emptied it; it is newer than ``after`` exactly when something
+    after ``after`` is gone. Ids are shared by every source, so ``after`` is unknown only
+    when it is newer than the whole stream's newest."""
     newest = parse_id(await last_id(redis)) or _ZERO
-    oldest = await whole(redis.xrange(STREAM, "-", "+", count=1))
+    # read before the oldest entry, as the whole stream's: an entry added in between is
+    # then in the range read, never taken for a trimmed one
+    own = newest if source == ALL else parse_id(await last_id(redis, source)) or _ZERO
+    oldest = await whole(redis.xrange(source.stream, "-", "+", count=1))
     oldest_id = parse_id(oldest[0][0]) if oldest else None
     if after > newest:
         gone = _ZERO  # go on from the oldest retained entry
         reason = "unknown_id"
     else:
         if oldest_id is None:
-            trimmed = newest
+            trimmed = own
         else:
             trimmed = parse_id(oldest[0][1].get(b"prev", b"")) or _ZERO
             trimmed = min(trimmed, oldest_id)
@@ -355,14 +388,16 @@ def reset_event(data: dict[str, Any]) -> bytes:
 async def _catch_up(redis: Redis, sub: Subscriber) -> AsyncIterator[bytes]:
     """Every matching entry after ``sub.position`` up to the stream's end, a page of about
     :data:`WRITE_BYTES` at a time (the reset event first if some of them were trimmed),
-    moving the position."""
-    sub.position, reset = await resume_point(redis, sub.position)
+    moving the position; read from the subscriber's tenant's own stream when it has one
+    (:class:`Source`)."""
+    source = Source.of(sub.filter)
+    sub.position, reset = await resume_point(redis, sub.position, source)
     if reset is not None:
         yield reset_event(reset)
     count = _FIRST_PAGE
     while True:
         after = f"({_text(sub.position)}"
-        page = await whole(redis.xrange(STREAM, after, "+", count=count))
+        page = await whole(redis.xrange(source.stream, after, "+", count=count))
         if not page:
             return
         chunk = b"".join(_event(raw, f) for raw, f in page if sub.filter.matches(f))

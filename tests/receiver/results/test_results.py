@@ -131,7 +131,8 @@ async def test_many_waits_share_one_subscription_that_ends_with_them(
     results_settings, redis_url, published
 ):
     redis = redis_asyncio.Redis.from_url(redis_url)
-    async with running_api(results_settings(), redis_url) as (base, _):
+    settings = results_settings(results={"max_held_per_token": 50})
+    async with running_api(settings, redis_url) as (base, _):
         async with Results(base, TOKEN) as results:
             waits = [
                 asyncio.create_task(results.wait("sim", f"resp_{i % 10}", timeout=10))

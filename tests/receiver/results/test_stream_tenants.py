@@ -6,8 +6,10 @@ what is read is measured by Redis's own count of bytes sent."""
 from __future__ import annotations
 
 import httpx
+import orjson
 from redis import asyncio as redis_asyncio
 
+from sinks.results import STREAM, TENANT_SUFFIX
 from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, sink_for
 from tests.servers import running_api
 
@@ -69,3 +71,50 @@ async def _check(results_settings, redis_url, redis_client) -> None:
         # the operator's token, on every tenant, still sees everything, in the same ids
         everything = await _catch_up(base, TOKEN, OTHERS + MINE)
         assert everything[-MINE:] == mine
+
+
+async def test_a_tenants_trimmed_history_sends_reset_first(results_settings, redis_url):
+    """Reading its own stream, a tenant's token still learns exactly what it missed: the
+    reset names its own newest trimmed entry, and resuming from there has no gap."""
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    own = STREAM + TENANT_SUFFIX + "team-a"
+    async with (
+        sink_for(redis_url, stream_max_entries=100) as sink,
+        running_api(results_settings(), redis_url) as (base, _),
+    ):
+        await sink.write([envelope("old", tenant="team-a")])
+        old_id = (await redis.xrange(own))[0][0].decode()
+        for start in range(0, 1000, 250):
+            mixed = [
+                envelope(f"k{i:04d}", tenant=("team-a", "team-b")[i % 2])
+                for i in range(start, start + 250)
+            ]
+            await sink.write(mixed)
+        oldest_id, oldest = (await redis.xrange(own, count=1))[0]
+        assert oldest[b"prev"] != b"0-0"  # team-a's own entries were trimmed
+        headers = {**bearer(TOKEN_A), "last-event-id": old_id}
+        events: list[tuple[str, str]] = []
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as client,
+            client.stream("GET", "/v1/results/stream", headers=headers) as r,
+        ):
+            fields: dict[str, str] = {}
+            async for line in r.aiter_lines():
+                if line:
+                    name, _, value = line.partition(": ")
+                    fields[name] = value
+                    continue
+                if "data" in fields:
+                    events.append((fields.get("event", ""), fields["data"]))
+                fields = {}
+                if len(events) == 2:
+                    break
+        (kind, data), (first_kind, first) = events
+        reset = orjson.loads(data)
+        assert kind == "reset" and reset["reason"] == "trimmed"
+        assert reset["resume_after"] == oldest[b"prev"].decode()  # team-a's own previous
+        assert reset["oldest_retained_id"] == oldest_id.decode()
+        assert first_kind == "result"
+        assert orjson.loads(first)["tenant"] == "team-a"
+        assert orjson.loads(first) == orjson.loads(oldest[b"envelope"])
+    await redis.aclose()
