@@ -1,0 +1,74 @@
+"""Large envelopes on the results stream go by reference: a reader stalled before a 6 MB
+envelope held about twice its size in the API (ten of them, 149 MiB). Above
+``results.stream_inline_bytes`` the stream carries a small ``result-ref`` event naming
+where the envelope is read (the results API's latest key), the Redis stream entry is as
+small, and the Python client fetches the envelope by itself. Real server and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import orjson
+from redis import asyncio as redis_asyncio
+
+from nopoll.client import Results
+from sinks.results import STREAM
+from tests.receiver.helpers import TOKEN, bearer, envelope, sink_for
+from tests.servers import running_api
+
+BIG = 2_000_000  # characters of output text: well over the 256 KiB default
+
+
+async def _raw_events(base: str, want: int) -> list[tuple[str, str, str]]:
+    """(event, id, data) of a stream read from the start, until ``want`` came."""
+    got: list[tuple[str, str, str]] = []
+    headers = {**bearer(TOKEN), "last-event-id": "0-0"}
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+        client.stream("GET", "/v1/results/stream", headers=headers) as r,
+    ):
+        fields: dict[str, str] = {}
+        async for line in r.aiter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if "data" in fields:
+                got.append((fields.get("event", ""), fields.get("id", ""), fields["data"]))
+                if len(got) == want:
+                    return got
+            fields = {}
+    return got
+
+
+async def test_a_large_envelope_goes_by_reference(results_settings, redis_url):
+    big = envelope("big", tenant="team-a", output_text="x" * BIG)
+    async with sink_for(redis_url) as sink:
+        await sink.write([envelope("small1"), big, envelope("small2")])
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        entries = await redis.xrange(STREAM)
+        assert max(len(f[b"envelope"]) for _, f in entries) < 2_000  # not kept inline
+    finally:
+        await redis.aclose()
+    async with running_api(results_settings(), redis_url) as (base, _):
+        events = await asyncio.wait_for(_raw_events(base, 3), 10)
+        kinds = [e[0] for e in events]
+        assert kinds == ["result", "result-ref", "result"], kinds
+        ref = orjson.loads(events[1][2])
+        assert ref["key"] == "big" and ref["tenant"] == "team-a" and ref["bytes"] > BIG
+        async with httpx.AsyncClient(base_url=base, headers=bearer(TOKEN)) as client:
+            whole = await client.get(ref["ref"])
+        assert whole.status_code == 200 and whole.json()["output_text"] == "x" * BIG
+        # the Python client follows the reference by itself
+        async with Results(base, TOKEN) as results:
+            stream = results.stream(last_event_id="0-0")
+            got = []
+            async for env in stream:
+                got.append(env)
+                if len(got) == 3:
+                    break
+        assert [e.key for e in got] == ["small1", "big", "small2"]
+        assert got[1].output_text == "x" * BIG
+        assert stream.last_event_id == events[2][1]
