@@ -207,6 +207,9 @@ class ResultStream:
                             raise gap
                         if event == "error":
                             break  # the server lost Redis: reconnect
+                        if event == "result-ref":  # a large envelope: read it whole
+                            yield await self._fetch(orjson.loads(data))
+                            continue
                         yield Envelope.from_dict(orjson.loads(data))
             except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
                 if failures >= self._max_retries:
@@ -218,6 +221,21 @@ class ResultStream:
             if failures > self._max_retries:
                 raise ResultsError(f"stream lost {failures} times in a row")
             await asyncio.sleep(random.uniform(0.5, 1.0) * min(15.0, 2.0 ** (failures - 1)))
+
+    async def _fetch(self, ref: dict[str, Any]) -> Envelope:
+        """The envelope a ``result-ref`` event names (the latest of its key); a
+        :class:`ResultsError` when it is no longer kept (``last_event_id`` is past it)."""
+        try:
+            response = await self._client.get(str(ref["ref"]))
+        except httpx.HTTPError as exc:
+            raise ResultsError(f"results API unreachable: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            failure = _failure(response)
+            raise ResultsError(
+                f"large result {ref.get('provider')}/{ref.get('key')}: {failure}",
+                status=failure.status,
+            )
+        return Envelope.from_dict(orjson.loads(response.content))
 
     async def _connection(self) -> AsyncGenerator[tuple[str, str]]:
         """(event type, data) of one connection's events; moves ``last_event_id``."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 import orjson
 from redis.asyncio import Redis
@@ -36,6 +37,7 @@ __all__ = [
     "ResultsSink",
     "ResultsSinkConfig",
     "latest_key",
+    "reference",
 ]
 
 RESULTS_SINK = "_results"
@@ -55,7 +57,8 @@ _PER_CALL = 500
 
 # KEYS[1]: the stream; KEYS[2]: its last id; KEYS[3..]: each envelope's latest key.
 # ARGV: ttl_s, max_entries, retention_ms, channel, tenant suffix; then per envelope
-# tenant, provider, kind, status, envelope JSON.
+# tenant, provider, kind, status, envelope JSON, and '' or the reference the stream
+# carries instead of a large envelope.
 # A tenant's entry (not default's) is added to its own stream too, under the same id,
 # its prev naming that stream's previous entry.
 _PUBLISH = """
@@ -70,19 +73,21 @@ end
 local prev = newest(KEYS[2], stream)
 local tenants = {}
 for i = 3, #KEYS do
-  local a = 6 + (i - 3) * 5
-  local tenant = ARGV[a]
+  local a = 6 + (i - 3) * 6
+  local tenant, ref = ARGV[a], ARGV[a + 5]
   redis.call('SET', KEYS[i], ARGV[a + 4], 'EX', ttl)
+  local field, carried = 'envelope', ARGV[a + 4]
+  if ref ~= '' then field, carried = 'ref', ref end
   prev = redis.call('XADD', stream, '*', 'tenant', tenant, 'provider', ARGV[a + 1],
                     'kind', ARGV[a + 2], 'status', ARGV[a + 3], 'prev', prev,
-                    'envelope', ARGV[a + 4])
+                    field, carried)
   if tenant ~= 'default' then
     local own = stream .. suffix .. tenant
     local last_key = KEYS[2] .. suffix .. tenant
     local tprev = tenants[tenant] or newest(last_key, own)
     redis.call('XADD', own, prev, 'tenant', tenant, 'provider', ARGV[a + 1],
                'kind', ARGV[a + 2], 'status', ARGV[a + 3], 'prev', tprev,
-               'envelope', ARGV[a + 4])
+               field, carried)
     tenants[tenant] = prev
   end
   redis.call('PUBLISH', channel, KEYS[i])
@@ -103,6 +108,16 @@ return #KEYS - 2
 """
 
 
+def reference(env: Envelope, size: int) -> bytes:
+    """What the stream carries for a large envelope (``event: result-ref``): where the
+    results API reads it whole, and what a reader filters on."""
+    path = f"/v1/results/{quote(env.provider, safe='')}/{quote(env.key, safe='/')}"
+    if env.tenant != "default":
+        path += f"?tenant={quote(env.tenant, safe='')}"
+    fields = {"ref": path, "tenant": env.tenant, "provider": env.provider, "key": env.key}
+    return orjson.dumps({**fields, "kind": env.kind, "status": env.status, "bytes": size})
+
+
 def latest_key(tenant: str, provider: str, key: str) -> str:
     """Where the latest envelope of (tenant, provider, key) is kept. Tenant and provider
     names cannot contain ``:``, so distinct triples never share a key."""
@@ -117,6 +132,9 @@ class ResultsSinkConfig(SinkConfig):
     stream_max_entries: int
     stream_retention_s: int
     latest_ttl_s: int
+    stream_inline_bytes: int = 262_144
+    """An envelope larger than this (as JSON) is carried by the stream as a reference
+    (:func:`reference`) rather than whole; the latest key holds it whole."""
 
 
 class ResultsSink(SinkBase):
@@ -160,7 +178,9 @@ class ResultsSink(SinkBase):
                 call += (env.tenant, env.provider, env.kind, env.status)
                 # copied to its size: orjson's bytes keep its whole growing buffer (about
                 # 130 KB for a 13 KB envelope) while the call waits for its round trip
-                call.append(bytes(memoryview(orjson.dumps(env.to_dict()))))
+                data = bytes(memoryview(orjson.dumps(env.to_dict())))
+                large = len(data) > self.config.stream_inline_bytes
+                call += (data, reference(env, len(data)) if large else b"")
             calls.append((len(part) + 2, call))
         try:
             await self._run(self._redis, calls)

@@ -98,6 +98,10 @@ class ResultsConfig(ConfigModel):
     stream_retention_s: int = Field(default=86_400, ge=60)
     """... and none older than this. A client that reconnects with an older Last-Event-ID
     gets a ``reset`` event."""
+    stream_inline_bytes: int = Field(default=262_144, ge=1024, le=64 << 20)
+    """An envelope larger than this (as JSON) is sent on the stream as a ``result-ref``
+    event naming where to read it, not whole: a reader catching up through large
+    envelopes holds a small event each, and the stream keeps no copy of them."""
     latest_ttl_s: int = Field(default=7 * 86_400, ge=60)
     """``GET /v1/results/{provider}/{key}`` finds an envelope this long after it landed."""
     max_wait_s: float = Field(default=60.0, gt=0, le=60)

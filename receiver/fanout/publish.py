@@ -57,6 +57,7 @@ def add_publication(
         stream_max_entries=settings.results.stream_max_entries,
         stream_retention_s=settings.results.stream_retention_s,
         latest_ttl_s=settings.results.latest_ttl_s,
+        stream_inline_bytes=settings.results.stream_inline_bytes,
         timeout_s=min(30.0, job_s / 2),
     )
 

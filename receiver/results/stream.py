@@ -146,6 +146,11 @@ ALL = Source()
 
 
 def _event(raw_id: bytes, fields: dict[bytes, bytes]) -> bytes:
+    """The SSE event of a stream entry: ``result`` with the envelope, or ``result-ref``
+    with where to read a large one (:func:`sinks.results.reference`)."""
+    ref = fields.get(b"ref")
+    if ref is not None:
+        return b"id: %s\nevent: result-ref\ndata: %s\n\n" % (raw_id, ref)
     return b"id: %s\nevent: result\ndata: %s\n\n" % (raw_id, fields.get(b"envelope", b"null"))
 
 
@@ -403,7 +408,7 @@ async def _catch_up(redis: Redis, sub: Subscriber) -> AsyncIterator[bytes]:
         chunk = b"".join(_event(raw, f) for raw, f in page if sub.filter.matches(f))
         sub.position = parse_id(page[-1][0]) or sub.position
         last = len(page) < count
-        size = sum(len(f.get(b"envelope", b"")) for _, f in page) or 1
+        size = sum(len(f.get(b"envelope") or f.get(b"ref") or b"") for _, f in page) or 1
         count = max(1, min(_PAGE, WRITE_BYTES * len(page) // size))
         del page  # not held while the client takes the chunk
         if chunk:
