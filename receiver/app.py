@@ -30,7 +30,7 @@ from receiver.ui import MAX_FORM, ui_routes
 from receiver.webhooks.endpoint import WebhookDispatch, WebhookEndpoint
 from receiver.webhooks.wire import BoundedBodies, ReadDeadlines
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "operator_app"]
 
 log = logging.getLogger("nopoll.app")
 
@@ -64,6 +64,32 @@ async def _client_left(request: Request, exc: Exception) -> Response:
     return json_answer(400, {"error": "client disconnected before sending the whole body"})
 
 
+def _public_metrics(settings: Settings, redis: Redis, metrics: Metrics) -> Callable[..., Any]:
+    """``/metrics`` on the public port: the page, or 404 when the operator port serves it."""
+    if settings.api.operator_port is None:
+        return _metrics_page(redis, metrics, list(settings.providers))
+
+    async def elsewhere(request: Request) -> Response:
+        return json_error(404, "served on the operator port (api.operator_port)")
+
+    return elsewhere
+
+
+def operator_app(
+    settings: Settings, *, redis: Redis, metrics: Metrics, worker_heartbeat_key: str | None
+) -> ASGIApp:
+    """What ``api.operator_port`` serves: ``/metrics``, ``/readyz`` with the sinks' error
+    text, and ``/healthz``; nothing a provider or consumer calls."""
+    wanted = settings.redis
+    readyz = _readiness(redis, worker_heartbeat_key, wanted.min_replicas_acked, errors=True)
+    routes = [
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", _metrics_page(redis, metrics, list(settings.providers)), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+
 def create_app(
     settings: Settings,
     *,
@@ -94,10 +120,10 @@ def create_app(
         Route("/healthz", _healthz, methods=["GET"]),
         Route(
             "/readyz",
-            _readiness(redis, worker_heartbeat_key, wanted.min_replicas_acked),
+            _readiness(redis, worker_heartbeat_key, wanted.min_replicas_acked, errors=False),
             methods=["GET"],
         ),
-        Route("/metrics", _metrics_page(redis, metrics, list(settings.providers)), methods=["GET"]),
+        Route("/metrics", _public_metrics(settings, redis, metrics), methods=["GET"]),
         *admin_routes(settings, redis),
         *results_routes(settings, redis),
         *ui_routes(settings, redis),

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from nopoll.exceptions import ConfigError, NopollError
 from receiver.activity import ActivityRecorder
-from receiver.app import create_app
+from receiver.app import create_app, operator_app
 from receiver.config.describe import describe
 from receiver.config.settings import Settings
 from receiver.embedded import EmbeddedRedis
@@ -159,6 +159,23 @@ def api_server_config(
     )
 
 
+def _operator_server(settings: Settings, redis: Any, metrics: Metrics, roles: _Roles) -> _Server:
+    """``api.operator_port``: /metrics and the detailed /readyz, beside the API."""
+    app = operator_app(
+        settings,
+        redis=redis,
+        metrics=metrics,
+        worker_heartbeat_key=HEALTH_CHECK_KEY if roles.worker else None,
+    )
+    port = settings.api.operator_port
+    assert port is not None
+    return _Server(
+        uvicorn.Config(
+            app, host=roles.host, port=port, log_config=None, access_log=False, lifespan="off"
+        )
+    )
+
+
 def _health_server(
     settings: Settings, workers: list[NopollWorker], metrics: Metrics, address: tuple[str, int]
 ) -> _Server:
@@ -203,6 +220,8 @@ async def _run(settings: Settings, connector: RedisConnector, roles: _Roles) -> 
     servers: dict[str, _Server] = {}
     if roles.api:
         servers["api"] = _api_server(settings, redis, metrics, roles)
+        if settings.api.operator_port is not None:
+            servers["operator"] = _operator_server(settings, redis, metrics, roles)
     if roles.health is not None and workers:
         servers["worker health"] = _health_server(settings, workers, metrics, roles.health)
     tasks += [asyncio.create_task(server.serve(), name=name) for name, server in servers.items()]

@@ -186,6 +186,10 @@ class ApiConfig(ConfigModel):
     """Connections one client address may hold at once (trusted proxies excepted); one
     beyond it takes no slot and its first request is answered 503. Unset:
     ``limit_concurrency - reserved_for_webhooks``."""
+    operator_port: int | None = Field(default=None, ge=1, le=65535)
+    """A second port of ``nopoll api`` (same host) serving ``/metrics`` and ``/readyz`` with
+    the sinks' error text, for Prometheus and operators only; the public port's
+    ``/metrics`` then answers 404. None: ``/metrics`` is on the public port."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A callback body must arrive whole within this long (slow senders hold memory)."""
     client_rps: int | None = Field(default=None, ge=1)

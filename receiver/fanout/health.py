@@ -66,12 +66,14 @@ async def sink_states(redis: Redis) -> dict[str, dict[str, Any]]:
     return {name.decode(): orjson.loads(value) for name, value in sorted(raw.items())}
 
 
-async def read_sink_health(redis: Redis) -> dict[str, Any]:
-    """Each sink's last published state: ``ok``, ``failing: <error>`` or ``not opened``."""
+async def read_sink_health(redis: Redis, *, errors: bool = True) -> dict[str, Any]:
+    """Each sink's last published state: ``ok``, ``failing: <error>`` (``failing``
+    without ``errors``: the public ``/readyz``) or ``not opened``."""
     out: dict[str, Any] = {}
     for name, data in (await sink_states(redis)).items():
         state = data.get("state")
-        out[name] = f"failing: {data.get('error')}" if state == "failing" else state
+        failing = state == "failing" and errors
+        out[name] = f"failing: {data.get('error')}" if failing else state
     return out
 
 
@@ -115,11 +117,12 @@ async def queue_depths(redis: Redis) -> dict[str, float]:
 
 
 def readiness_page(
-    redis: Redis, worker_heartbeat_key: str | None, min_replicas: int = 0
+    redis: Redis, worker_heartbeat_key: str | None, min_replicas: int = 0, *, errors: bool
 ) -> Callable[..., Any]:
     """``GET /readyz``: Redis answers as a writable primary with at least ``min_replicas``
     replicas (and the worker's heartbeat is there, where it runs); the sinks' health is
-    shown but not required (callbacks queue safely meanwhile)."""
+    shown but not required (callbacks queue safely meanwhile), their error text only with
+    ``errors`` (the operator port's)."""
 
     async def readyz(request: Request) -> Response:
         checks: dict[str, str] = {}
@@ -137,7 +140,7 @@ def readiness_page(
         body: dict[str, Any] = {"ready": ready, **checks}
         if checks["redis"] == "ok":
             with contextlib.suppress(RedisError, OSError):
-                body["sinks"] = await read_sink_health(redis)
+                body["sinks"] = await read_sink_health(redis, errors=errors)
         return json_answer(200 if ready else 503, body)
 
     return readyz

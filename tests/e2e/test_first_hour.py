@@ -86,7 +86,7 @@ async def test_readyz_shows_a_sink_that_cannot_start_without_failing_readiness(
 
         r, sinks = await wait_for(sinks_shown, timeout=30, interval=0.3)
     assert r.status_code == 200  # callbacks still queue safely
-    assert sinks["warehouse"].startswith("failing: ") and "nobody" not in sinks["warehouse"]
+    assert sinks["warehouse"] == "failing"  # its error text only on api.operator_port
     assert sinks["files"] in ("ok", "not opened")
     # send-test says so right after its 202
     result = await asyncio.to_thread(
