@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from nopoll.envelope import DEFAULT_TENANT
 from receiver.config.sections import DeadLetterConfig
 from receiver.journey.store import JourneyStore
+from receiver.logs import Throttle
 from receiver.providers.client import provider_said
 from receiver.queue.enqueue import PUT_JOB_LUA
 from receiver.queue.jobs import QueuedJob, journeys_of, letter_target
@@ -168,6 +169,9 @@ def _of_sink(data: bytes, sink: str, field: bytes) -> bool:
     return bool(orjson.loads(data).get("sink") == sink)
 
 
+_DROPS = Throttle(log, every_s=60.0)
+"""Dropped letters: one line per tenant and reason a minute (the count is in metrics)."""
+
 _ERROR_CHARS = 2000
 
 
@@ -279,7 +283,9 @@ class DeadLetters:
         expired, capped = (int(n) for n in reply)
         for reason, n in (("expired", expired), ("cap", capped)):
             if n:
-                log.warning(
+                _DROPS.log(
+                    logging.WARNING,
+                    (tenant, reason),
                     "dead letters: %d of tenant %s dropped (%s: dead_letters.%s)",
                     n,
                     tenant,
