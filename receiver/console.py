@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -346,9 +346,14 @@ def _kind_of_event_name(event_type: str) -> str:
     return named if dot and named in WATCHABLE_KINDS else DEFAULT_KIND
 
 
+_LISTED = tuple(f.name for f in fields(DeadLetter) if f.name != "kwargs")
+"""A letter's fields in a listing: all but its work (envelopes, large, and copied whole by
+``asdict`` before being dropped)."""
+
+
 def _letter(d: DeadLetter) -> dict[str, Any]:
-    data = asdict(d)
-    del data["kwargs"]  # the work itself: envelopes, large and not for a listing
+    data = {name: getattr(d, name) for name in _LISTED}
+    data["keys"] = list(d.keys)
     data["tenant"] = d.tenant
     return data
 
