@@ -298,8 +298,8 @@ class DeadLetters:
     async def expire(self) -> None:
         """Drop every tenant's letters that are past ``ttl_s`` or beyond its cap (what a
         worker runs every minute; a tenant that keeps no new letter is trimmed here). The
-        first run also files the letters kept before the tenant index existed."""
-        if not await self._redis.exists(_INDEXED):
+        first run that finds letters also files those kept before the tenant index."""
+        if await self._redis.zcard(_INDEX) and not await self._redis.exists(_INDEXED):
             await self._index_old_letters()
         ttl = self._limits.ttl_s
         cutoff = "" if ttl is None else repr(time.time() - ttl)

@@ -7,8 +7,10 @@ is read is measured by Redis's own count of bytes sent."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -83,3 +85,30 @@ async def test_a_tenants_views_read_only_its_own_letters(redis: Redis, dropped):
             assert [d.id for d in found] == [mine[1].id]
     # 2,000 letters are ~1 MB: each view reads a few KB at most
     assert max(reads.values()) < 50_000, reads
+
+
+async def test_letters_kept_before_the_tenant_index_are_filed_by_the_first_trim(
+    redis: Redis, dropped
+):
+    """A letter as an older nopoll kept it (in the store and its index only) is filed
+    under its tenant by the first trim, and counted once."""
+    letter = {
+        "id": "0" * 32,
+        "sink": "fetch",
+        "provider": "sim",
+        "keys": ["old"],
+        "attempts": 3,
+        "error": "kept by an older nopoll",
+        "function": FETCH_RESPONSE,
+        "kwargs": {"provider": "sim", "response_id": "old", "tenant": "team-a"},
+        "created_at": 1.0e9,
+    }
+    await redis.hset("nopoll:dlq", letter["id"], orjson.dumps(letter))
+    await redis.zadd("nopoll:dlq:index", {letter["id"]: time.time()})
+    letters = capped(redis, dropped, ttl_s=None)
+    assert await letters.by_tenant() == {}
+    await letters.expire()
+    await letters.expire()  # the second trim files nothing again
+    assert await letters.by_tenant() == {"team-a": 1}
+    page, total = await letters.page(tenant="team-a")
+    assert total == 1 and page[0].id == letter["id"]
