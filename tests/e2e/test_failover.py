@@ -26,7 +26,11 @@ async def test_a_primary_sigkilled_mid_stream_loses_no_acknowledged_callback(
     assert report.duplicate_rows == 0, shown
     assert set(report.answers) <= {200, 202, 503}, shown  # refused: 503 only, never a crash
     assert report.promoted_after_s is not None and report.first_2xx_after_s is not None, shown
-    assert report.first_2xx_after_s <= report.promoted_after_s + 10, shown
+    # Back once a replica of the new primary confirms writes: about 2 s here, but a
+    # Sentinel whose replica reconfiguration stalls retries it after its failover-timeout
+    # (10 s), and a loaded CI machine once took 17 s after the promotion. The bound catches
+    # an API that never finds the new primary, not Sentinel's own pace.
+    assert report.first_2xx_after_s <= report.promoted_after_s + 30, shown
 
 
 async def test_a_partitioned_primary_the_api_still_reaches_acknowledges_nothing_it_loses(
