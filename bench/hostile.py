@@ -19,8 +19,9 @@ their own, one Redis). The team, in a process of its own, at once:
 3. holds its token's 20 streams: 10 reconnecting from ``Last-Event-ID: 0-0`` every
    ``--catchup-every`` s, 10 stalled, while 6 MB envelopes of team-a are published.
 
-``--pin`` puts the API, the sender and Redis on the last CPU and the team, the worker and
-the simulator on the others, so that the team's own CPU is not taken from the server.
+``--pin`` puts the providers' API process, the sender and Redis on the last CPU, and the
+team, the worker, the simulator and the consumers' API process on the others (as another
+pod would be), so that the team's own CPU is not taken from the server.
 Prints per run the answers by status, p50/p99, the API's CPU and peak RSS, the team's
 counts; the runs alternate for ``--rounds``, and the targets compare median p99s.
 **Target: hostile p99 within 1.5x of quiet, and no 503.** Exit 1 on a miss.
@@ -339,7 +340,10 @@ def _pin(api: int, others: list[int]) -> str:
     for pid in others:
         e2e.pin(pid, rest)
     _TEAM_CPUS.update(rest)
-    return f"API and sender pinned to CPU {cpus[-1]}; worker, simulator and team to {sorted(rest)}"
+    return (
+        f"API and sender pinned to CPU {cpus[-1]}; worker, simulator, team and the "
+        f"consumers' API process to {sorted(rest)}"
+    )
 
 
 _TEAM_CPUS: set[int] = set()
@@ -414,7 +418,7 @@ def main() -> int:
             )  # fmt: skip
             common.wait_http(f"http://127.0.0.1:{team_port}/readyz", proc=second)
             if args.pin:
-                print(_pin(api.pid, [worker.pid, sim.pid]), flush=True)
+                print(_pin(api.pid, [worker.pid, sim.pid, second.pid]), flush=True)
                 redis_pid = e2e.redis_pid().get("redis (shared)")
                 if redis_pid is not None:  # given back at the end
                     redis_cpus = os.sched_getaffinity(redis_pid)
