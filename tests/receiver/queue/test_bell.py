@@ -43,7 +43,15 @@ async def idle_worker(redis_url: str, job: Any, idle_wait_s: float | None) -> As
         await asyncio.sleep(0.5)  # it found the queue empty and waits
         yield
     finally:
-        task.cancel()
+        # as nopoll stops its workers (receiver.queue._arq.wait_stopped): Python 3.11 can
+        # lose a cancel that races the timeout of the worker's read of the bell, so it is
+        # sent again until the task ends (bounded)
+        for _ in range(100):
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=0.1)
+            if done:
+                break
+        assert task.done(), "the worker did not stop"
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await worker.close()
