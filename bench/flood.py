@@ -69,6 +69,11 @@ async def _request(
     """One request on a keep-alive connection: (status, whether the server closes it)."""
     writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
     await writer.drain()
+    return await read_answer(reader)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """One answer on a keep-alive connection: (status, whether the server closes it)."""
     status_line = await reader.readline()
     if not status_line:
         raise ConnectionError("closed")

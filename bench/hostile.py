@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _common as common
 import e2e
-from flood import _valid
+from flood import _valid, read_answer
 
 from nopoll.envelope import Envelope, now_rfc3339
 from receiver.queue.deadletter import DeadLetters
@@ -146,7 +146,7 @@ class Team:
                         conn = await self._open()
                     reader, writer = conn
                     writer.write(head)
-                    status, close = await _answer(reader)
+                    status, close = await read_answer(reader)
                     self.counts[f"hog {status}"] += 1
                     if close:
                         writer.close()
@@ -189,7 +189,7 @@ class Team:
             try:
                 conn = conn or await self._open()
                 conn[1].write(head)
-                status, close = await _answer(conn[0])
+                status, close = await read_answer(conn[0])
                 self.counts[f"letter pages {status}"] += 1
                 if close:
                     conn[1].close()
@@ -244,22 +244,6 @@ class Team:
                 self.counts["6 MB envelopes"] += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), 2)
-
-
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    line = await reader.readline()
-    if not line:
-        raise ConnectionError("closed")
-    status = int(line.split()[1])
-    length, close = 0, False
-    while (raw := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = raw.decode("latin-1").partition(":")
-        if name.lower() == "content-length":
-            length = int(value)
-        elif name.lower() == "connection" and "close" in value.lower():
-            close = True
-    await reader.readexactly(length)
-    return status, close
 
 
 PARTS = ("hog", "letters", "browse", "catchup", "stalled", "large")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,6 +26,21 @@ ROWS = 300
 HANDED_BACK = r'nopoll_jobs_total\{function="(\w+)",outcome="handed_back"\} (\S+)'
 
 
+def _config(
+    tmp: Path, base_url: str, redis_url: str, pg_url: str, table: str, extra: str = ""
+) -> Path:
+    """Both nopolls' config: provider ``sim``, a Postgres sink, fast polls and heartbeats."""
+    config = tmp / "nopoll.yaml"
+    config.write_text(
+        f"redis_url: '{redis_url}'\ndata_dir: {tmp / 'data'}\n"
+        f"providers:\n  sim:\n    dialect: openai\n    base_url: {base_url}\n"
+        "    webhook_secrets: ['${SIM_SECRET}']\n    rate_limit_rps: null\n"
+        f"sinks:\n  db: {{type: sql, url: '{pg_url}', table: {table}}}\n"
+        "worker: {poll_delay_s: 0.01, health_check_interval_s: 1}\n" + extra
+    )
+    return config
+
+
 async def test_a_worker_hands_a_newer_nopolls_batch_to_a_worker_that_reads_it(
     procs, tmp_path, provider_sim, redis_url, pg_url, pg_table, signed_callback
 ):
@@ -33,14 +49,7 @@ async def test_a_worker_hands_a_newer_nopolls_batch_to_a_worker_that_reads_it(
     responses = [f"resp_newer_{i}" for i in range(20)]
     for rid in responses:
         sim.add_response(rid)
-    config = tmp_path / "nopoll.yaml"
-    config.write_text(
-        f"redis_url: '{redis_url}'\ndata_dir: {tmp_path / 'data'}\n"
-        f"providers:\n  sim:\n    dialect: openai\n    base_url: {sim.base_url}\n"
-        "    webhook_secrets: ['${SIM_SECRET}']\n    rate_limit_rps: null\n"
-        f"sinks:\n  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n"
-        "worker: {poll_delay_s: 0.01, health_check_interval_s: 1}\n"
-    )
+    config = _config(tmp_path, sim.base_url, redis_url, pg_url, pg_table)
     api_port, health_port = free_port(), free_port()
     ours = dict(procs.env)
     procs.env = {**ours, "PYTHONPATH": str(newer_tree(tmp_path))}
@@ -104,15 +113,10 @@ async def test_a_batch_queued_by_a_newer_api_waits_for_a_newer_worker(
     it a dead letter at once; the newer worker, started later, runs it."""
     sim = provider_sim()
     batch = sim.add_batch("openai", "batch_api_first", ROWS)
-    config = tmp_path / "nopoll.yaml"
-    config.write_text(
-        f"redis_url: '{redis_url}'\ndata_dir: {tmp_path / 'data'}\n"
-        f"providers:\n  sim:\n    dialect: openai\n    base_url: {sim.base_url}\n"
-        "    webhook_secrets: ['${SIM_SECRET}']\n    rate_limit_rps: null\n"
-        f"sinks:\n  db: {{type: sql, url: '{pg_url}', table: {pg_table}}}\n"
-        "worker: {poll_delay_s: 0.01, health_check_interval_s: 1}\n"
-        "fetch_retry: {max_tries: 8, base_delay_s: 0.5, max_delay_s: 4}\n"
-    )
+    config = _config(
+        tmp_path, sim.base_url, redis_url, pg_url, pg_table,
+        "fetch_retry: {max_tries: 8, base_delay_s: 0.5, max_delay_s: 4}\n",
+    )  # fmt: skip
     api_port, health_port = free_port(), free_port()
     ours = dict(procs.env)
     newer = {**ours, "PYTHONPATH": str(newer_tree(tmp_path))}

@@ -15,6 +15,7 @@ from redis import asyncio as redis_asyncio
 from nopoll.client import Results
 from sinks.results import STREAM
 from tests.receiver.helpers import TOKEN, bearer, envelope, sink_for
+from tests.receiver.results.test_results_stream import sse
 from tests.servers import running_api
 
 BIG = 2_000_000  # characters of output text: well over the 256 KiB default
@@ -23,22 +24,11 @@ BIG = 2_000_000  # characters of output text: well over the 256 KiB default
 async def _raw_events(base: str, want: int) -> list[tuple[str, str, str]]:
     """(event, id, data) of a stream read from the start, until ``want`` came."""
     got: list[tuple[str, str, str]] = []
-    headers = {**bearer(TOKEN), "last-event-id": "0-0"}
-    async with (
-        httpx.AsyncClient(base_url=base, timeout=10) as client,
-        client.stream("GET", "/v1/results/stream", headers=headers) as r,
-    ):
-        fields: dict[str, str] = {}
-        async for line in r.aiter_lines():
-            if line:
-                name, _, value = line.partition(": ")
-                fields[name] = value
-                continue
-            if "data" in fields:
-                got.append((fields.get("event", ""), fields.get("id", ""), fields["data"]))
-                if len(got) == want:
-                    return got
-            fields = {}
+    async with httpx.AsyncClient(base_url=base, headers=bearer(TOKEN), timeout=10) as client:
+        async for event in sse(client, last_event_id="0-0"):
+            got.append(event)
+            if len(got) == want:
+                break
     return got
 
 

@@ -11,6 +11,7 @@ from redis import asyncio as redis_asyncio
 
 from sinks.results import STREAM, TENANT_SUFFIX
 from tests.receiver.helpers import TOKEN, TOKEN_A, bearer, envelope, sink_for
+from tests.receiver.results.test_results_stream import sse
 from tests.servers import running_api
 
 OTHERS = 2000  # the operator's and team-b's results, ~1 KB each
@@ -24,17 +25,11 @@ async def _bytes_sent(redis) -> int:
 async def _catch_up(base: str, token: str, want: int) -> list[str]:
     """(ids of) the events a stream from the start sends, until ``want`` came."""
     got: list[str] = []
-    headers = {**bearer(token), "last-event-id": "0-0"}
-    async with (
-        httpx.AsyncClient(base_url=base, timeout=10) as client,
-        client.stream("GET", "/v1/results/stream", headers=headers) as r,
-    ):
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("id: "):
-                got.append(line[4:])
-                if len(got) == want:
-                    return got
+    async with httpx.AsyncClient(base_url=base, headers=bearer(token), timeout=10) as client:
+        async for _, event_id, _ in sse(client, last_event_id="0-0"):
+            got.append(event_id)
+            if len(got) == want:
+                break
     return got
 
 
@@ -92,21 +87,10 @@ async def test_a_tenants_trimmed_history_sends_reset_first(results_settings, red
             await sink.write(mixed)
         oldest_id, oldest = (await redis.xrange(own, count=1))[0]
         assert oldest[b"prev"] != b"0-0"  # team-a's own entries were trimmed
-        headers = {**bearer(TOKEN_A), "last-event-id": old_id}
         events: list[tuple[str, str]] = []
-        async with (
-            httpx.AsyncClient(base_url=base, timeout=10) as client,
-            client.stream("GET", "/v1/results/stream", headers=headers) as r,
-        ):
-            fields: dict[str, str] = {}
-            async for line in r.aiter_lines():
-                if line:
-                    name, _, value = line.partition(": ")
-                    fields[name] = value
-                    continue
-                if "data" in fields:
-                    events.append((fields.get("event", ""), fields["data"]))
-                fields = {}
+        async with httpx.AsyncClient(base_url=base, headers=bearer(TOKEN_A), timeout=10) as c:
+            async for kind, _, data in sse(c, last_event_id=old_id):
+                events.append((kind, data))
                 if len(events) == 2:
                     break
         (kind, data), (first_kind, first) = events
