@@ -34,12 +34,13 @@ from starlette.routing import Route
 
 from nopoll.exceptions import ConfigError, NopollError
 from receiver.activity import ActivityRecorder
+from receiver.aio import settle_cancelled, where
 from receiver.app import create_app, operator_app
 from receiver.config.describe import describe
 from receiver.config.settings import Settings
 from receiver.embedded import EmbeddedRedis
 from receiver.metrics import CONTENT_TYPE_LATEST, Metrics
-from receiver.queue._arq import settle_cancelled, stop_workers, wait_stopped, where
+from receiver.queue._arq import stop_workers, wait_stopped
 from receiver.queue.enqueue import HEALTH_CHECK_KEY
 from receiver.redis import RedisConnector, RedisLink, redis_settings_problems
 from receiver.responses import json_answer

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import Envelope, batch_summary_envelope, envelope_from_row, now_rfc3339
 from nopoll.exceptions import NopollError, ResultNotReady
+from receiver.aio import settle_cancelled
 from receiver.batches.budget import ChunkBudget, ChunkTicket
 from receiver.batches.progress import BatchState, ChunkBounds, batch_state_key
 from receiver.batches.writer import DONE, SinkWriter
@@ -35,7 +36,6 @@ from receiver.fanout.fanout import FanOut
 from receiver.journey.store import JourneyStore
 from receiver.metrics import Metrics
 from receiver.providers import BatchFetch, Dialect
-from receiver.queue._arq import settle_cancelled
 from receiver.queue.deadletter import DeadLetters
 from receiver.tracing import span
 

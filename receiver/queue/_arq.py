@@ -28,6 +28,7 @@ import arq
 import orjson
 import redis as redis_py
 
+from receiver.aio import settle_cancelled, where
 from receiver.redis.connector import RedisConnector
 from receiver.redis.link import RedisLink
 from sinks.coalesce import GroupCommit
@@ -763,28 +764,6 @@ _CLOSE_WAIT_S = 30.0
 """How long :meth:`SeamWorker.close` waits for its cancelled jobs before it goes on."""
 
 
-async def settle_cancelled(tasks: Sequence[asyncio.Task[Any]], limit_s: float) -> None:
-    """Wait up to ``limit_s`` for cancelled ``tasks`` to end. Python 3.11 can lose a cancel
-    that races an ``asyncio.timeout`` inside a task, which then runs on: the cancel is sent
-    again to a task that no longer counts one pending (never to one still acting on one, so
-    its clean-up is not cut short). What is still running then is logged and left: a close
-    must not wait forever."""
-    pending = {t for t in tasks if not t.done()}
-    deadline = time.monotonic() + limit_s
-    while pending and time.monotonic() < deadline:
-        for task in pending:
-            if task.cancelling() == 0:
-                task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.5)
-    for task in tasks:  # each outcome read, so none is reported as never retrieved
-        if task.done() and not task.cancelled():
-            task.exception()
-    if pending:
-        log.warning(
-            "%d job(s) still running %.0f s after they were cancelled", len(pending), limit_s
-        )
-
-
 def stop_workers(workers: Sequence[SeamWorker], *, wait: bool) -> None:
     """Stop taking jobs; with ``wait`` let running ones finish for the workers'
     ``job_completion_wait`` first (except a ``stop_at_once`` worker's), else cancel them
@@ -817,8 +796,3 @@ async def wait_stopped(
     return [
         (t.exception() or t.result()) if t.done() and not t.cancelled() else None for t in tasks
     ]
-
-
-def where(task: asyncio.Task[Any]) -> str:
-    """Where ``task`` is suspended: its innermost frames, for a log line."""
-    return " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in task.get_stack(limit=6))
