@@ -39,3 +39,33 @@ async def settle_cancelled(tasks: Sequence[asyncio.Task[Any]], limit_s: float) -
 def where(task: asyncio.Task[Any]) -> str:
     """Where ``task`` is suspended: its innermost frames, for a log line."""
     return " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in task.get_stack(limit=6))
+
+
+def cancel_requested() -> bool:
+    """True when the running task was asked to stop. A loop that catches a library's
+    connection errors checks it: redis-py can turn the cancel that ends the loop into one,
+    and the loop would go on as if Redis had only failed."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], limit_s: float = 30.0) -> bool:
+    """Cancel ``task`` and wait for it, sending the cancel again every half second (one the
+    task swallowed is not counted as lost by asyncio, so it is never resent by itself), for
+    ``limit_s`` at most; whether it ended. A task still running is logged with where it
+    stands and left: a stop must not wait forever."""
+    deadline = time.monotonic() + limit_s
+    while not task.done() and time.monotonic() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=min(0.5, max(deadline - time.monotonic(), 0)))
+    if not task.done():
+        log.warning(
+            "%s did not end %.0f s after it was cancelled (at %s)",
+            task.get_name(),
+            limit_s,
+            where(task),
+        )
+        return False
+    if not task.cancelled():
+        task.exception()  # retrieved: the task logged what it hit
+    return True

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError
+from receiver.aio import cancel_requested
 from receiver.feeds.store import ACCOUNT_FEED, NEW, FeedAccount, FeedStore, feed_accounts
 from receiver.providers.base import CompletionFeed, FeedEvent, FeedPage
 from receiver.providers.budget import NoRequestSlot
@@ -93,6 +94,8 @@ class FeedFollower:
                     await self._hold(account)
                     log.info("no longer following the completion feeds of %s", account.name)
             except (RedisError, OSError) as exc:
+                if cancel_requested():  # redis-py turned the stop into a connection error
+                    raise asyncio.CancelledError from exc
                 log.debug("feed %s waits for Redis: %s", account.name, type(exc).__name__)
             finally:
                 self.held.discard(account.name)

@@ -30,6 +30,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from receiver.aio import cancel_and_wait, cancel_requested
 from receiver.config.accounts import DEFAULT_TENANT, scoped, tenant_providers
 from receiver.config.settings import Settings
 from receiver.queue.jobs import JOBS, READS, parse_job_id
@@ -395,6 +396,8 @@ class Liveness:
                 if now - self._beating_since >= self.dead_after_s:
                     await self.reap(now_ms)
             except (RedisError, OSError) as exc:
+                if cancel_requested():  # redis-py turned the stop into a connection error
+                    raise asyncio.CancelledError from exc
                 log.debug("worker heartbeat waits for Redis: %s", type(exc).__name__)
             await asyncio.sleep(self.beat_s)
 
@@ -481,9 +484,7 @@ class Liveness:
         """Stop beating, withdraw the accounts and sinks, hand back everything still held (nothing
         of this process runs any more) and leave the set of workers."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task, 10.0)
             self._task = None
         if self.accounts is not None:
             with contextlib.suppress(RedisError, OSError):

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
 from nopoll.exceptions import ProviderError, QuotaExceeded, TransientProviderError
+from receiver.aio import cancel_requested
 from receiver.config.settings import ProviderConfig, Settings, WatchConfig
 from receiver.logs import bind
 from receiver.providers.budget import NoRequestSlot
@@ -92,9 +93,7 @@ class WatchPoller:
                 try:
                     wait_s = await self._round()
                 except (RedisError, OSError) as exc:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        # the client made our cancel a connection error: stop all the same
+                    if cancel_requested():  # redis-py turned the stop into a connection error
                         raise asyncio.CancelledError from exc
                     log.debug("watch poller waits for Redis: %s", type(exc).__name__)
                     wait_s = _IDLE_S

@@ -20,6 +20,7 @@ import httpx
 from redis.exceptions import RedisError
 
 from nopoll.envelope import now_rfc3339
+from receiver.aio import cancel_and_wait
 from receiver.config.settings import Settings
 from receiver.fanout.health import publish_sink_health
 from receiver.feeds.store import feed_accounts
@@ -298,19 +299,10 @@ async def hand_back(shared: Shared) -> None:
 
 async def _stop_poller(shared: Shared) -> None:
     """Cancel the watch poller and the feed follower (which gives its feeds up) and wait
-    for them. The cancel is repeated: a library that turns a cancel into a connection error
-    (seen with a Redis read cut short at start-up) would otherwise leave the poller waiting
-    for its next round and the process never exiting."""
+    for them, 30 s at most each (a poll ends within its HTTP timeout anyway)."""
     for task in (shared.poller, shared.feeds):
-        if task is None:
-            continue
-        for _ in range(60):  # 30 s at most; a poll ends within its HTTP timeout anyway
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.5)
-            if task.done():
-                break
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: the poller logged what it hit
+        if task is not None:
+            await cancel_and_wait(task, 30.0)
     shared.poller = shared.feeds = None
 
 

@@ -148,3 +148,29 @@ async def test_an_id_in_use_by_a_live_process_is_never_shared(redis_url):
         await client.delete(process_key("w-twice"), held_jobs_key("w-twice"))
         await client.zrem(WORKERS_KEY, "w-twice")
         await client.aclose()
+
+
+class _CutRedis(Liveness):
+    """A heartbeat whose Redis client turns the cancel that stops it into a connection
+    error, as redis-py does when the cancel cuts a connect or a read short (seen in CI: a
+    worker refusing an evicting Redis said "shutting down" and never exited)."""
+
+    async def beat(self) -> int:
+        now = await super().beat()
+        if asyncio.current_task() is not self._task:  # start()'s own first beat
+            return now
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise ConnectionError("Connection closed by server.") from None
+        return now
+
+
+async def test_the_heartbeat_stops_when_its_client_turns_the_stop_into_an_error(redis_url):
+    liveness = _CutRedis(RedisConnector.from_url(redis_url), beat_s=0.05)
+    try:
+        await liveness.start()
+        await asyncio.sleep(0.2)  # in its second beat, cut short by the stop
+        await asyncio.wait_for(liveness.stop(), 5)
+    finally:
+        await liveness.redis.aclose()
