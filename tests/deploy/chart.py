@@ -164,3 +164,23 @@ def render_error(render: Any, values: dict[str, Any]) -> str:
     with pytest.raises((helm_python.HelmRenderError, helm_python.HelmValuesError)) as excinfo:
         render(values)
     return str(excinfo.value)
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector matches ``labels``: a Service's plain map, or a
+    ``matchLabels`` / ``matchExpressions`` pair (In, NotIn, Exists, DoesNotExist)."""
+    if "matchLabels" not in selector and "matchExpressions" not in selector:
+        selector = {"matchLabels": selector}
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True

@@ -401,3 +401,90 @@ def test_an_existing_sentinel_set_and_replica_acks_render_into_secret_and_config
     settings = load_settings(path, env={"REDIS_URL": url, **values["secret"]["env"]})
     assert settings.redis.min_replicas_acked == 1 and settings.redis.wait_timeout_ms == 800
     assert settings.redis.url.get_secret_value() == url
+
+
+# --- the consumers' API Deployment -------------------------------------------------------
+
+
+def test_without_consumers_one_api_deployment_serves_every_path(render: Any) -> None:
+    values = with_changes(
+        default_values(),
+        ingress__enabled=True,
+        ingress__hosts=[
+            {
+                "host": "h.example.com",
+                "paths": [
+                    {"path": "/webhooks", "pathType": "Prefix"},
+                    {"path": "/v1", "pathType": "Prefix", "component": "consumers"},
+                ],
+            }
+        ],
+    )
+    rendered = render(values)
+    components = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]
+        for d in rendered.of_kind("Deployment") + rendered.of_kind("Service")
+    }
+    assert "consumers" not in components
+    [ingress] = rendered.of_kind("Ingress")
+    api = rendered.component("Service", "api")["metadata"]["name"]
+    paths = ingress["spec"]["rules"][0]["http"]["paths"]
+    backends = [p["backend"]["service"]["name"] for p in paths]
+    assert backends == [api, api]  # a path marked consumers goes to the API when there is none
+
+
+def test_consumers_run_their_own_api_pods_behind_their_own_service(render: Any) -> None:
+    """The mitigation docs/security.md measures: providers' callbacks and consumers' reads
+    on separate API processes. The consumers' pods run the same `nopoll api` with the same
+    config, take what they do not set from api, and only their paths reach them."""
+    values = with_changes(
+        default_values(),
+        consumers__enabled=True,
+        consumers__replicas=3,
+        consumers__resources={"requests": {"cpu": "300m"}},
+        api__podDisruptionBudget={"enabled": True, "maxUnavailable": 1},
+        ingress__enabled=True,
+        ingress__hosts=[
+            {
+                "host": "h.example.com",
+                "paths": [
+                    {"path": "/webhooks", "pathType": "Prefix"},
+                    {"path": "/v1", "pathType": "Prefix", "component": "consumers"},
+                ],
+            }
+        ],
+    )
+    rendered = render(values)
+    api, consumers = (rendered.component("Deployment", c) for c in ("api", "consumers"))
+    api_pod, consumers_pod = pod_spec(api), pod_spec(consumers)
+    assert consumers_pod["containers"][0]["command"] == api_pod["containers"][0]["command"]
+    assert consumers_pod["volumes"] == api_pod["volumes"]  # the same config and secrets
+    assert consumers["spec"]["replicas"] == 3 and api["spec"]["replicas"] == 2
+    resources = consumers_pod["containers"][0]["resources"]
+    api_resources = api_pod["containers"][0]["resources"]
+    # merged key by key: its own cpu request, the api's memory request and limits
+    assert resources["requests"] == {"cpu": "300m", "memory": api_resources["requests"]["memory"]}
+    assert resources["limits"] == api_resources["limits"]
+    assert (
+        consumers_pod["containers"][0]["readinessProbe"]
+        == (api_pod["containers"][0]["readinessProbe"])
+    )
+    labels = consumers["spec"]["template"]["metadata"]["labels"]
+    service = rendered.component("Service", "consumers")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert not rendered.component("Service", "api")["spec"]["selector"].items() <= labels.items()
+    [ingress] = rendered.of_kind("Ingress")
+    routed = {
+        p["path"]: p["backend"]["service"]["name"]
+        for p in ingress["spec"]["rules"][0]["http"]["paths"]
+    }
+    assert routed == {
+        "/webhooks": rendered.component("Service", "api")["metadata"]["name"],
+        "/v1": service["metadata"]["name"],
+    }
+    budgets = {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: p["spec"]
+        for p in rendered.of_kind("PodDisruptionBudget")
+    }
+    assert budgets["consumers"]["maxUnavailable"] == 1  # taken from api
+    assert not [h for h in rendered.of_kind("HorizontalPodAutoscaler") if "consumers" in str(h)]

@@ -29,6 +29,7 @@ from tests.deploy.chart import (
     load_values,
     pod_spec,
     render_error,
+    selects,
     with_changes,
     worker_health_port,
 )
@@ -257,12 +258,12 @@ def _workloads(scenario: Rendered) -> list[dict[str, Any]]:
     return [d for d in scenario.docs if d["kind"] in ("Deployment", "StatefulSet")]
 
 
-def _pods_selected(scenario: Rendered, selector: dict[str, str]) -> list[str]:
-    """The workloads whose pods carry every label of ``selector``."""
+def _pods_selected(scenario: Rendered, selector: dict[str, Any]) -> list[str]:
+    """The workloads whose pods ``selector`` matches."""
     return [
         d["metadata"]["name"]
         for d in _workloads(scenario)
-        if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        if selects(selector, d["spec"]["template"]["metadata"]["labels"])
     ]
 
 
@@ -292,22 +293,24 @@ def test_references_between_objects_resolve(scenario: Rendered) -> None:
         assert ("Deployment", target["name"]) in names
         # The autoscaler owns the replica count; the Deployment must not reset it.
         assert "replicas" not in scenario.get("Deployment", target["name"])["spec"]
+    api_service = scenario.component("Service", "api")["metadata"]["name"]
     for ingress in scenario.of_kind("Ingress"):
         for rule in ingress["spec"]["rules"]:
             for path in rule["http"]["paths"]:
-                assert path["path"].startswith("/webhooks")
                 assert ("Service", path["backend"]["service"]["name"]) in names
+                if path["path"].startswith("/webhooks"):  # callbacks: the providers' API
+                    assert path["backend"]["service"]["name"] == api_service
     for policy in scenario.of_kind("NetworkPolicy"):
         pods = [
             d
             for d in workloads
-            if policy["spec"]["podSelector"]["matchLabels"].items()
-            <= d["spec"]["template"]["metadata"]["labels"].items()
+            if selects(policy["spec"]["podSelector"], d["spec"]["template"]["metadata"]["labels"])
         ]
-        assert len(pods) == 1, policy["metadata"]["name"]
-        named = {p["name"] for c in pod_spec(pods[0])["containers"] for p in c.get("ports", [])}
-        for rule in policy["spec"]["ingress"]:
-            assert {p["port"] for p in rule["ports"]} <= named, policy["metadata"]["name"]
+        assert pods, policy["metadata"]["name"]
+        for pod in pods:  # the API's and the consumers' pods share one policy
+            named = {p["name"] for c in pod_spec(pod)["containers"] for p in c.get("ports", [])}
+            for rule in policy["spec"]["ingress"]:
+                assert {p["port"] for p in rule["ports"]} <= named, policy["metadata"]["name"]
 
 
 def test_monitors_select_the_ports_that_serve_metrics(scenario: Rendered) -> None:
@@ -315,13 +318,17 @@ def test_monitors_select_the_ports_that_serve_metrics(scenario: Rendered) -> Non
         selected = [
             s
             for s in scenario.of_kind("Service")
-            if mon["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+            if selects(mon["spec"]["selector"], s["metadata"]["labels"])
         ]
-        assert [s["metadata"]["name"] for s in selected] == [
-            scenario.component("Service", "api")["metadata"]["name"]
+        api_services = [
+            s["metadata"]["name"]
+            for s in scenario.of_kind("Service")
+            if s["metadata"]["labels"]["app.kubernetes.io/component"] in ("api", "consumers")
         ]
-        service_ports = {p["name"] for p in selected[0]["spec"]["ports"]}
-        assert {e["port"] for e in mon["spec"]["endpoints"]} <= service_ports
+        assert [s["metadata"]["name"] for s in selected] == api_services
+        for service in selected:
+            service_ports = {p["name"] for p in service["spec"]["ports"]}
+            assert {e["port"] for e in mon["spec"]["endpoints"]} <= service_ports
     for mon in scenario.of_kind("PodMonitor"):
         worker = scenario.component("Deployment", "worker")
         selector = mon["spec"]["selector"]["matchLabels"]
@@ -386,4 +393,4 @@ def test_names_fit_kubernetes_limits_with_a_long_release_name(render: Any) -> No
         assert (doc["kind"], name) not in seen, (doc["kind"], name)
         seen.add((doc["kind"], name))
     deployments = {d["metadata"]["name"] for d in rendered.of_kind("Deployment")}
-    assert len(deployments) == 2
+    assert len(deployments) == 3  # the API, the consumers' API, the workers

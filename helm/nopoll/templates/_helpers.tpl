@@ -409,3 +409,17 @@ The public base URL for the install notes.
 {{- printf "%s://%s" (ternary "https" "http" $tls) $host }}
 {{- end }}
 {{- end }}
+
+{{/*
+A role's values as YAML: the api's own, or the consumers' laid over a copy of the api's
+(consumers take every api setting they do not set; they never autoscale).
+*/}}
+{{- define "nopoll.roleValues" -}}
+{{- if eq .role "consumers" }}
+{{- $merged := mergeOverwrite (deepCopy .ctx.Values.api) (omit .ctx.Values.consumers "enabled") }}
+{{- $_ := set $merged "autoscaling" (dict "enabled" false) }}
+{{- toYaml $merged }}
+{{- else }}
+{{- toYaml (index .ctx.Values .role) }}
+{{- end }}
+{{- end }}
