@@ -84,6 +84,17 @@ class Stack:
         wait_http(f"http://127.0.0.1:{pod.port}/readyz", pod=pod)  # ready: takes traffic
         return pod
 
+    def start_consumers(self, index: int) -> Pod:
+        """A pod of the consumers' API Deployment (consumers.enabled), which takes its port
+        from api.port."""
+        name = f"{self.fullname}-consumers-r{self.revision}-{index}"
+        port = free_port()
+        values = with_changes(self.values, api__port=port)
+        rendered = self.render(values, release=self.play.release)
+        pod = self.play.play(rendered.component("Deployment", "consumers"), name, port=port)
+        wait_http(f"http://127.0.0.1:{pod.port}/readyz", pod=pod)
+        return pod
+
     def start_worker(self, index: int) -> Pod:
         name = f"{self.fullname}-worker-r{self.revision}-{index}"
         port = free_port()
@@ -169,10 +180,14 @@ def stack(
     """Factory: a release with 2 API and 2 worker pods, config checked first (``config``:
     more of nopoll's config in the values)."""
 
-    def make(*, batch_sim: Any = None, config: dict[str, Any] | None = None) -> Stack:
+    def make(
+        *, batch_sim: Any = None, config: dict[str, Any] | None = None, consumers: bool = False
+    ) -> Stack:
         sim = provider_sim(auto_respond=True, api_key="sk-test-not-a-real-key")
         values, secret, token = _values(nopoll_image, redis_url, pg_url, pg_table, sim, batch_sim)
         values["config"].update(config or {})
+        if consumers:  # the consumers' API Deployment beside the API's
+            values["consumers"] = {"enabled": True, "replicas": 1}
         release = release_name()
         rendered = render(values, release=release)
         play = kube_play(rendered, release)
@@ -189,7 +204,8 @@ def stack(
 async def test_the_chart_runs_two_apis_and_two_workers_and_passes_helm_test(
     stack: Any, pg_url: str, pg_table: str
 ) -> None:
-    s: Stack = await asyncio.to_thread(stack)
+    s: Stack = await asyncio.to_thread(stack, consumers=True)
+    consumers = await asyncio.to_thread(s.start_consumers, 0)
     ids = [f"resp_chart_{i:02d}_{uuid.uuid4().hex[:8]}" for i in range(20)]
     async with httpx.AsyncClient(timeout=10) as client:
         for pod in [*s.api, *s.workers]:
@@ -206,6 +222,13 @@ async def test_the_chart_runs_two_apis_and_two_workers_and_passes_helm_test(
 
     rows = await wait_for(all_landed, timeout=60)
     assert sorted(r["key"] for r in rows) == sorted(ids)
+    # the consumers' API pod serves the results the providers' callbacks brought
+    async with httpx.AsyncClient(timeout=10) as client:
+        headers = {"authorization": f"Bearer {s.consumer_token}"}
+        url = f"http://127.0.0.1:{consumers.port}/v1/results/sim/{ids[0]}"
+        answer = await client.get(url, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["response_id"] == ids[0], answer.text
 
     # the chart's `helm test` pod, pointed at one API pod (podman runs no Service)
     [test_pod] = [
@@ -224,7 +247,7 @@ async def test_the_chart_runs_two_apis_and_two_workers_and_passes_helm_test(
     rows = await pg_rows(pg_url, pg_table)
     assert [r["key"] for r in rows if r["key"] == response_id] == [response_id]
 
-    for pod in [*s.api, *s.workers]:  # stopped as Kubernetes stops them
+    for pod in [*s.api, consumers, *s.workers]:  # stopped as Kubernetes stops them
         await asyncio.to_thread(s.play.pre_stop, pod)
         await asyncio.to_thread(s.play.stop, pod)
 
