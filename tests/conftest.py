@@ -35,12 +35,18 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def _redis_base_url() -> Iterator[str]:
     url = os.environ.get("NOPOLL_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{REDIS_DB}")
+    probe = redis_sync.Redis.from_url(url, socket_connect_timeout=1)
     try:
-        redis_sync.Redis.from_url(url, socket_connect_timeout=1).ping()
+        probe.ping()
+        reachable = True
+    except redis_sync.RedisError:
+        reachable = False
+    finally:
+        # closed at once, not left to the collector (see the ResourceWarning filters)
+        probe.close()
+    if reachable:
         yield url
         return
-    except redis_sync.RedisError:
-        pass
     # No Redis on this machine: run the embedded valkey binary for the session.
     server = ValkeyProcess().start()
     try:
