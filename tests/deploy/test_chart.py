@@ -487,4 +487,5 @@ def test_consumers_run_their_own_api_pods_behind_their_own_service(render: Any) 
         for p in rendered.of_kind("PodDisruptionBudget")
     }
     assert budgets["consumers"]["maxUnavailable"] == 1  # taken from api
+    assert f"behind\nthe service {service['metadata']['name']}:" in rendered.notes
     assert not [h for h in rendered.of_kind("HorizontalPodAutoscaler") if "consumers" in str(h)]
