@@ -405,20 +405,23 @@ def test_an_existing_sentinel_set_and_replica_acks_render_into_secret_and_config
 
 # --- the consumers' API Deployment -------------------------------------------------------
 
+_SPLIT_HOSTS = [
+    {
+        "host": "h.example.com",
+        "paths": [
+            {"path": "/webhooks", "pathType": "Prefix"},
+            {"path": "/v1", "pathType": "Prefix", "component": "consumers"},
+        ],
+    }
+]
+"""An ingress host with the callbacks' path and one path marked for the consumers."""
+
 
 def test_without_consumers_one_api_deployment_serves_every_path(render: Any) -> None:
     values = with_changes(
         default_values(),
         ingress__enabled=True,
-        ingress__hosts=[
-            {
-                "host": "h.example.com",
-                "paths": [
-                    {"path": "/webhooks", "pathType": "Prefix"},
-                    {"path": "/v1", "pathType": "Prefix", "component": "consumers"},
-                ],
-            }
-        ],
+        ingress__hosts=_SPLIT_HOSTS,
     )
     rendered = render(values)
     components = {
@@ -444,15 +447,7 @@ def test_consumers_run_their_own_api_pods_behind_their_own_service(render: Any) 
         consumers__resources={"requests": {"cpu": "300m"}},
         api__podDisruptionBudget={"enabled": True, "maxUnavailable": 1},
         ingress__enabled=True,
-        ingress__hosts=[
-            {
-                "host": "h.example.com",
-                "paths": [
-                    {"path": "/webhooks", "pathType": "Prefix"},
-                    {"path": "/v1", "pathType": "Prefix", "component": "consumers"},
-                ],
-            }
-        ],
+        ingress__hosts=_SPLIT_HOSTS,
     )
     rendered = render(values)
     api, consumers = (rendered.component("Deployment", c) for c in ("api", "consumers"))

@@ -69,7 +69,8 @@ class Stack:
     def port_values(self, role: str, port: int) -> dict[str, Any]:
         """This revision's Deployment of ``role`` with its port set in values (api.port,
         worker.healthPort): each pod on the host network needs a port of its own."""
-        key = {"api": "api__port", "worker": "worker__healthPort"}[role]
+        # the consumers' API takes its port from api.port
+        key = {"api": "api__port", "consumers": "api__port", "worker": "worker__healthPort"}[role]
         rendered = self.render(with_changes(self.values, **{key: port}), release=self.play.release)
         deployment: dict[str, Any] = rendered.component("Deployment", role)
         [container] = pod_spec(deployment)["containers"]
@@ -89,9 +90,7 @@ class Stack:
         from api.port."""
         name = f"{self.fullname}-consumers-r{self.revision}-{index}"
         port = free_port()
-        values = with_changes(self.values, api__port=port)
-        rendered = self.render(values, release=self.play.release)
-        pod = self.play.play(rendered.component("Deployment", "consumers"), name, port=port)
+        pod = self.play.play(self.port_values("consumers", port), name, port=port)
         wait_http(f"http://127.0.0.1:{pod.port}/readyz", pod=pod)
         return pod
 

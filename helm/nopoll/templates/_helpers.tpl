@@ -423,3 +423,11 @@ A role's values as YAML: the api's own, or the consumers' laid over a copy of th
 {{- toYaml (index .ctx.Values .role) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The API Deployments this release runs, as a JSON list: "api", and "consumers" when
+consumers.enabled (one home for that condition: Deployments, Services, disruption budgets).
+*/}}
+{{- define "nopoll.apiRoles" -}}
+{{- ternary (list "api" "consumers") (list "api") .Values.consumers.enabled | toJson }}
+{{- end }}
