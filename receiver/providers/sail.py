@@ -79,11 +79,16 @@ def row_from_item(index: int, item: Any) -> BatchRow:
     )
 
 
+class _ItemTooLong(Exception):
+    """A whole ``results`` item measured over ``http.max_line_bytes``."""
+
+
 class _Inline:
     """One pass over a Sail batch object: the object around ``results`` is built whole,
     the items of ``results`` become rows (those of skipped chunks are counted, not built)."""
 
-    def __init__(self, fetch: BatchFetch) -> None:
+    def __init__(self, fetch: BatchFetch, line_cap: int) -> None:
+        self.line_cap = line_cap
         self.top = ijson.ObjectBuilder()
         self.item: ijson.ObjectBuilder | None = None
         self.inline = False
@@ -130,6 +135,8 @@ class _Inline:
             if self.item is not None:
                 self.item.event(event, value)
             if prefix == "results.item" and event not in _ITEM_OPEN:
+                if self.item_bytes > self.line_cap:
+                    raise _ItemTooLong
                 ended = True
                 full += self._item_done()
         return ended, full
@@ -230,27 +237,35 @@ class SailDialect(RequestStatusDialect):
             raise ProviderError("unsafe batch id", provider=self.client.name, path="batches/?")
         path = f"batches/{fetch.batch_id}"
         caps = self.client.http
-        parse = _Inline(fetch)
-        # Bytes read since the last results item ended: one item may be max_line_bytes (the
-        # whole document may be ~1 GiB); the batch object around it, max_response_bytes.
+        parse = _Inline(fetch, caps.max_line_bytes)
+        # One item may be max_line_bytes (the whole document may be ~1 GiB); the batch object
+        # around it, max_response_bytes. An item is measured whole once it ends; one still
+        # open, by the reads since the one in which the item before it ended (a lower bound:
+        # an endless item is stopped about two reads past the cap).
         open_bytes = outside_bytes = 0
         try:
-            async for size, events in _events(self.client.stream_bytes(path)):
-                ended, full = parse.feed(events)
-                for chunk in full:
-                    fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
-                    yield chunk
-                if parse.in_results:
-                    open_bytes = 0 if ended else open_bytes + size
-                    if open_bytes > caps.max_line_bytes:
-                        what = f"results item {parse.index}"
-                        raise self.client.too_large(path, what, "max_line_bytes")
-                else:
-                    outside_bytes += size
-                    if outside_bytes > caps.max_response_bytes:
-                        raise self.client.too_large(path, "batch object", "max_response_bytes")
+            async with (
+                contextlib.aclosing(self.client.stream_bytes(path)) as stream,
+                contextlib.aclosing(_events(stream)) as pushes,
+            ):
+                async for size, events in pushes:
+                    ended, full = parse.feed(events)
+                    for chunk in full:
+                        fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
+                        yield chunk
+                    if parse.in_results:
+                        open_bytes = 0 if ended else open_bytes + size
+                        if open_bytes > caps.max_line_bytes:
+                            raise _ItemTooLong
+                    else:
+                        outside_bytes += size
+                        if outside_bytes > caps.max_response_bytes:
+                            raise self.client.too_large(path, "batch object", "max_response_bytes")
         except ijson.JSONError as exc:
             raise self._not_json(path, exc) from None
+        except _ItemTooLong:
+            what = f"results item {parse.index}"
+            raise self.client.too_large(path, what, "max_line_bytes") from None
         for chunk in parse.last():
             fetch.last_chunk_bytes = parse.sizes.pop(chunk[0], 0)
             yield chunk

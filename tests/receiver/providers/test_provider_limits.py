@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from nopoll.envelope import BatchRow
@@ -239,6 +240,32 @@ async def test_sail_inline_item_over_the_line_cap_is_refused(provider_sim, overs
     peak, error = await peak_memory(c, lambda: all_rows(c, "sail", "batch_sail_item"))
     assert "results item 3 " in permanent(error, LINE_CAP)
     assert peak < CAP + SLACK, f"peak {peak / MIB:.1f} MiB"
+    await c.aclose()
+
+
+async def test_sail_inline_item_over_the_line_cap_is_refused_wherever_the_reads_cut_it():
+    """An item is measured whole, not by the reads that carried it. Here (reads of 1 MiB) the
+    read that ends the items before it carries the first MiB of a 2.5 MiB item, and the read
+    that ends it carries its last half MiB: only one whole read lies inside the item."""
+    items = [orjson.dumps({"custom_id": f"r{i}", "result": {"n": i}}) for i in range(3)]
+    long_item = b'{"custom_id":"r3","padding":"' + b"x" * (5 * MIB // 2) + b'"}'
+    document = b'{"id":"b","results":[' + b",".join([*items, long_item]) + b',{"custom_id":"r4"}]}'
+    chunks = [document[:MIB], document[MIB : 2 * MIB], document[2 * MIB :]]
+
+    class Chunked(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for chunk in chunks:
+                yield chunk
+
+    cfg = ProviderConfig(
+        dialect="sail", base_url="https://api.example/v1", webhook_secrets=["whsec_aGk="]
+    )
+    http = HttpConfig(attempts=1, max_response_bytes=CAP, max_line_bytes=CAP)
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, stream=Chunked()))
+    c = ProviderClient("sim", cfg, http, transport=transport)
+    with pytest.raises(ProviderError) as info:
+        await all_rows(c, "sail", "batch_cut")
+    assert "results item 3 " in permanent(info.value, LINE_CAP)
     await c.aclose()
 
 
