@@ -89,6 +89,9 @@ class Run:
     """When each result's event reached a results-stream subscriber (``--stream``)."""
     redis_command_s: float = 0.0
     """Time Redis spent running commands over the run (``INFO commandstats``)."""
+    redis_reads: int = 0
+    """Reads Redis made off its clients' sockets over the run (``total_reads_processed``):
+    about one per round trip a client makes, whatever the trip carries."""
     """CPU time of the simulator, this process and Redis over the same span."""
     machine_busy: float = float("nan")
     """How busy the whole machine was over that span (1.0: every core, all the time)."""
@@ -284,6 +287,7 @@ async def measure(
     run = Run(wall_offset=time.time() - time.perf_counter())
     others_before = {name: common.cpu_seconds(pid) for name, pid in others.items()}
     commands_before = redis_command_seconds()
+    reads_before = redis_reads()
     stream = await subscribe_stream(port, args, set(ids)) if args.stream else None
     postgres_before = postgres_cpu_seconds()
     machine_before = common.machine_cpu()
@@ -311,6 +315,7 @@ async def measure(
         if postgres_before is not None:
             run.other_cpu_s["postgres (shared)"] = postgres_cpu_seconds() - postgres_before
         run.redis_command_s = redis_command_seconds() - commands_before
+        run.redis_reads = redis_reads() - reads_before
         if stream is not None:
             await stream_drained(stream, len(ids), args.drain)
             transport, client = stream
@@ -608,6 +613,15 @@ def redis_command_seconds() -> float:
     return sum(float(v.get("usec", 0)) for v in stats.values() if isinstance(v, dict)) / 1e6
 
 
+def redis_reads() -> int:
+    """The reads Redis has made off client sockets so far (``INFO stats``)."""
+    client = common.redis_db13()
+    try:
+        return int(client.info("stats").get("total_reads_processed") or 0)
+    finally:
+        client.close()
+
+
 def redis_pid() -> dict[str, int]:
     """``{"redis": pid}`` when Redis runs on this machine (its ``INFO server``)."""
     client = common.redis_db13()
@@ -726,6 +740,7 @@ def summarize(run: Run, ids: list[str], servers: list[Server]) -> dict[str, floa
         / max(1, len(ids))
         * 1000,
         "Redis command time/callback (ms)": run.redis_command_s / max(1, len(ids)) * 1000,
+        "Redis round trips per callback": run.redis_reads / max(1, len(ids)),
         "simulator CPU per callback (ms)": run.other_cpu_s.get("simulator", 0.0)
         / max(1, len(ids))
         * 1000,
@@ -893,6 +908,10 @@ def report_server(run: Run, servers: list[Server], landed: int) -> None:
             f"  Redis command time per callback: {run.redis_command_s / len(run.status) * 1e3:.3f}"
             f" ms ({run.redis_command_s:.2f} s, INFO commandstats; the rest of Redis's CPU is "
             "waking up, reading and writing)"
+        )
+        print(
+            f"  Redis round trips per callback: {run.redis_reads / len(run.status):.2f} "
+            f"({run.redis_reads} reads off client sockets, INFO stats)"
         )
     outcomes = ", ".join(
         f"{name.split('{', 1)[1].rstrip('}')}: {value:.0f}"
