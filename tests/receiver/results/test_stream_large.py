@@ -63,3 +63,39 @@ async def test_a_large_envelope_goes_by_reference(results_settings, redis_url):
         assert [e.key for e in got] == ["small1", "big", "small2"]
         assert got[1].output_text == "x" * BIG
         assert stream.last_event_id == events[2][1]
+
+
+async def test_a_large_envelope_never_passes_through_the_publish_script(redis_url):
+    """Inside a Lua script Redis copies an argument twice while every other client waits
+    (a 6 MB envelope held Redis 16 ms, and each callback behind it): the envelope goes in
+    a plain SET ahead of the script, in the same trip, which Redis keeps as it read it."""
+    big = envelope("big-set", tenant="team-a", output_text="y" * BIG)
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    seen: list[str] = []
+
+    async def read(monitor) -> None:
+        while True:
+            event = await monitor.next_command()
+            seen.append(str(event["command"]))
+
+    try:
+        async with redis.monitor() as monitor:
+            reader = asyncio.create_task(read(monitor))
+            async with sink_for(redis_url) as sink:
+                await sink.write([envelope("small-set"), big])
+            for _ in range(100):  # bounded: until the script's own commands came by
+                if any(line.startswith("XTRIM") for line in seen):
+                    break
+                await asyncio.sleep(0.02)
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        scripts = [line for line in seen if line.startswith("EVALSHA")]
+        sets = [line for line in seen if line.startswith("SET ") and "big-set" in line]
+        assert len(scripts) == 1 and len(scripts[0]) < 10_000, [s[:300] for s in scripts]
+        assert len(sets) == 1 and seen.index(sets[0]) < seen.index(scripts[0])
+        key = sets[0].split(" ")[1]
+        stored = orjson.loads(await redis.get(key))
+        assert stored["output_text"] == "y" * BIG
+        assert 0 < await redis.ttl(key) <= 120
+    finally:
+        await redis.aclose()
