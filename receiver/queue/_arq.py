@@ -663,6 +663,8 @@ class SeamWorker(JobRunner):
         idle_for = None
         if self.allow_pick_jobs and free > 0:
             idle_for = await self._claim(free)
+        else:
+            self._rung = None
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -693,7 +695,7 @@ class SeamWorker(JobRunner):
             await asyncio.sleep(self.poll_delay_s)
             return
         timeout = round(min(idle_for, self._idle_wait_s), 3)
-        if timeout <= 0 or self._rung is not None:  # (one not taken up yet: take it first)
+        if timeout <= 0:
             return
         free = self._free()
         if not self.allow_pick_jobs or free <= 0:
