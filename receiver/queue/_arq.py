@@ -107,9 +107,9 @@ from arq.worker import (  # noqa: E402
     no_result,
 )
 from redis.asyncio import Redis  # noqa: E402
-from redis.exceptions import NoScriptError, RedisError  # noqa: E402
+from redis.exceptions import RedisError  # noqa: E402
 
-from receiver.queue.trips import UNBOUNDED, RoundTrips, SharedTrips  # noqa: E402
+from receiver.queue.trips import UNBOUNDED, SharedTrips  # noqa: E402
 
 JOB_KEY = job_key_prefix
 """``arq:job:<id>``: a queued job's payload."""
@@ -469,20 +469,11 @@ class JobRunner(Worker):
         """Run the Lua ``source`` in a round trip shared with the worker's other claims and
         finishes (:class:`~receiver.queue.trips.SharedTrips`); its reply, or its error
         raised."""
-        return await self.script_command(self.shared_trips.evalsha(source, len(keys), *keys, *args))
-
-    @property
-    def shared_trips(self) -> SharedTrips:
-        """The trips claims and finishes share: one out at a time, those asked meanwhile
-        go in the next."""
         if self._trips is None:
+            # one trip out at a time: claims and finishes asked meanwhile share the next
             self._trips = SharedTrips(self.pool, max_in_flight=1, max_pending=UNBOUNDED)
-        return self._trips
-
-    async def script_command(self, command: tuple[Any, ...]) -> Any:
-        """Run one ``EVALSHA`` command (:meth:`SharedTrips.evalsha`) in the shared trips;
-        its reply, or its error raised."""
-        [reply] = await self.shared_trips.run([command])
+        trips = self._trips
+        [reply] = await trips.run([trips.evalsha(source, len(keys), *keys, *args)])
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -509,10 +500,6 @@ def given_up(job_id: str, result_data: bytes | None, functions: Mapping[str, Any
 
 _CLAIM = """
 local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local want = tonumber(ARGV[4])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[5])
 local claimed = {}
@@ -532,16 +519,14 @@ for i = 1, #due, 2 do
 end
 if #claimed < 4 * want and #due < 2 * tonumber(ARGV[5]) then
   local later = redis.call(
-    'ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  claimed[#claimed + 1] = later[2] and (tonumber(later[2]) - now) or ''
+    'ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  claimed[#claimed + 1] = later[2] or ''
 end
 return claimed
 """
 """Claim up to ``want`` due jobs that no one holds: for each its id, score, payload and
-try. When fewer were found and every due job was read, one more entry: the ms until the
-next job due later ('' if none), which an idle worker waits for at most. ``now`` (ARGV[1])
-is the worker's clock, or Redis's own when empty (a claim sent before a wait on the bell
-runs when the wait ends)."""
+try. When fewer were found and every due job was read, one more entry: the score of the
+next job due later ('' if none), which an idle worker waits for at most."""
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -591,10 +576,6 @@ class SeamWorker(JobRunner):
         """An idle worker waits on its queue's bell this long at most (None: no bell, it
         polls every ``poll_delay_s`` as arq does)."""
         self._bell = WAKE_KEY + self.queue_name
-        self._bell_trips: RoundTrips | None = None
-        """The bell's own connection: a wait blocks it, so it is never the shared one."""
-        self._rung: tuple[str, list[Any]] | None = None
-        """A claim that came back with the bell (its token and reply), not yet taken up."""
         self._idle_for: float | None = None
         """Set by each poll turn: how long the worker may now wait idle (None: it is full)."""
         self._worker_id = worker_id or uuid.uuid4().hex[:12]
@@ -659,12 +640,12 @@ class SeamWorker(JobRunner):
     async def _poll_iteration(self) -> None:
         """arq's poll turn, with the due jobs read and claimed in :meth:`_claim`; it sets
         how long the worker may wait idle now (None: it is full, it looks again soon)."""
-        free = self._free()
+        free = self.max_jobs - self.job_counter
+        if self.burst and self.max_burst_jobs >= 0:
+            free = min(free, self.max_burst_jobs - self._jobs_started())
         idle_for = None
         if self.allow_pick_jobs and free > 0:
             idle_for = await self._claim(free)
-        else:
-            self._rung = None
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -674,66 +655,32 @@ class SeamWorker(JobRunner):
         await self.heart_beat()
         self._idle_for = idle_for
 
-    def _free(self) -> int:
-        """How many more jobs this worker may start now."""
-        free = self.max_jobs - self.job_counter
-        if self.burst and self.max_burst_jobs >= 0:
-            free = min(free, self.max_burst_jobs - self._jobs_started())
-        return free
-
     async def wait_for_work(self, idle_for: float | None) -> None:
         """Until the next look at the queue. An idle worker (its last claim found fewer
         jobs than it had room for) waits on the queue's bell (:data:`WAKE_KEY`) until a job
         is queued, the next deferred job is due, or ``idle_wait_s`` passed; a full one
-        polls every ``poll_delay_s``, as do all without a bell.
-
-        The wait and the next claim go out in one trip: Redis runs the claim as soon as
-        the wait ends (by its own clock), and both replies come back together, so a rung
-        bell costs one round trip, not two. The claim's reply is taken up by the next poll
-        turn (:meth:`_claim`)."""
+        polls every ``poll_delay_s``, as do all without a bell."""
         if idle_for is None or self._idle_wait_s is None:
             await asyncio.sleep(self.poll_delay_s)
             return
         timeout = round(min(idle_for, self._idle_wait_s), 3)
-        if timeout <= 0:
-            return
-        free = self._free()
-        if not self.allow_pick_jobs or free <= 0:
+        if timeout > 0:
             await self.pool.execute_command("BLPOP", self._bell, timeout)  # type: ignore[no-untyped-call]
-            return
-        token, claim = self._claim_command(free, "")
-        if self._bell_trips is None:
-            self._bell_trips = RoundTrips(self.pool)
-        _, reply = await self._bell_trips.run([("BLPOP", self._bell, timeout), claim], timeout)
-        if isinstance(reply, NoScriptError):
-            return  # Redis lost its scripts: the next turn claims by the shared trips
-        if isinstance(reply, Exception):
-            raise reply
-        self._rung = (token, reply)
-
-    def _claim_command(self, free: int, now: int | str) -> tuple[str, tuple[Any, ...]]:
-        """A claim of up to ``free`` jobs as of ``now`` ('' for Redis's clock): its token
-        and its command."""
-        token = f"{self._worker_id}:{now or timestamp_ms()}"
-        ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
-        prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
-        args = [now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key]
-        return token, self.shared_trips.evalsha(_CLAIM, 1, self.queue_name, *args)
 
     async def _claim(self, free: int) -> float | None:
         """One Lua call claims up to ``free`` due jobs (not in progress) and does what arq's
-        ``run_job`` does first for each: count the try and read the payload (or the claim
-        that came back with the bell does). None when it found ``free``; else the seconds
-        until the next job due later (inf: none)."""
-        if self._rung is not None:
-            (token, reply), self._rung = self._rung, None
-        else:
-            token, command = self._claim_command(free, timestamp_ms())
-            reply = await self.script_command(command)
+        ``run_job`` does first for each: count the try and read the payload. None when it
+        found ``free``; else the seconds until the next job due later (inf: none)."""
+        now = timestamp_ms()
+        token = f"{self._worker_id}:{now}"
+        ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
+        prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
+        args = [now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key]
+        reply = await self.script(_CLAIM, [self.queue_name], args)
         idle_for = None
         if len(reply) % 4:  # fewer than free: when the next deferred job is due
             later = reply.pop()
-            idle_for = float(later) / 1000 if later else math.inf
+            idle_for = (float(later) - now) / 1000 if later else math.inf
         for i in range(0, len(reply), 4):
             job = Claimed(reply[i].decode(), int(float(reply[i + 1])), reply[i + 2], reply[i + 3])
             lease = self.leases[job.id] = Lease(self.pool, job.id, token)
@@ -770,11 +717,6 @@ class SeamWorker(JobRunner):
     async def hand_back(self) -> int:
         """Stopping: release the lock of every job claimed but not started yet (it runs on
         another worker at once); how many."""
-        if self._rung is not None:  # a claim that came back with the bell, not taken up
-            (token, reply), self._rung = self._rung, None
-            for i in range(0, len(reply) - len(reply) % 4, 4):
-                job_id = reply[i].decode()
-                self.leases.setdefault(job_id, Lease(self.pool, job_id, token))
         unstarted = [i for i in self.leases if i not in self.tasks]
         released = 0
         for job_id in unstarted:

@@ -51,25 +51,21 @@ class RoundTrips:
         self._pool = redis.connection_pool
         self._held: list[AbstractConnection] = []
 
-    async def run(self, commands: list[tuple[Any, ...]], block_s: float = 0.0) -> list[Any]:
-        """Send ``commands``, return their replies; a broken trip raises a RedisError.
-        ``block_s``: how long a blocking command among them may wait, on top of the
-        connection's socket timeout."""
+    async def run(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands``, return their replies; a broken trip raises a RedisError."""
         conn = self._held.pop() if self._held else None
         if conn is not None:
             try:
-                return await self._trip(conn, commands, block_s)
+                return await self._trip(conn, commands)
             except RedisConnectionError:
                 pass  # stale: Redis closed it while it sat here
         conn = await take_connection(self._pool)
-        return await self._trip(conn, commands, block_s)
+        return await self._trip(conn, commands)
 
-    async def _trip(
-        self, conn: AbstractConnection, commands: list[tuple[Any, ...]], block_s: float = 0.0
-    ) -> list[Any]:
+    async def _trip(self, conn: AbstractConnection, commands: list[tuple[Any, ...]]) -> list[Any]:
         try:
             await send_commands(conn, commands)
-            replies = await read_replies(conn, len(commands), block_s)
+            replies = await read_replies(conn, len(commands))
         except BaseException as exc:
             await conn.disconnect()
             await self._pool.release(conn)

@@ -47,12 +47,11 @@ async def send_commands(conn: AbstractConnection, commands: Sequence[tuple[Any, 
     await conn.send_packed_command(packed, check_health=False)
 
 
-async def read_replies(conn: AbstractConnection, count: int, block_s: float = 0.0) -> list[Any]:
-    """The next ``count`` replies on ``conn``, all within its socket timeout plus
-    ``block_s`` (a ``ResponseError`` comes back in its command's place)."""
+async def read_replies(conn: AbstractConnection, count: int) -> list[Any]:
+    """The next ``count`` replies on ``conn``, all within its socket timeout (a
+    ``ResponseError`` comes back in its command's place)."""
     parser: Any = conn._parser
-    timeout = conn.socket_timeout
-    async with asyncio.timeout(None if timeout is None else timeout + block_s):
+    async with asyncio.timeout(conn.socket_timeout):
         return [await parser.read_response() for _ in range(count)]
 
 

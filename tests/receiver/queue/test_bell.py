@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from receiver.queue._arq import (
-    _CLAIM,
     Retry,
     SeamWorker,
     arq_pool,
@@ -124,27 +122,9 @@ async def test_without_a_bell_the_worker_polls(redis_url: str) -> None:
     assert ran and ran[0] - queued > 0.2  # found at its poll turn (every 5 s), not rung
 
 
-async def test_a_ring_and_the_claim_it_wakes_share_one_round_trip(redis_url: str) -> None:
-    """The worker sends its next claim behind its wait on the bell: Redis runs it as the
-    wait ends, on the same connection, and no second trip claims the job."""
-    ran: list[float] = []
-
-    async def job(ctx: dict[str, Any], **kwargs: Any) -> None:
-        ran.append(time.monotonic())
-
-    claim = hashlib.sha1(_CLAIM.encode()).hexdigest()
-    async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
-        seen = await monitored(redis_url, lambda: queue_one(redis_url, "one-trip"), ran)
-    claims = [(client, line) for client, line in seen if claim in line]
-    waits = [client for client, line in seen if line.upper().startswith("BLPOP ")]
-    assert ran, "the job did not run"
-    assert len(claims) == 1, seen  # the ring's claim, and no other
-    assert claims[0][0] in waits, seen  # on the bell's connection: the one that waits again
-
-
 async def test_a_redis_that_lost_its_scripts_still_wakes_the_worker(redis_url: str) -> None:
-    """``SCRIPT FLUSH`` (or a restart) while the worker waits: the claim sent behind the
-    wait answers NOSCRIPT, and the next turn claims the job with the script loaded again."""
+    """``SCRIPT FLUSH`` (or a restart) while the worker waits: its claim answers NOSCRIPT
+    and is sent again with the script loaded, at once."""
     ran: list[float] = []
 
     async def job(ctx: dict[str, Any], **kwargs: Any) -> None:
@@ -162,35 +142,3 @@ async def test_a_redis_that_lost_its_scripts_still_wakes_the_worker(redis_url: s
                 break
             await asyncio.sleep(0.02)
     assert ran and ran[0] - queued < SLOW_S / 5, ran  # not at the next poll
-
-
-async def monitored(
-    redis_url: str, action: Callable[[], Awaitable[Any]], ran: list[float]
-) -> list[tuple[str, str]]:
-    """Redis ``MONITOR`` lines (client address and port, line) from just before ``action`` until
-    0.3 s after ``ran`` holds a run (the finish, and anything else the run sent; bounded:
-    3 s in all)."""
-    client = RedisConnector.from_url(redis_url).client("queue")
-    seen: list[tuple[str, str]] = []
-
-    async def read(monitor: Any) -> None:
-        while True:
-            event = await monitor.next_command()
-            where = f"{event['client_address']}:{event.get('client_port')}"
-            seen.append((where, str(event["command"])))
-
-    try:
-        async with client.monitor() as monitor:
-            reader = asyncio.create_task(read(monitor))
-            await action()
-            for _ in range(150):
-                if ran or reader.done():
-                    break
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.3)
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-    finally:
-        await client.aclose()
-    return seen
