@@ -85,6 +85,7 @@ class Run:
     stamps: dict[str, tuple[float, float]] = field(default_factory=dict)
     """key -> (received_at, fetched_at) as perf_counter values, read from the rows."""
     other_cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU time of the simulator, this process and Redis over the same span."""
     event_at: dict[str, float] = field(default_factory=dict)
     """When each result's event reached a results-stream subscriber (``--stream``)."""
     redis_command_s: float = 0.0
@@ -92,7 +93,6 @@ class Run:
     redis_reads: int = 0
     """Reads Redis made off its clients' sockets over the run (``total_reads_processed``):
     about one per round trip a client makes, whatever the trip carries."""
-    """CPU time of the simulator, this process and Redis over the same span."""
     machine_busy: float = float("nan")
     """How busy the whole machine was over that span (1.0: every core, all the time)."""
 

@@ -169,7 +169,7 @@ class ResultsSink(SinkBase):
             CHANNEL,
             TENANT_SUFFIX,
         )
-        calls: list[tuple[int, list[Any]]] = []
+        calls: list[tuple[Any, ...]] = []
         for start in range(0, len(envelopes), _PER_CALL):
             part = envelopes[start : start + _PER_CALL]
             call: list[Any] = [STREAM, LAST_ID]  # str, int and bytes (redis-py says str)
@@ -187,26 +187,23 @@ class ResultsSink(SinkBase):
                 # A large envelope goes in a plain SET ahead of the script: Redis keeps
                 # the value it read off the socket as it is, where the script would copy
                 # it twice while every other client waits (16 ms for 6 MB).
-                calls.append((-1, ["SET", key, data, "EX", self.config.latest_ttl_s]))
+                calls.append(("SET", key, data, "EX", self.config.latest_ttl_s))
                 call += (b"", reference(env, len(data)))
-            calls.append((len(part) + 2, call))
+            calls.append(("EVALSHA", self._sha, len(part) + 2, *call))
         try:
             await self._run(self._redis, calls)
         except (RedisError, OSError) as exc:
             message = f"publishing to Redis failed: {type(exc).__name__}"
             raise SinkError(message, sink=self.name) from exc
 
-    async def _run(self, redis: Redis, calls: list[tuple[int, list[Any]]]) -> None:
-        """One round trip (``numkeys`` -1: a plain command, else the publish script); a
-        Redis that lost its scripts (a restart) gets it loaded again."""
+    async def _run(self, redis: Redis, calls: list[tuple[Any, ...]]) -> None:
+        """The commands in one round trip; a Redis that lost its scripts (a restart) gets
+        the publish script loaded again."""
         for attempt in (1, 2):
             try:
                 async with redis.pipeline(transaction=False) as pipe:
-                    for numkeys, call in calls:
-                        if numkeys < 0:  # a plain command (a large envelope's SET)
-                            pipe.execute_command(*call)
-                        else:
-                            pipe.evalsha(self._sha, numkeys, *call)
+                    for command in calls:
+                        pipe.execute_command(*command)
                     await pipe.execute()
                 return
             except NoScriptError:

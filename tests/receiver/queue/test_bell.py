@@ -11,14 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from receiver.queue._arq import (
-    Retry,
-    SeamWorker,
-    arq_pool,
-    func,
-    job_deserializer,
-    job_serializer,
-)
+from receiver.queue._arq import Retry, SeamWorker, arq_pool, func, job_deserializer, job_serializer
 from receiver.queue.enqueue import put_job
 from receiver.queue.jobs import FETCH_RESPONSE, QueuedJob, queue_for
 from receiver.redis import RedisConnector
@@ -64,6 +57,14 @@ async def idle_worker(redis_url: str, job: Any, idle_wait_s: float | None) -> As
         await worker.close()
 
 
+async def until(runs: list[float], count: int, *, tries: int) -> None:
+    """Until ``runs`` holds ``count`` runs, looking every 20 ms at most ``tries`` times."""
+    for _ in range(tries):
+        if len(runs) >= count:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def queue_one(redis_url: str, job_id: str) -> float:
     client = RedisConnector.from_url(redis_url).client("queue")
     try:
@@ -81,10 +82,7 @@ async def test_a_queued_job_rings_and_an_idle_worker_runs_it_at_once(redis_url: 
 
     async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
         queued = [await queue_one(redis_url, f"bell{i}") for i in range(3)]
-        for _ in range(100):
-            if len(ran) == 3:
-                break
-            await asyncio.sleep(0.02)
+        await until(ran, 3, tries=100)
     waits = [r - q for q, r in zip(queued, ran, strict=False)]
     assert len(ran) == 3 and max(waits) < SLOW_S / 5, waits  # not at the next poll
 
@@ -99,10 +97,7 @@ async def test_a_deferred_retry_runs_when_due_not_at_the_next_poll(redis_url: st
 
     async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
         await queue_one(redis_url, "deferred")
-        for _ in range(150):
-            if len(tries) == 2:
-                break
-            await asyncio.sleep(0.02)
+        await until(tries, 2, tries=150)
     assert len(tries) == 2, tries
     assert 0.45 <= tries[1] - tries[0] < SLOW_S / 2, tries
 
@@ -115,10 +110,7 @@ async def test_without_a_bell_the_worker_polls(redis_url: str) -> None:
 
     async with idle_worker(redis_url, job, idle_wait_s=None):
         queued = await queue_one(redis_url, "polled")
-        for _ in range(400):
-            if ran:
-                break
-            await asyncio.sleep(0.02)
+        await until(ran, 1, tries=400)
     assert ran and ran[0] - queued > 0.2  # found at its poll turn (every 5 s), not rung
 
 
@@ -137,8 +129,5 @@ async def test_a_redis_that_lost_its_scripts_still_wakes_the_worker(redis_url: s
         finally:
             await client.aclose()
         queued = await queue_one(redis_url, "flushed")
-        for _ in range(100):
-            if ran:
-                break
-            await asyncio.sleep(0.02)
+        await until(ran, 1, tries=100)
     assert ran and ran[0] - queued < SLOW_S / 5, ran  # not at the next poll
