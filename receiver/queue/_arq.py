@@ -107,9 +107,11 @@ from arq.worker import (  # noqa: E402
     no_result,
 )
 from redis.asyncio import Redis  # noqa: E402
-from redis.exceptions import RedisError  # noqa: E402
+from redis.asyncio.connection import AbstractConnection  # noqa: E402
+from redis.exceptions import NoScriptError, RedisError, ResponseError  # noqa: E402
 
 from receiver.queue.trips import UNBOUNDED, SharedTrips  # noqa: E402
+from receiver.redis.wire import read_replies, send_commands, take_connection  # noqa: E402
 
 JOB_KEY = job_key_prefix
 """``arq:job:<id>``: a queued job's payload."""
@@ -465,14 +467,17 @@ class JobRunner(Worker):
             args += [job_id, int(finish), incr_score]
         await self.script(_FINISH, [self.queue_name, abort_jobs_ss], args)
 
+    def _shared_trips(self) -> SharedTrips:
+        if self._trips is None:
+            # one trip out at a time: claims and finishes asked meanwhile share the next
+            self._trips = SharedTrips(self.pool, max_in_flight=1, max_pending=UNBOUNDED)
+        return self._trips
+
     async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run the Lua ``source`` in a round trip shared with the worker's other claims and
         finishes (:class:`~receiver.queue.trips.SharedTrips`); its reply, or its error
         raised."""
-        if self._trips is None:
-            # one trip out at a time: claims and finishes asked meanwhile share the next
-            self._trips = SharedTrips(self.pool, max_in_flight=1, max_pending=UNBOUNDED)
-        trips = self._trips
+        trips = self._shared_trips()
         [reply] = await trips.run([trips.evalsha(source, len(keys), *keys, *args)])
         if isinstance(reply, Exception):
             raise reply
@@ -576,6 +581,11 @@ class SeamWorker(JobRunner):
         """An idle worker waits on its queue's bell this long at most (None: no bell, it
         polls every ``poll_delay_s`` as arq does)."""
         self._bell = WAKE_KEY + self.queue_name
+        self._bell_conn: AbstractConnection | None = None
+        """The worker's own connection to the bell: each claim leaves on it with the
+        ``BLPOP`` after it, in one write (:meth:`_claim_then_wait`)."""
+        self._ring: asyncio.Task[Any] | None = None
+        """The read of that ``BLPOP``'s reply while it is out (None: no wait is out)."""
         self._idle_for: float | None = None
         """Set by each poll turn: how long the worker may now wait idle (None: it is full)."""
         self._worker_id = worker_id or uuid.uuid4().hex[:12]
@@ -617,16 +627,21 @@ class SeamWorker(JobRunner):
         await self.link.wait(self.pool, on_try=self._alive)
         if self.on_startup:
             await self.on_startup(self.ctx)
-        while True:
-            try:
-                await self._poll_iteration()
-                if self.burst and await self._burst_done():
-                    return
-                await self.wait_for_work(self._idle_for)
-            except (RedisError, OSError) as exc:
-                self.link.lost(exc)
-                await self.link.wait(self.pool, on_try=self._alive)
-                await self._release_orphans()
+        try:
+            while True:
+                try:
+                    await self._poll_iteration()
+                    if self.burst and await self._burst_done():
+                        return
+                    await self.wait_for_work(self._idle_for)
+                except (RedisError, OSError) as exc:
+                    self.link.lost(exc)
+                    await self._drop_bell()
+                    await self.link.wait(self.pool, on_try=self._alive)
+                    await self._release_orphans()
+        finally:
+            if self._ring is not None:  # its connection is closed with the pool (close)
+                self._ring.cancel()
 
     async def _burst_done(self) -> bool:
         """arq's burst rule: stop once ``max_burst_jobs`` ran or the queue is empty."""
@@ -659,13 +674,88 @@ class SeamWorker(JobRunner):
         """Until the next look at the queue. An idle worker (its last claim found fewer
         jobs than it had room for) waits on the queue's bell (:data:`WAKE_KEY`) until a job
         is queued, the next deferred job is due, or ``idle_wait_s`` passed; a full one
-        polls every ``poll_delay_s``, as do all without a bell."""
+        polls every ``poll_delay_s``, as do all without a bell. A ring that reaches a
+        worker with no room for its job is passed on to the others."""
         if idle_for is None or self._idle_wait_s is None:
-            await asyncio.sleep(self.poll_delay_s)
+            if self._ring is None:
+                await asyncio.sleep(self.poll_delay_s)
+                return
+            # a wait went out with the claim that filled this worker: a ring it brings
+            # is for a job this worker has no room for now, so it goes to the others
+            await asyncio.wait({self._ring}, timeout=self.poll_delay_s)
+            rung = self._ring.done() and self._rung()
+            if rung and (not self.allow_pick_jobs or self.max_jobs <= self.job_counter):
+                await self.script(RING_LUA + "ring(KEYS[1])", [self.queue_name], [])
             return
         timeout = round(min(idle_for, self._idle_wait_s), 3)
-        if timeout > 0:
-            await self.pool.execute_command("BLPOP", self._bell, timeout)  # type: ignore[no-untyped-call]
+        if timeout <= 0:
+            return
+        if self._ring is None:  # no wait went out with the last claim
+            await self._claim_then_wait(None)
+        ring = self._ring
+        assert ring is not None
+        # the BLPOP's own timeout (idle_wait_s, from when it went out) ends it in time
+        await asyncio.wait({ring}, timeout=None if timeout >= self._idle_wait_s else timeout)
+        if ring.done():
+            self._rung()
+
+    def _rung(self) -> bool:
+        """The ``BLPOP`` that was out came back: whether it brought a ring (its error
+        raised: the bell's connection broke)."""
+        ring, self._ring = self._ring, None
+        assert ring is not None and ring.done()
+        return ring.result() is not None
+
+    async def _claim_then_wait(self, claim: tuple[Any, ...] | None) -> Any:
+        """Send ``claim`` (None: nothing) and a ``BLPOP`` of the bell in one write on the
+        bell's own connection: one round trip where a claim and then a wait took two. The
+        claim runs in Redis as it arrives, from a worker that is running; the wait is what
+        a worker that froze after it leaves behind, and it swallows one ring at most (the
+        others poll within ``idle_wait_s``). Returns the claim's reply (an error reply in its
+        place); :attr:`_ring` reads the ``BLPOP``'s."""
+        assert self._idle_wait_s is not None and self._ring is None
+        commands = [("BLPOP", self._bell, self._idle_wait_s)]
+        if claim is not None:
+            commands.insert(0, claim)
+        conn = self._bell_conn
+        if conn is None:
+            conn = self._bell_conn = await take_connection(self.pool.connection_pool)
+        try:
+            await send_commands(conn, commands)
+            replies = await read_replies(conn, 1) if claim is not None else [None]
+        except BaseException:
+            await self._drop_bell()
+            raise
+        within_s = self._idle_wait_s + (conn.socket_timeout or 5.0)
+        self._ring = asyncio.create_task(self._read_ring(conn, within_s))
+        return replies[0]
+
+    async def _read_ring(self, conn: AbstractConnection, within_s: float) -> Any:
+        try:
+            [reply] = await read_replies(conn, 1, within_s=within_s)
+        except BaseException:
+            if self._bell_conn is conn:
+                self._bell_conn = None
+            await conn.disconnect()
+            await self.pool.connection_pool.release(conn)
+            raise
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    async def _drop_bell(self) -> None:
+        """Close the bell's connection (a trip on it failed, or Redis was lost); the next
+        wait opens another."""
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await ring
+        conn, self._bell_conn = self._bell_conn, None
+        if conn is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await conn.disconnect()
+            await self.pool.connection_pool.release(conn)
 
     async def _claim(self, free: int) -> float | None:
         """One Lua call claims up to ``free`` due jobs (not in progress) and does what arq's
@@ -676,7 +766,17 @@ class SeamWorker(JobRunner):
         ttl_ms = int((self._claim_ttl_s or self.in_progress_timeout_s) * 1000)
         prefixes = (in_progress_key_prefix, job_key_prefix, retry_key_prefix)
         args = [now, ttl_ms, token, free, self.queue_read_limit, *prefixes, self._held_key]
-        reply = await self.script(_CLAIM, [self.queue_name], args)
+        if self._idle_wait_s is None or self._ring is not None or self._idle_for is None:
+            # no bell, a wait is out already, or the last claim filled this worker (a
+            # busy one looks again after poll_delay_s, with no wait out meanwhile)
+            reply = await self.script(_CLAIM, [self.queue_name], args)
+        else:  # it was idle: the claim and the wait on the bell after it, in one trip
+            trips = self._shared_trips()
+            reply = await self._claim_then_wait(trips.evalsha(_CLAIM, 1, self.queue_name, *args))
+            if isinstance(reply, NoScriptError):  # Redis lost its scripts: loaded again
+                reply = await self.script(_CLAIM, [self.queue_name], args)
+            elif isinstance(reply, ResponseError):
+                raise reply
         idle_for = None
         if len(reply) % 4:  # fewer than free: when the next deferred job is due
             later = reply.pop()
@@ -751,6 +851,7 @@ class SeamWorker(JobRunner):
         if not self._pool:
             return
         await settle_cancelled(list(self.tasks.values()), _CLOSE_WAIT_S)
+        await self._drop_bell()
         with contextlib.suppress(RedisError, OSError):
             await self.pool.delete(self.health_check_key)
         if self.on_shutdown:

@@ -47,11 +47,13 @@ async def send_commands(conn: AbstractConnection, commands: Sequence[tuple[Any, 
     await conn.send_packed_command(packed, check_health=False)
 
 
-async def read_replies(conn: AbstractConnection, count: int) -> list[Any]:
-    """The next ``count`` replies on ``conn``, all within its socket timeout (a
-    ``ResponseError`` comes back in its command's place)."""
+async def read_replies(
+    conn: AbstractConnection, count: int, *, within_s: float | None = None
+) -> list[Any]:
+    """The next ``count`` replies on ``conn``, all within ``within_s`` (default: its
+    socket timeout); a ``ResponseError`` comes back in its command's place."""
     parser: Any = conn._parser
-    async with asyncio.timeout(conn.socket_timeout):
+    async with asyncio.timeout(conn.socket_timeout if within_s is None else within_s):
         return [await parser.read_response() for _ in range(count)]
 
 

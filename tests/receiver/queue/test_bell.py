@@ -26,7 +26,9 @@ class Bell(SeamWorker):
 
 
 @contextlib.asynccontextmanager
-async def idle_worker(redis_url: str, job: Any, idle_wait_s: float | None) -> AsyncIterator[None]:
+async def idle_worker(
+    redis_url: str, job: Any, idle_wait_s: float | None, *, max_jobs: int = 10
+) -> AsyncIterator[None]:
     worker = Bell(
         [func(job, name=FETCH_RESPONSE)],
         redis_pool=arq_pool(RedisConnector.from_url(redis_url), queue=QUEUE),
@@ -37,6 +39,7 @@ async def idle_worker(redis_url: str, job: Any, idle_wait_s: float | None) -> As
         job_serializer=job_serializer,
         job_deserializer=job_deserializer,
         keep_result=0,
+        max_jobs=max_jobs,
     )
     task = asyncio.create_task(worker.async_run())
     try:
@@ -131,3 +134,33 @@ async def test_a_redis_that_lost_its_scripts_still_wakes_the_worker(redis_url: s
         queued = await queue_one(redis_url, "flushed")
         await until(ran, 1, tries=100)
     assert ran and ran[0] - queued < SLOW_S / 5, ran  # not at the next poll
+
+
+async def test_a_ring_that_reaches_a_worker_with_no_room_is_passed_on(redis_url: str) -> None:
+    """An idle worker's claim goes out with its next wait on the bell. When that claim
+    fills it (here: one slot, a slow job), the wait still out must not keep the next ring
+    from a worker that has room: the full one passes it on, and the other runs the job at
+    once, not at its next poll."""
+    first_started = asyncio.Event()
+    ran: dict[str, float] = {}
+
+    async def slow(ctx: dict[str, Any], **kwargs: Any) -> None:
+        first_started.set()
+        await asyncio.sleep(3)
+
+    async def job(ctx: dict[str, Any], **kwargs: Any) -> None:
+        ran[ctx["job_id"]] = time.monotonic()
+
+    async with idle_worker(redis_url, slow, idle_wait_s=SLOW_S, max_jobs=1):
+        await queue_one(redis_url, "fills-the-first")
+        await asyncio.wait_for(first_started.wait(), SLOW_S / 5)
+        # the second worker starts waiting on the bell after the full one's wait went out:
+        # Redis hands the next ring to the full one (the longest waiting)
+        async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
+            queued = await queue_one(redis_url, "for-the-second")
+            for _ in range(100):
+                if ran:
+                    break
+                await asyncio.sleep(0.02)
+    assert "for-the-second" in ran, ran
+    assert ran["for-the-second"] - queued < SLOW_S / 5, ran  # not at a poll or wait's end
