@@ -59,6 +59,10 @@ TARGET_EVENT_P99_MS = 50.0
 TARGET_REQUESTS_PER_RESULT = 1.0
 TARGET_WORKER_CPU_MS = {"debug": 1.5, "info": 0.5, "warning": 0.35, "error": 0.35}
 """Worker CPU per delivered result, by log level (``info`` logs a line per result)."""
+TARGET_BELL_P50_MS, TARGET_BELL_P99_MS = 10.0, 40.0
+"""Callback -> row with the bell (``--wake both``, at the default 200/s)."""
+TARGET_BELL_REDIS_CPU = 1.1
+"""Redis CPU per callback, bell over poll (``--wake both``)."""
 MAX_KEYS_PER_POLL = 2000
 API_KEY = "bench-key"
 
@@ -748,16 +752,27 @@ def summarize(run: Run, ids: list[str], servers: list[Server]) -> dict[str, floa
 
 
 def compare(summaries: list[tuple[str, dict[str, float]]]) -> None:
-    """The bell against polling, run by run and as a ratio of their medians."""
+    """The bell against polling, run by run and as a ratio of their medians; then the
+    bell's targets."""
     print("\nwake by bell against wake by poll (worker.idle_wait_s: null), medians of the runs:")
     names = list(summaries[0][1])
-    by_mode = {m: [s for mode, s in summaries if mode == m] for m in ("poll", "bell")}
+    poll, bell = (
+        {n: statistics.median(s[n] for mode, s in summaries if mode == m) for n in names}
+        for m in ("poll", "bell")
+    )
     print(f"  {'':<30} {'poll':>9} {'bell':>9} {'bell/poll':>10}")
     for name in names:
-        poll = statistics.median(s[name] for s in by_mode["poll"])
-        bell = statistics.median(s[name] for s in by_mode["bell"])
-        ratio = bell / poll if poll else float("nan")
-        print(f"  {name:<30} {poll:9.3f} {bell:9.3f} {ratio:10.2f}")
+        ratio = bell[name] / poll[name] if poll[name] else float("nan")
+        print(f"  {name:<30} {poll[name]:9.3f} {bell[name]:9.3f} {ratio:10.2f}")
+    for pct, target in (("p50", TARGET_BELL_P50_MS), ("p99", TARGET_BELL_P99_MS)):
+        ms = bell[f"callback -> row {pct} (ms)"]
+        print(f"target: bell {pct} <= {target:g} ms: {ms:.1f} ms ({verdict(ms <= target)})")
+    cpu = "Redis CPU per callback (ms)"
+    redis = bell[cpu] / poll[cpu] if poll[cpu] else float("nan")
+    print(
+        f"target: Redis CPU per callback, bell/poll <= {TARGET_BELL_REDIS_CPU:g}: {redis:.2f} "
+        f"({verdict(redis <= TARGET_BELL_REDIS_CPU)})"
+    )
 
 
 def finish(
