@@ -655,9 +655,7 @@ class SeamWorker(JobRunner):
     async def _poll_iteration(self) -> None:
         """arq's poll turn, with the due jobs read and claimed in :meth:`_claim`; it sets
         how long the worker may wait idle now (None: it is full, it looks again soon)."""
-        free = self.max_jobs - self.job_counter
-        if self.burst and self.max_burst_jobs >= 0:
-            free = min(free, self.max_burst_jobs - self._jobs_started())
+        free = self._free()
         idle_for = None
         if self.allow_pick_jobs and free > 0:
             idle_for = await self._claim(free)
@@ -669,6 +667,13 @@ class SeamWorker(JobRunner):
                 task.result()
         await self.heart_beat()
         self._idle_for = idle_for
+
+    def _free(self) -> int:
+        """How many more jobs this worker may start now."""
+        free = self.max_jobs - self.job_counter
+        if self.burst and self.max_burst_jobs >= 0:
+            free = min(free, self.max_burst_jobs - self._jobs_started())
+        return free
 
     async def wait_for_work(self, idle_for: float | None) -> None:
         """Until the next look at the queue. An idle worker (its last claim found fewer
@@ -684,7 +689,7 @@ class SeamWorker(JobRunner):
             # is for a job this worker has no room for now, so it goes to the others
             await asyncio.wait({self._ring}, timeout=self.poll_delay_s)
             rung = self._ring.done() and self._rung()
-            if rung and (not self.allow_pick_jobs or self.max_jobs <= self.job_counter):
+            if rung and (not self.allow_pick_jobs or self._free() <= 0):
                 await self.script(RING_LUA + "ring(KEYS[1])", [self.queue_name], [])
             return
         timeout = round(min(idle_for, self._idle_wait_s), 3)
@@ -730,22 +735,18 @@ class SeamWorker(JobRunner):
         self._ring = asyncio.create_task(self._read_ring(conn, within_s))
         return replies[0]
 
-    async def _read_ring(self, conn: AbstractConnection, within_s: float) -> Any:
-        try:
-            [reply] = await read_replies(conn, 1, within_s=within_s)
-        except BaseException:
-            if self._bell_conn is conn:
-                self._bell_conn = None
-            await conn.disconnect()
-            await self.pool.connection_pool.release(conn)
-            raise
+    @staticmethod
+    async def _read_ring(conn: AbstractConnection, within_s: float) -> Any:
+        """The ``BLPOP``'s reply; a failed read raises, and the poll loop then closes the
+        connection (:meth:`_drop_bell`)."""
+        [reply] = await read_replies(conn, 1, within_s=within_s)
         if isinstance(reply, ResponseError):
             raise reply
         return reply
 
     async def _drop_bell(self) -> None:
-        """Close the bell's connection (a trip on it failed, or Redis was lost); the next
-        wait opens another."""
+        """Close the bell's connection (a trip or a wait on it failed, Redis was lost, or
+        the worker closes); the next wait opens another."""
         ring, self._ring = self._ring, None
         if ring is not None:
             ring.cancel()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sized
 from typing import Any
 
 from receiver.queue._arq import Retry, SeamWorker, arq_pool, func, job_deserializer, job_serializer
@@ -60,7 +60,7 @@ async def idle_worker(
         await worker.close()
 
 
-async def until(runs: list[float], count: int, *, tries: int) -> None:
+async def until(runs: Sized, count: int, *, tries: int) -> None:
     """Until ``runs`` holds ``count`` runs, looking every 20 ms at most ``tries`` times."""
     for _ in range(tries):
         if len(runs) >= count:
@@ -158,9 +158,6 @@ async def test_a_ring_that_reaches_a_worker_with_no_room_is_passed_on(redis_url:
         # Redis hands the next ring to the full one (the longest waiting)
         async with idle_worker(redis_url, job, idle_wait_s=SLOW_S):
             queued = await queue_one(redis_url, "for-the-second")
-            for _ in range(100):
-                if ran:
-                    break
-                await asyncio.sleep(0.02)
+            await until(ran, 1, tries=100)
     assert "for-the-second" in ran, ran
     assert ran["for-the-second"] - queued < SLOW_S / 5, ran  # not at a poll or wait's end
